@@ -1,0 +1,27 @@
+"""ASGI entry point: HTTP to Django, WebSocket to the Channels URL router.
+
+Both go through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+
+from django.core.asgi import get_asgi_application
+
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
+from gateway.routing import websocket_urlpatterns  # noqa: E402
+
+application = GatewayASGIMiddleware(
+    ProtocolTypeRouter(
+        {
+            "http": ASGIStaticFilesHandler(django_app),
+            "websocket": URLRouter(websocket_urlpatterns),
+        }
+    )
+)

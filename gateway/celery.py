@@ -1,0 +1,46 @@
+"""The Celery app: queues ``inference`` (GPU workers hosting vLLM) and ``tools`` (gateway tools).
+
+With ``REDIS_URL`` set, Redis is the broker and result backend; without it, tasks run in-process
+(eager), so a one-machine gateway needs no broker.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+
+from gateway.config import Config, get_config
+
+
+def configure(app: Celery, config: Config) -> Celery:
+    """Broker and queues for ``config``: Redis when ``REDIS_URL`` is set, in-process otherwise."""
+    app.conf.update(
+        broker_url=config.redis_url or "memory://",
+        result_backend=config.redis_url or None,
+        task_always_eager=not config.broker_enabled,
+        task_eager_propagates=True,
+        task_queues=(Queue("inference"), Queue("tools")),
+        task_default_queue="tools",
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+    )
+    return app
+
+
+app = configure(Celery("gateway"), get_config())
+app.autodiscover_tasks(["inference_app", "responses_app", "conversations_app"])
+
+
+@app.task(name="gateway.ping", queue="tools")
+def ping() -> str:
+    """A trivial task to check that a worker consumes a queue."""
+    return "pong"

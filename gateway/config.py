@@ -1,0 +1,401 @@
+"""The one typed, frozen configuration object.
+
+Read once, in this order of precedence: environment variables, then an optional TOML file (path in
+``GATEWAY_CONFIG``), then the defaults below. This is the only module that reads ``os.environ``.
+
+Every key of every section can also be set from the environment as ``GATEWAY_<SECTION>_<KEY>``
+(``GATEWAY_SERVER_MAX_REQUEST_BODY_SIZE_BYTES=…``); top-level keys and a few well-known settings
+have their conventional names (``LLM_API_BASE``, ``DATABASE_URL``, ``REDIS_URL``, ``OIDC_ISSUER`` …).
+Unknown keys, wrong types and inconsistent settings raise :class:`ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+MiB = 1024 * 1024
+
+# Keys that hold credentials: accepted from the environment only, refused in the file.
+SECRET_ENV = {
+    "openai_api_key": "OPENAI_API_KEY",
+    "secret_key": "GATEWAY_SECRET_KEY",
+    "oidc_rp_client_secret": "OIDC_RP_CLIENT_SECRET",
+}
+
+
+class ConfigError(Exception):
+    """A setting is unknown, mistyped or inconsistent; start-up stops with this message."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_request_body_size_bytes: int = 10 * MiB
+    cors_allowed_origins: tuple[str, ...] = ()
+    debug: bool = False
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    metrics_public: bool = True
+    data_dir: str = "var"
+    sse_keepalive_s: float = 15.0
+    asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    stall_timeout_s: float = 300.0
+    pool_size: int = 1000
+    ready_timeout_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    statement_timeout_ms: int = 30_000
+    pool_min_size: int = 2
+    pool_max_size: int = 20
+    conn_max_age_s: int = 0
+
+
+@dataclass(frozen=True)
+class ResponsesConfig:
+    max_retained_bytes: int = 8 * MiB
+    max_upstream_sse_line_bytes: int = 16 * MiB
+    max_stream_event_bytes: int = 16 * MiB
+    prompt_cache_options_supported: bool = False
+    max_rounds: int = 10
+
+
+@dataclass(frozen=True)
+class ToolsConfig:
+    max_concurrent_gateway_calls: int = 5
+    call_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    oidc_issuer: str = ""
+    oidc_audience: str = ""
+    leeway_s: int = 30
+    jwks_ttl_s: int = 300
+    jwks_min_refresh_interval_s: float = 5.0
+    http_timeout_s: float = 5.0
+    max_provider_response_bytes: int = 1 * MiB
+    require_api_key: bool = False
+    # Admin single sign-on (authorization-code flow through mozilla-django-oidc).
+    oidc_rp_client_id: str = ""
+    admin_staff_claim: str = "groups"
+    admin_staff_value: str = ""
+    admin_superuser_value: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    llm_api_base: str = ""
+    database_url: str = ""
+    redis_url: str = ""
+    upstream_api: Literal["responses", "chat_completions"] = "responses"
+    model: str = ""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    # Secrets: environment only.
+    openai_api_key: str = field(default="", repr=False)
+    secret_key: str = field(default="", repr=False)
+    oidc_rp_client_secret: str = field(default="", repr=False)
+
+    @property
+    def oidc_enabled(self) -> bool:
+        return bool(self.auth.oidc_issuer and self.auth.oidc_audience)
+
+    @property
+    def broker_enabled(self) -> bool:
+        return bool(self.redis_url)
+
+    @property
+    def upstream_base(self) -> str:
+        """``llm_api_base`` without a trailing ``/`` or ``/v1``, so ``/v1`` is never doubled."""
+        base = self.llm_api_base.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        return base
+
+
+# Conventional environment names: (section or None, key) -> variable.
+ENV_ALIASES: dict[tuple[str | None, str], str] = {
+    (None, "llm_api_base"): "LLM_API_BASE",
+    (None, "database_url"): "DATABASE_URL",
+    (None, "redis_url"): "REDIS_URL",
+    (None, "upstream_api"): "UPSTREAM_API",
+    (None, "model"): "MODEL",
+    ("server", "host"): "HOST",
+    ("server", "port"): "PORT",
+    ("server", "cors_allowed_origins"): "CORS_ALLOWED_ORIGINS",
+    ("server", "debug"): "GATEWAY_DEBUG",
+    ("server", "log_format"): "LOG_FORMAT",
+    ("server", "log_level"): "LOG_LEVEL",
+    ("auth", "oidc_issuer"): "OIDC_ISSUER",
+    ("auth", "oidc_audience"): "OIDC_AUDIENCE",
+    ("auth", "require_api_key"): "GATEWAY_REQUIRE_API_KEY",
+    ("auth", "oidc_rp_client_id"): "OIDC_RP_CLIENT_ID",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is tuple:
+        return "list of strings"
+    return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(tp, str(tp))
+
+
+def _coerce(name: str, tp: Any, value: Any, from_env: bool) -> Any:
+    """Check (file) or parse (environment) one value against its declared type."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{name}: must be {_type_name(tp)}, got {value!r}")
+        return value
+    if origin is tuple:
+        if from_env:
+            return tuple(part.strip() for part in str(value).split(",") if part.strip())
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name}: must be a list of strings, got {value!r}")
+        return tuple(value)
+    if tp is bool:
+        if from_env:
+            low = str(value).strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ConfigError(f"{name}: must be a boolean (true/false), got {value!r}")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: must be a boolean, got {value!r}")
+        return value
+    if tp is int:
+        if from_env:
+            try:
+                return int(str(value).strip())
+            except ValueError:
+                raise ConfigError(f"{name}: must be an integer, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if from_env:
+            try:
+                return float(str(value).strip())
+            except ValueError:
+                raise ConfigError(f"{name}: must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}: must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{name}: unsupported type")  # pragma: no cover - programming error
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _env_name(section: str | None, key: str) -> str:
+    if (section, key) in ENV_ALIASES:
+        return ENV_ALIASES[(section, key)]
+    if section is None:
+        return f"GATEWAY_{key.upper()}"
+    return f"GATEWAY_{section.upper()}_{key.upper()}"
+
+
+def _load_file(env: typing.Mapping[str, str]) -> dict[str, Any]:
+    path = env.get("GATEWAY_CONFIG", "")
+    if not path:
+        return {}
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"GATEWAY_CONFIG: file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"GATEWAY_CONFIG: {path} is not valid TOML: {exc}") from None
+
+
+def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
+    """Build the config from ``env`` (default: the process environment) and the TOML file."""
+    env = os.environ if env is None else env
+    data = _load_file(env)
+    top_fields = _fields(Config)
+    values: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+
+    for key, raw in data.items():
+        if key in SECRET_ENV:
+            raise ConfigError(
+                f"{key}: secrets are never read from the config file; set {SECRET_ENV[key]} instead"
+            )
+        if key not in top_fields:
+            raise ConfigError(f"{key}: unknown setting in the config file")
+        tp = top_fields[key]
+        if _is_section(tp):
+            if not isinstance(raw, dict):
+                raise ConfigError(f"[{key}]: must be a table")
+            sec_fields = _fields(tp)
+            for sub, subraw in raw.items():
+                if sub not in sec_fields:
+                    raise ConfigError(f"{key}.{sub}: unknown setting in the config file")
+                sections.setdefault(key, {})[sub] = _coerce(
+                    f"{key}.{sub}", sec_fields[sub], subraw, from_env=False
+                )
+        else:
+            values[key] = _coerce(key, tp, raw, from_env=False)
+
+    for key, tp in top_fields.items():
+        if _is_section(tp):
+            for sub, subtp in _fields(tp).items():
+                name = _env_name(key, sub)
+                if name in env:
+                    sections.setdefault(key, {})[sub] = _coerce(name, subtp, env[name], True)
+        elif key in SECRET_ENV:
+            if SECRET_ENV[key] in env:
+                values[key] = env[SECRET_ENV[key]]
+        else:
+            name = _env_name(None, key)
+            if name in env:
+                values[key] = _coerce(name, tp, env[name], from_env=True)
+
+    for key, sec_values in sections.items():
+        values[key] = top_fields[key](**sec_values)
+    config = Config(**values)
+    _validate(config)
+    return config
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate(c: Config) -> None:
+    if bool(c.auth.oidc_issuer) != bool(c.auth.oidc_audience):
+        missing = "OIDC_AUDIENCE" if c.auth.oidc_issuer else "OIDC_ISSUER"
+        present = "OIDC_ISSUER" if c.auth.oidc_issuer else "OIDC_AUDIENCE"
+        raise ConfigError(f"{missing}: must be set together with {present} (set both or neither)")
+    if c.auth.oidc_issuer:
+        parts = urlsplit(c.auth.oidc_issuer)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"OIDC_ISSUER: not a URL: {c.auth.oidc_issuer!r}")
+        if parts.scheme == "http" and not _is_loopback_host(parts.hostname):
+            raise ConfigError("OIDC_ISSUER: must use https (plain http is allowed on loopback only)")
+    if c.llm_api_base:
+        parts = urlsplit(c.llm_api_base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"LLM_API_BASE: must be an http(s) URL, got {c.llm_api_base!r}")
+    if c.database_url:
+        scheme = urlsplit(c.database_url).scheme
+        if scheme not in ("postgres", "postgresql", "sqlite"):
+            raise ConfigError(
+                f"DATABASE_URL: unsupported scheme {scheme!r} (use postgres://… or sqlite:///…)"
+            )
+    if c.redis_url and urlsplit(c.redis_url).scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"REDIS_URL: must be a redis:// URL, got {c.redis_url!r}")
+    positive = {
+        "server.max_request_body_size_bytes": c.server.max_request_body_size_bytes,
+        "responses.max_retained_bytes": c.responses.max_retained_bytes,
+        "responses.max_upstream_sse_line_bytes": c.responses.max_upstream_sse_line_bytes,
+        "responses.max_stream_event_bytes": c.responses.max_stream_event_bytes,
+        "responses.max_rounds": c.responses.max_rounds,
+        "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
+        "tools.call_timeout_s": c.tools.call_timeout_s,
+        "upstream.connect_timeout_s": c.upstream.connect_timeout_s,
+        "upstream.read_timeout_s": c.upstream.read_timeout_s,
+        "upstream.stall_timeout_s": c.upstream.stall_timeout_s,
+        "upstream.pool_size": c.upstream.pool_size,
+        "database.pool_max_size": c.database.pool_max_size,
+        "server.workers": c.server.workers,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{name}: must be positive, got {value}")
+    if not 0 < c.server.port < 65536:
+        raise ConfigError(f"server.port: must be between 1 and 65535, got {c.server.port}")
+    if c.database.pool_min_size > c.database.pool_max_size:
+        raise ConfigError("database.pool_min_size: must not exceed database.pool_max_size")
+    for origin in c.server.cors_allowed_origins:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+            raise ConfigError(
+                f"server.cors_allowed_origins: {origin!r} is not an origin (scheme://host[:port])"
+            )
+
+
+_config: Config | None = None
+
+
+def get_config() -> Config:
+    """The process-wide config, loaded on first use."""
+    global _config
+    if _config is None:
+        _config = load_config()
+    return _config
+
+
+def set_config(config: Config | None) -> None:
+    """Replace the process-wide config (tests and the test server use this)."""
+    global _config
+    _config = config
+
+
+def replace(config: Config, **changes: Any) -> Config:
+    """A copy of ``config`` with top-level or ``section__key`` changes (for tests)."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        if "__" in key:
+            sec, sub = key.split("__", 1)
+            nested.setdefault(sec, {})[sub] = value
+        else:
+            top[key] = value
+    for sec, subs in nested.items():
+        top[sec] = dataclasses.replace(getattr(config, sec), **subs)
+    new = dataclasses.replace(config, **top)
+    _validate(new)
+    return new
+
+
+def environ_get(name: str, default: str = "") -> str:
+    """Read a process-level variable that is not gateway config (e.g. ``DJANGO_SETTINGS_MODULE``)."""
+    return os.environ.get(name, default)
+
+
+__all__ = ["Config", "ConfigError", "get_config", "load_config", "set_config"]

@@ -1,0 +1,260 @@
+"""Every error the gateway answers, and every way of rendering one.
+
+Views and services raise a :class:`GatewayError` subclass; they never build error bodies. This
+module turns an error into the OpenAI envelope ``{"error": {message, type, param, code}}``, the
+Anthropic envelope on ``/v1/messages*`` (``{"type":"error","error":{type,message},"request_id"}`` plus
+a ``request-id`` header), a Responses SSE ``error`` event, an Anthropic SSE ``error`` event, or a
+WebSocket error event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+ANTHROPIC_PREFIX = "/v1/messages"
+
+# Anthropic's error ``type`` for each status.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+class GatewayError(Exception):
+    """Base of every error that reaches a client. Subclasses fix status and type."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.headers = dict(headers or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_token"
+
+    def __init__(self, message: str = "invalid bearer token", **kwargs: Any) -> None:
+        kwargs.setdefault("headers", {"WWW-Authenticate": "Bearer"})
+        super().__init__(message, **kwargs)
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class Conflict(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class Unprocessable(GatewayError):
+    status = 422
+    type = "invalid_request_error"
+    code = "unprocessable_entity"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class ServerError(GatewayError):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+class NotImplementedFeature(GatewayError):
+    status = 501
+    type = "invalid_request_error"
+    code = "not_implemented"
+
+
+class UpstreamError(GatewayError):
+    """The upstream model server could not be reached or failed (502)."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def anthropic_request_id(request_id: str | None) -> str:
+    """The ``req_``-prefixed id Anthropic clients expect; reuses the request's id when it fits."""
+    from gateway.ids import new_request_id
+
+    if request_id and request_id.startswith("req_"):
+        return request_id
+    return new_request_id()
+
+
+def as_gateway_error(exc: BaseException) -> GatewayError:
+    if isinstance(exc, GatewayError):
+        return exc
+    return ServerError("The server had an error while processing your request.")
+
+
+def render(exc: GatewayError, path: str, request_id: str | None) -> tuple[int, bytes, dict[str, str]]:
+    """Status, JSON body and extra headers for ``exc`` in the envelope of ``path``."""
+    headers = dict(exc.headers)
+    headers["Content-Type"] = "application/json"
+    if is_anthropic_path(path):
+        rid = anthropic_request_id(request_id)
+        body = {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message},
+            "request_id": rid,
+        }
+        headers["request-id"] = rid
+    else:
+        body = {"error": exc.to_dict()}
+    return exc.status, orjson.dumps(body), headers
+
+
+def django_response(exc: GatewayError, request: Any) -> Any:
+    """A Django ``HttpResponse`` for ``exc`` answering ``request``."""
+    from django.http import HttpResponse
+
+    status, body, headers = render(exc, request.path, request_id_of(request))
+    response = HttpResponse(body, status=status, content_type="application/json")
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+async def asgi_send(send: Any, exc: GatewayError, scope: dict[str, Any]) -> None:
+    """Answer an ASGI HTTP request with ``exc`` (used below Django, e.g. by the body ceiling)."""
+    status, body, headers = render(exc, scope.get("path", ""), scope.get("gateway.request_id"))
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def request_id_of(request: Any) -> str | None:
+    scope = getattr(request, "scope", None)
+    if isinstance(scope, dict):
+        return scope.get("gateway.request_id")
+    return None
+
+
+def responses_sse_error(exc: GatewayError, sequence_number: int) -> bytes:
+    """The Responses stream ``error`` event (``openai.types.responses.ResponseErrorEvent``)."""
+    event = {
+        "type": "error",
+        "code": exc.code,
+        "message": exc.message,
+        "param": exc.param,
+        "sequence_number": sequence_number,
+    }
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def openai_sse_error(exc: GatewayError) -> bytes:
+    """An error chunk in the Chat Completions stream style (``data: {"error": …}``)."""
+    return b"data: " + orjson.dumps({"error": exc.to_dict()}) + b"\n\n"
+
+
+def anthropic_sse_error(exc: GatewayError) -> bytes:
+    """The Anthropic Messages stream ``error`` event."""
+    event = {
+        "type": "error",
+        "error": {"type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message},
+    }
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def ws_error_event(exc: GatewayError, stream_id: str | None = None) -> dict[str, Any]:
+    """The WebSocket error event: ``{"type":"error","stream_id","status","error":{…}}``."""
+    event: dict[str, Any] = {"type": "error"}
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    event["status"] = exc.status
+    event["error"] = {
+        "message": exc.message,
+        "type": exc.type,
+        "code": exc.code,
+        "param": exc.param,
+    }
+    return event

@@ -1,0 +1,53 @@
+"""``manage.py serve``: the production server (uvicorn with uvloop/httptools, or daphne)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from gateway.config import get_config
+from gateway.startup import run_checks
+
+
+class Command(BaseCommand):
+    help = "Run the gateway's ASGI server on HOST:PORT (uvicorn by default, or daphne)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=None)
+        parser.add_argument("--port", type=int, default=None)
+        parser.add_argument("--server", choices=["uvicorn", "daphne"], default=None)
+        parser.add_argument("--workers", type=int, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = get_config()
+        run_checks(config)
+        host = options["host"] or config.server.host
+        port = options["port"] or config.server.port
+        server = options["server"] or config.server.asgi_server
+        workers = options["workers"] or config.server.workers
+        if server == "daphne":
+            from daphne.cli import CommandLineInterface
+
+            argv = ["-b", host, "-p", str(port), "--proxy-headers", "gateway.asgi:application"]
+            sys.exit(CommandLineInterface().run(argv))
+        import uvicorn
+
+        uvicorn.run(
+            "gateway.asgi:application",
+            host=host,
+            port=port,
+            workers=workers,
+            loop="uvloop",
+            http="httptools",
+            ws="websockets",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            proxy_headers=True,
+            server_header=False,
+            date_header=True,
+            ws_max_size=config.server.max_request_body_size_bytes + 1,
+            timeout_keep_alive=75,
+        )

@@ -1,0 +1,25 @@
+"""Prometheus metrics of the gateway process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+HTTP_REQUESTS = Counter(
+    "gateway_http_requests_total",
+    "HTTP requests answered, by route, method and status.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+HTTP_LATENCY = Histogram(
+    "gateway_http_request_duration_seconds",
+    "Time from request start to the end of the response body, by route and method.",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+HTTP_IN_FLIGHT = Gauge(
+    "gateway_http_requests_in_flight", "HTTP requests being served now.", registry=REGISTRY
+)
+WS_OPEN = Gauge("gateway_websocket_connections_open", "Open WebSocket connections.", registry=REGISTRY)

@@ -1,0 +1,205 @@
+"""Middleware.
+
+``GatewayASGIMiddleware`` sits below Django at the ASGI layer, so it sees every HTTP request and
+WebSocket connection without buffering anything: it assigns the request id, enforces the
+request-body ceiling (a declared ``Content-Length`` over the limit is refused before the body is
+read; a chunked body is cut off once it passes the limit; the same limit for each WebSocket
+message), counts metrics and writes the access log.
+
+``GatewayErrorMiddleware`` is the Django middleware that renders a raised :class:`GatewayError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from functools import lru_cache
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import Resolver404, resolve
+
+from gateway import errors
+from gateway.config import get_config
+from gateway.ids import new_request_id, valid_incoming_request_id
+from gateway.logging import request_id_var
+from gateway.metrics import HTTP_IN_FLIGHT, HTTP_LATENCY, HTTP_REQUESTS, WS_OPEN
+
+access_log = logging.getLogger("gateway.access")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# WebSocket close code for a message over the size limit (RFC 6455 "message too big").
+WS_CLOSE_TOO_BIG = 1009
+
+
+@lru_cache(maxsize=4096)
+def route_label(path: str) -> str:
+    """The URL pattern serving ``path`` (bounded label cardinality for metrics)."""
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return "unmatched"
+    return "/" + match.route if match.route else path
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+class GatewayASGIMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        incoming = _header(scope, b"x-request-id")
+        rid = incoming.decode("latin-1") if incoming else ""
+        if not valid_incoming_request_id(rid):
+            rid = new_request_id()
+        scope["gateway.request_id"] = rid
+        token = request_id_var.set(rid)
+        limit = get_config().server.max_request_body_size_bytes
+        started = time.perf_counter()
+        state: dict[str, Any] = {"status": 0, "started": False, "too_large": False}
+        rid_header = (b"x-request-id", rid.encode("latin-1"))
+        HTTP_IN_FLIGHT.inc()
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if state["started"]:
+                    return
+                state["started"] = True
+                state["status"] = message["status"]
+                message["headers"] = [*message.get("headers", ()), rid_header]
+            elif state["too_large"] and not state["started"]:
+                return  # the app answers after we already refused: drop it
+            await send(message)
+
+        received = 0
+
+        async def receive_wrapper() -> Message:
+            nonlocal received
+            if state["too_large"]:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    await self._refuse_too_large(scope, send_wrapper, state, limit)
+                    return {"type": "http.disconnect"}
+            return message
+
+        try:
+            declared = _header(scope, b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                await self._refuse_too_large(scope, send_wrapper, state, limit)
+                return
+            await self.app(scope, receive_wrapper, send_wrapper)
+        finally:
+            HTTP_IN_FLIGHT.dec()
+            elapsed = time.perf_counter() - started
+            route = route_label(scope.get("path", ""))
+            method = scope.get("method", "")
+            status = state["status"] or 499  # no response: the client went away first
+            HTTP_REQUESTS.labels(route, method, str(status)).inc()
+            HTTP_LATENCY.labels(route, method).observe(elapsed)
+            access_log.info(
+                "%s %s %s %.1fms",
+                method,
+                scope.get("path", ""),
+                status,
+                elapsed * 1000,
+                extra={"method": method, "route": route, "status": status, "ms": elapsed * 1000},
+            )
+            request_id_var.reset(token)
+
+    async def _refuse_too_large(self, scope: Scope, send: Send, state: dict[str, Any], limit: int) -> None:
+        if state["started"]:
+            return
+        exc = errors.PayloadTooLarge(
+            f"Request body exceeds the maximum size of {limit} bytes.",
+            headers={"Connection": "close"},
+        )
+        await errors.asgi_send(send, exc, scope)
+        state["too_large"] = True
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        incoming = _header(scope, b"x-request-id")
+        rid = incoming.decode("latin-1") if incoming else ""
+        scope["gateway.request_id"] = rid if valid_incoming_request_id(rid) else new_request_id()
+        limit = get_config().server.max_request_body_size_bytes
+        accepted = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal accepted
+            if message["type"] == "websocket.accept" and not accepted:
+                accepted = True
+                WS_OPEN.inc()
+            await send(message)
+
+        async def receive_wrapper() -> Message:
+            message = await receive()
+            if message["type"] == "websocket.receive":
+                size = len(message.get("bytes") or b"") + len((message.get("text") or "").encode("utf-8"))
+                if size > limit:
+                    await send({"type": "websocket.close", "code": WS_CLOSE_TOO_BIG})
+                    return {"type": "websocket.disconnect", "code": WS_CLOSE_TOO_BIG}
+            return message
+
+        try:
+            await self.app(scope, receive_wrapper, send_wrapper)
+        finally:
+            if accepted:
+                WS_OPEN.dec()
+
+
+class GatewayErrorMiddleware:
+    """Renders :class:`GatewayError` (and unexpected exceptions on ``/v1``) as envelopes."""
+
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Awaitable[HttpResponse]]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(self.get_response):
+            markcoroutinefunction(self)
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        return await self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if isinstance(exc, errors.GatewayError):
+            return errors.django_response(exc, request)
+        if request.path.startswith("/v1/"):
+            logging.getLogger("gateway").exception("unhandled error on %s", request.path)
+            return errors.django_response(errors.as_gateway_error(exc), request)
+        return None
+
+
+class ApiCsrfViewMiddleware(CsrfViewMiddleware):
+    """CSRF protection for the admin's cookie sessions; ``/v1`` is bearer-authenticated instead."""
+
+    def process_view(
+        self, request: HttpRequest, callback: Any, callback_args: Any, callback_kwargs: Any
+    ) -> Any:
+        if request.path_info.startswith("/v1/"):
+            return None
+        return super().process_view(request, callback, callback_args, callback_kwargs)

@@ -1,0 +1,37 @@
+"""Who is calling: the principal every authenticated request carries.
+
+The auth layer sets ``request.principal`` (HTTP) and ``scope["principal"]`` (WebSocket) and marks
+whether it consumed the caller's credential (then the credential is never forwarded upstream).
+Stored objects record ``principal.owner`` and every read and write filters by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Principal:
+    owner: str  # stable owner key stored on objects: "default", "oidc:<iss>#<sub>", "key:<id>"
+    kind: Literal["default", "oidc", "api_key", "upstream_key"] = "default"
+    subject: str = ""
+    expires_at: float | None = None  # epoch seconds (OIDC exp); None: no expiry
+
+
+DEFAULT_PRINCIPAL = Principal(owner="default", kind="default")
+
+
+def request_principal(request: Any) -> Principal:
+    """The principal of an HTTP request (the default principal when the gateway is open)."""
+    return getattr(request, "principal", None) or DEFAULT_PRINCIPAL
+
+
+def scope_principal(scope: dict[str, Any]) -> Principal:
+    """The principal of a WebSocket connection."""
+    return scope.get("principal") or DEFAULT_PRINCIPAL
+
+
+def credential_consumed(request: Any) -> bool:
+    """True when the gateway authenticated the caller with its credential (never forward it)."""
+    return bool(getattr(request, "credential_consumed", False))

@@ -1,0 +1,198 @@
+"""Django settings, derived from the one typed config object (``gateway.config``)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+from gateway.config import get_config
+
+CONFIG = get_config()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = (BASE_DIR / CONFIG.server.data_dir).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """The configured secret, or one generated once and kept in the data directory."""
+    if CONFIG.secret_key:
+        return CONFIG.secret_key
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = CONFIG.server.debug
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "corsheaders",
+    "rest_framework",
+    "mozilla_django_oidc",
+    "gateway",
+    "inference_app",
+    "conversations_app",
+    "responses_app",
+]
+
+# Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
+MIDDLEWARE = [
+    "corsheaders.middleware.CorsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "gateway.middleware.ApiCsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gateway.middleware.GatewayErrorMiddleware",
+]
+
+ROOT_URLCONF = "gateway.urls"
+ASGI_APPLICATION = "gateway.asgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _databases() -> dict[str, Any]:
+    url = CONFIG.database_url
+    if not url:
+        return {
+            "default": {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": str(DATA_DIR / "gateway.sqlite3"),
+                "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            }
+        }
+    db = dj_database_url.parse(url)
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        db["CONN_MAX_AGE"] = 0  # the pool owns connection lifetime
+        db["OPTIONS"] = {
+            "pool": {
+                "min_size": CONFIG.database.pool_min_size,
+                "max_size": CONFIG.database.pool_max_size,
+                "timeout": 10,
+            },
+            "options": f"-c statement_timeout={CONFIG.database.statement_timeout_ms}",
+        }
+    return {"default": db}
+
+
+DATABASES = _databases()
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+# The ASGI layer enforces the request-body ceiling; Django's own in-memory cap would refuse
+# large audio uploads with a 400 of its own.
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
+DATA_UPLOAD_MAX_NUMBER_FIELDS = None
+FILE_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+# CORS applies to the API only; the admin is same-origin.
+CORS_ALLOWED_ORIGINS = list(CONFIG.server.cors_allowed_origins)
+CORS_URLS_REGEX = r"^/v1/.*$"
+CORS_ALLOW_HEADERS = [
+    "accept",
+    "authorization",
+    "content-type",
+    "openai-beta",
+    "openai-organization",
+    "openai-project",
+    "x-api-key",
+    "x-request-id",
+    "anthropic-version",
+    "anthropic-beta",
+    "x-stainless-os",
+    "x-stainless-lang",
+    "x-stainless-package-version",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-arch",
+    "x-stainless-retry-count",
+    "x-stainless-timeout",
+]
+CORS_EXPOSE_HEADERS = ["x-request-id", "request-id"]
+
+if CONFIG.redis_url:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [CONFIG.redis_url]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "gateway.drf.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "gateway.logging.RequestIdFilter"}},
+    "formatters": {
+        "json": {"()": "gateway.logging.JsonFormatter"},
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": CONFIG.server.log_format,
+            "filters": ["request_id"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": CONFIG.server.log_level.upper()},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        "daphne": {"level": "WARNING"},
+    },
+}
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False

@@ -1,0 +1,88 @@
+"""Process-level endpoints: liveness, readiness, metrics, and the envelope for unknown routes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway import errors
+from gateway.config import get_config
+from gateway.metrics import REGISTRY
+
+
+async def health(request: HttpRequest) -> HttpResponse:
+    """Liveness: 200 while the process serves."""
+    return JsonResponse({"status": "ok"})
+
+
+def _database_ping() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+async def _probe(name: str, coro: Any, timeout: float) -> tuple[str, str | None]:
+    try:
+        await asyncio.wait_for(coro, timeout)
+    except TimeoutError:
+        return name, f"no answer within {timeout:g}s"
+    except Exception as exc:
+        return name, str(exc) or type(exc).__name__
+    return name, None
+
+
+async def ready(request: HttpRequest) -> HttpResponse:
+    """Readiness: 200 only when the database answers and the inference backend is reachable."""
+    from inference_app.upstream import get_upstream
+
+    timeout = get_config().upstream.ready_timeout_s
+    results = await asyncio.gather(
+        _probe("database", sync_to_async(_database_ping, thread_sensitive=False)(), timeout),
+        _probe("upstream", get_upstream().ready(timeout), timeout + 0.1),
+    )
+    checks = {
+        name: ({"status": "ok"} if err is None else {"status": "fail", "error": err}) for name, err in results
+    }
+    ok = all(err is None for _, err in results)
+    return JsonResponse({"status": "ok" if ok else "fail", "checks": checks}, status=200 if ok else 503)
+
+
+async def metrics(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+async def head_root(request: HttpRequest) -> HttpResponse:
+    """``HEAD /`` (Claude Code probes it) and ``GET /`` answer 200 cleanly."""
+    if request.method not in ("HEAD", "GET"):
+        raise errors.MethodNotAllowed(f"Method {request.method} is not allowed on /.")
+    return JsonResponse({"status": "ok", "service": "agentic-gateway"})
+
+
+async def unknown_route(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    raise errors.NotFound(f"Invalid URL ({request.method} {request.path})", code="unknown_route")
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return errors.django_response(
+        errors.NotFound(f"Invalid URL ({request.method} {request.path})", code="unknown_route"),
+        request,
+    )
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    return errors.django_response(
+        errors.ServerError("The server had an error while processing your request."), request
+    )
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return errors.django_response(errors.BadRequest("Bad request.", code="bad_request"), request)
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return errors.django_response(errors.PermissionDenied("Forbidden."), request)

@@ -1,0 +1,270 @@
+"""The one upstream interface every feature uses, and its HTTP implementation.
+
+``Upstream.send(method, path, body=…, headers=…, query=…)`` returns an :class:`UpstreamResponse`:
+status, headers (hop-by-hop removed) and an async iterator over the body bytes exactly as the
+upstream sent them. Pass-through routes, the Responses executor and the Messages loop all call it;
+the HTTP and worker implementations behave the same, byte for byte.
+
+Failures map to gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no
+response headers within the read timeout, or a stream silent for longer than the stall timeout →
+:class:`UpstreamTimeout` (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from typing import Any, Protocol
+
+import aiohttp
+
+from gateway import errors
+from gateway.config import Config, get_config
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
+    }
+)
+# Dropped from upstream responses: the gateway's own server writes these.
+_RESPONSE_SKIP = HOP_BY_HOP | {"server", "date"}
+# Dropped from client requests before forwarding.
+_REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length"}
+
+Body = bytes | AsyncIterable[bytes] | None
+
+
+class UpstreamResponse:
+    """An upstream answer whose body is read lazily, chunk by chunk, as it arrives."""
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        chunks: AsyncIterator[bytes],
+        close: Any = None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._chunks = chunks
+        self._close = close
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    @property
+    def content_type(self) -> str:
+        return (self.header("content-type") or "").split(";")[0].strip().lower()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks
+
+    async def read(self) -> bytes:
+        parts = [chunk async for chunk in self._chunks]
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        if self._close is not None:
+            close, self._close = self._close, None
+            close()
+        aclose = getattr(self._chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class Upstream(Protocol):
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Body = None,
+        headers: Mapping[str, str] | None = None,
+        query: str = "",
+    ) -> UpstreamResponse: ...
+
+    async def ready(self, timeout: float) -> None:
+        """Return when the backend answers; raise when it does not."""
+        ...
+
+
+def forward_headers(
+    incoming: Mapping[str, str] | list[tuple[str, str]],
+    config: Config,
+    *,
+    caller_credential_consumed: bool = False,
+) -> dict[str, str]:
+    """Headers to send upstream for a client request.
+
+    Hop-by-hop headers are dropped. The configured upstream credential (``OPENAI_API_KEY``) is
+    injected only when the caller supplies none; a credential the gateway consumed (an OIDC token or
+    a gateway API key) is removed first, so it never reaches the upstream.
+    """
+    items = incoming.items() if isinstance(incoming, Mapping) else incoming
+    out: dict[str, str] = {}
+    for key, value in items:
+        low = key.lower()
+        if low in _REQUEST_SKIP:
+            continue
+        if caller_credential_consumed and low in ("authorization", "x-api-key"):
+            continue
+        out[low] = value
+    if config.openai_api_key and "authorization" not in out and "x-api-key" not in out:
+        out["authorization"] = f"Bearer {config.openai_api_key}"
+    return out
+
+
+class HttpUpstream:
+    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.base = config.upstream_base
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]
+        self._sessions = weakref.WeakKeyDictionary()
+
+    def _session(self) -> aiohttp.ClientSession:
+        """One pooled keep-alive client per event loop (never one per request)."""
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self.config.upstream.pool_size,
+                ttl_dns_cache=300,
+                enable_cleanup_closed=False,
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.config.upstream.connect_timeout_s
+                ),
+                read_bufsize=2**16,
+            )
+            self._sessions[loop] = session
+        return session
+
+    def url(self, path: str, query: str = "") -> str:
+        return f"{self.base}{path}" + (f"?{query}" if query else "")
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Body = None,
+        headers: Mapping[str, str] | None = None,
+        query: str = "",
+    ) -> UpstreamResponse:
+        session = self._session()
+        cfg = self.config.upstream
+        try:
+            async with asyncio.timeout(cfg.read_timeout_s):
+                resp = await session.request(
+                    method,
+                    self.url(path, query),
+                    data=body,
+                    headers=dict(headers or {}),
+                    allow_redirects=False,
+                    compress=None,
+                )
+        except TimeoutError:
+            raise errors.UpstreamTimeout(
+                f"The upstream model server did not answer within {cfg.read_timeout_s:g}s."
+            ) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError, OSError) as exc:
+            raise errors.UpstreamError(
+                f"Could not reach the upstream model server: {_describe(exc)}"
+            ) from None
+        response_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _RESPONSE_SKIP]
+        return UpstreamResponse(
+            resp.status, response_headers, self._chunks(resp, cfg.stall_timeout_s), resp.close
+        )
+
+    async def _chunks(self, resp: aiohttp.ClientResponse, stall: float) -> AsyncIterator[bytes]:
+        content = resp.content
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(stall):
+                        chunk = await content.readany()
+                except TimeoutError:
+                    raise errors.UpstreamTimeout(
+                        f"The upstream stream stalled for more than {stall:g}s."
+                    ) from None
+                except (aiohttp.ClientError, OSError) as exc:
+                    raise errors.UpstreamError(
+                        f"The upstream connection failed mid-response: {_describe(exc)}"
+                    ) from None
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            resp.release() if content.at_eof() else resp.close()
+
+    async def ready(self, timeout: float) -> None:
+        session = self._session()
+        headers = {}
+        if self.config.openai_api_key:
+            headers["authorization"] = f"Bearer {self.config.openai_api_key}"
+        async with asyncio.timeout(timeout):
+            async with session.get(self.url("/health"), headers=headers) as resp:
+                if resp.status == 200:
+                    return
+            # Not every OpenAI-compatible server has /health; its model list proves it serves.
+            async with session.get(self.url("/v1/models"), headers=headers) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"upstream answered {resp.status}")
+
+
+class UnconfiguredUpstream:
+    """No ``LLM_API_BASE``, no broker and no embedded engine: every call says so clearly."""
+
+    message = (
+        "No inference backend is configured: set LLM_API_BASE to an OpenAI-compatible server "
+        "(for example a vLLM server), or REDIS_URL with Celery inference workers."
+    )
+
+    async def send(self, method: str, path: str, **kwargs: Any) -> UpstreamResponse:
+        raise errors.ServiceUnavailable(self.message, code="no_inference_backend")
+
+    async def ready(self, timeout: float) -> None:
+        raise RuntimeError("no inference backend configured (LLM_API_BASE is not set)")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_upstreams: dict[int, Upstream] = {}
+
+
+def get_upstream() -> Upstream:
+    """The upstream for the current config (cached per config object)."""
+    config = get_config()
+    key = id(config)
+    upstream = _upstreams.get(key)
+    if upstream is None:
+        _upstreams.clear()
+        if config.llm_api_base:
+            upstream = HttpUpstream(config)
+        else:
+            upstream = UnconfiguredUpstream()
+        _upstreams[key] = upstream
+    return upstream

@@ -1,0 +1,197 @@
+"""Config: env > file > defaults, and every start-up refusal with the setting named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, MiB, load_config
+
+
+def write(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return {"GATEWAY_CONFIG": str(path)}
+
+
+def test_defaults() -> None:
+    c = load_config({})
+    assert c.llm_api_base == ""
+    assert c.database_url == "" and c.redis_url == ""
+    assert c.server.max_request_body_size_bytes == 10 * MiB
+    assert c.server.cors_allowed_origins == ()
+    assert c.responses.max_retained_bytes == 8 * MiB
+    assert c.responses.max_upstream_sse_line_bytes == 16 * MiB
+    assert c.responses.max_stream_event_bytes == 16 * MiB
+    assert c.responses.prompt_cache_options_supported is False
+    assert c.tools.max_concurrent_gateway_calls == 5
+    assert c.server.debug is False
+    assert not c.oidc_enabled and not c.broker_enabled
+
+
+def test_file_then_env_precedence(tmp_path: Path) -> None:
+    env = write(
+        tmp_path,
+        'llm_api_base = "http://file:8000"\n'
+        "[server]\nmax_request_body_size_bytes = 2048\ncors_allowed_origins = ['https://a.example']\n"
+        "[responses]\nprompt_cache_options_supported = true\n"
+        "[tools]\nmax_concurrent_gateway_calls = 3\n",
+    )
+    c = load_config(env)
+    assert c.llm_api_base == "http://file:8000"
+    assert c.server.max_request_body_size_bytes == 2048
+    assert c.server.cors_allowed_origins == ("https://a.example",)
+    assert c.responses.prompt_cache_options_supported is True
+    assert c.tools.max_concurrent_gateway_calls == 3
+    env |= {
+        "LLM_API_BASE": "http://env:9000/v1",
+        "GATEWAY_SERVER_MAX_REQUEST_BODY_SIZE_BYTES": "4096",
+        "CORS_ALLOWED_ORIGINS": "https://b.example, https://c.example",
+        "GATEWAY_RESPONSES_PROMPT_CACHE_OPTIONS_SUPPORTED": "false",
+    }
+    c = load_config(env)
+    assert c.llm_api_base == "http://env:9000/v1"
+    assert c.upstream_base == "http://env:9000"
+    assert c.server.max_request_body_size_bytes == 4096
+    assert c.server.cors_allowed_origins == ("https://b.example", "https://c.example")
+    assert c.responses.prompt_cache_options_supported is False
+    assert c.tools.max_concurrent_gateway_calls == 3  # file value kept
+
+
+@pytest.mark.parametrize(
+    "base, expected",
+    [
+        ("http://h:8000", "http://h:8000"),
+        ("http://h:8000/", "http://h:8000"),
+        ("http://h:8000/v1", "http://h:8000"),
+        ("http://h:8000/v1/", "http://h:8000"),
+        ("http://h:8000/prefix/v1", "http://h:8000/prefix"),
+    ],
+)
+def test_upstream_base_never_doubles_v1(base: str, expected: str) -> None:
+    assert load_config({"LLM_API_BASE": base}).upstream_base == expected
+
+
+def test_config_is_frozen() -> None:
+    c = load_config({})
+    with pytest.raises(AttributeError):
+        c.llm_api_base = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("bogus = 1\n", "bogus: unknown setting"),
+        ("[server]\nbogus = 1\n", "server.bogus: unknown setting"),
+        ("[nosuchsection]\nx = 1\n", "nosuchsection: unknown setting"),
+        (
+            "[server]\nmax_request_body_size_bytes = 'big'\n",
+            "server.max_request_body_size_bytes: must be an integer",
+        ),
+        ("[server]\ndebug = 'yes'\n", "server.debug: must be a boolean"),
+        ("[server]\ncors_allowed_origins = 'https://a'\n", "server.cors_allowed_origins: must be a list"),
+        (
+            "[responses]\nprompt_cache_options_supported = 1\n",
+            "responses.prompt_cache_options_supported: must be a boolean",
+        ),
+        (
+            "[tools]\nmax_concurrent_gateway_calls = 0\n",
+            "tools.max_concurrent_gateway_calls: must be positive",
+        ),
+        ("upstream_api = 'grpc'\n", "upstream_api: must be 'responses' or 'chat_completions'"),
+        ("server = 3\n", "[server]: must be a table"),
+        ("openai_api_key = 'sk-x'\n", "openai_api_key: secrets are never read from the config file"),
+        ("[database]\npool_min_size = 50\n", "database.pool_min_size: must not exceed"),
+        ("[server]\ncors_allowed_origins = ['https://a.example/path']\n", "server.cors_allowed_origins"),
+        ("llm_api_base = 'ftp://x'\n", "LLM_API_BASE: must be an http(s) URL"),
+        ("database_url = 'mysql://x/y'\n", "DATABASE_URL: unsupported scheme"),
+        ("not valid toml [\n", "is not valid TOML"),
+    ],
+)
+def test_file_refusals_name_the_setting(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"OIDC_ISSUER": "https://idp.example"}, "OIDC_AUDIENCE: must be set together with OIDC_ISSUER"),
+        ({"OIDC_AUDIENCE": "gw"}, "OIDC_ISSUER: must be set together with OIDC_AUDIENCE"),
+        ({"OIDC_ISSUER": "http://idp.example", "OIDC_AUDIENCE": "gw"}, "OIDC_ISSUER: must use https"),
+        ({"PORT": "eighty"}, "PORT: must be an integer"),
+        ({"PORT": "70000"}, "server.port: must be between"),
+        ({"GATEWAY_DEBUG": "maybe"}, "GATEWAY_DEBUG: must be a boolean"),
+        ({"GATEWAY_RESPONSES_MAX_RETAINED_BYTES": "-1"}, "responses.max_retained_bytes: must be positive"),
+        ({"REDIS_URL": "http://x"}, "REDIS_URL: must be a redis:// URL"),
+        (
+            {"GATEWAY_CONFIG": "/nonexistent/config.toml"},
+            "GATEWAY_CONFIG: file /nonexistent/config.toml does not exist",
+        ),
+    ],
+)
+def test_env_refusals_name_the_setting(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    assert named in str(info.value)
+
+
+def test_oidc_on_loopback_http_is_allowed() -> None:
+    c = load_config({"OIDC_ISSUER": "http://127.0.0.1:9999", "OIDC_AUDIENCE": "gw"})
+    assert c.oidc_enabled
+
+
+def test_secrets_only_from_environment() -> None:
+    c = load_config({"OPENAI_API_KEY": "sk-upstream"})
+    assert c.openai_api_key == "sk-upstream"
+    assert "sk-upstream" not in repr(c)
+
+
+def test_example_config_documents_every_key_and_loads() -> None:
+    """config.example.toml loads cleanly and mentions every non-secret key."""
+    import dataclasses
+
+    from gateway.config import SECRET_ENV, Config
+
+    root = Path(__file__).resolve().parents[2]
+    example = root / "config.example.toml"
+    text = example.read_text()
+    load_config({"GATEWAY_CONFIG": str(example)})
+    for f in dataclasses.fields(Config):
+        if f.name in SECRET_ENV:
+            continue
+        if dataclasses.is_dataclass(f.type) or f.name in {
+            "server",
+            "upstream",
+            "database",
+            "responses",
+            "tools",
+            "auth",
+        }:
+            assert f"[{f.name}]" in text
+            for sub in dataclasses.fields(getattr(Config(), f.name)):
+                assert f"{sub.name} =" in text, f"{f.name}.{sub.name} undocumented"
+        else:
+            assert f"{f.name} =" in text, f"{f.name} undocumented"
+
+
+def test_startup_refusal_stops_the_process() -> None:
+    """A bad setting stops `manage.py serve` with one clear message naming it."""
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "serve"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "OIDC_ISSUER": "https://idp.example"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "OIDC_AUDIENCE: must be set together with OIDC_ISSUER" in proc.stderr
+    assert proc.stderr.count("Traceback") == 0

@@ -1,0 +1,77 @@
+"""Redis is optional: with REDIS_URL, Channels uses channels-redis and Celery uses Redis as broker."""
+
+from __future__ import annotations
+
+import pytest
+from channels_redis.core import RedisChannelLayer
+
+from gateway.celery import app as celery_app
+from tests.conftest import REDIS_URL
+
+
+def test_celery_app_has_the_two_queues() -> None:
+    names = {q.name for q in celery_app.conf.task_queues}
+    assert names == {"inference", "tools"}
+
+
+def test_without_redis_tasks_run_in_process(settings) -> None:  # type: ignore[no-untyped-def]
+    from gateway.celery import ping
+
+    assert celery_app.conf.task_always_eager is True
+    assert ping.delay().get(timeout=1) == "pong"
+
+
+async def test_channel_layer_over_real_redis() -> None:
+    layer = RedisChannelLayer(hosts=[REDIS_URL])
+    channel = await layer.new_channel()
+    await layer.send(channel, {"type": "hello", "text": "over redis"})
+    message = await layer.receive(channel)
+    assert message == {"type": "hello", "text": "over redis"}
+    await layer.flush()
+
+
+def test_celery_over_real_redis_broker() -> None:
+    """A real worker (in a thread) consumes the tools queue from the real Redis broker."""
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+
+    from gateway.celery import configure
+    from gateway.config import get_config, replace
+
+    app = configure(Celery("gateway-test"), replace(get_config(), redis_url=REDIS_URL))
+    assert app.conf.task_always_eager is False
+
+    def pong() -> str:
+        return "pong"
+
+    ping = app.task(name="gateway.ping", queue="tools")(pong)
+    with start_worker(app, queues=["tools"], perform_ping_check=False, pool="solo", loglevel="WARNING"):
+        result = ping.apply_async()
+        assert result.get(timeout=20) == "pong"
+
+
+def test_settings_pick_redis_layer_when_configured() -> None:
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    code = (
+        "import django;django.setup();from django.conf import settings;"
+        "print(settings.CHANNEL_LAYERS['default']['BACKEND']);"
+        "from gateway.celery import app;print(app.conf.broker_url, app.conf.task_always_eager)"
+    )
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "gateway.settings", "REDIS_URL": REDIS_URL}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["channels_redis.core.RedisChannelLayer", REDIS_URL, "False"]
+    env.pop("REDIS_URL")
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["channels.layers.InMemoryChannelLayer", "memory://", "True"]
+
+
+pytestmark = pytest.mark.filterwarnings("ignore")

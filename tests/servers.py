@@ -1,0 +1,114 @@
+"""Real servers on loopback ports for tests: the gateway itself and the scripted upstream.
+
+``LiveServer`` runs an ASGI app under uvicorn in a background thread (its own event loop), so
+tests exercise real sockets, real chunked transfer and real disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class LiveServer:
+    """An ASGI app served by uvicorn on 127.0.0.1:<port> in a daemon thread."""
+
+    def __init__(self, app: Any, port: int | None = None, **uvicorn_options: Any) -> None:
+        self.port = port or free_port()
+        options = {"log_level": "warning", "lifespan": "off", "access_log": False}
+        options.update(uvicorn_options)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class GatewayProcess:
+    """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does)."""
+
+    def __init__(self, env: Mapping[str, str], port: int | None = None) -> None:
+        self.port = port or free_port()
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
+        full_env.pop("LLM_API_BASE", None)
+        full_env.update(env)
+        full_env["PORT"] = str(self.port)
+        full_env.setdefault("HOST", "127.0.0.1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve"],
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait(self, timeout: float = 30.0) -> GatewayProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited {self.proc.returncode}: {self.output()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError("gateway did not start")
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
