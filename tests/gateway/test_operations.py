@@ -1,0 +1,122 @@
+"""Operations: safe migrations, structured logs, the WebSocket placeholder and its size ceiling."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import httpx
+import orjson
+import pytest
+import websockets
+from django.core.management import call_command
+from django.db import connection
+
+from tests.servers import ROOT, GatewayProcess, LiveServer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_safely_applies_migrations() -> None:
+    call_command("migrate_safely", verbosity=0)
+    tables = connection.introspection.table_names()
+    assert "conversations_app_item" in tables
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("advisory locks are a PostgreSQL feature; SQLite runs migrations directly")
+    from gateway.management.commands.migrate_safely import MIGRATION_LOCK_KEY
+
+    settings_db = connection.settings_dict
+    url = f"postgres://{settings_db['USER'] or 'postgres'}@{settings_db['HOST'] or '127.0.0.1'}:{settings_db['PORT'] or 5432}/{settings_db['NAME']}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "migrate_safely", "--verbosity", "0"],
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin", "DATABASE_URL": url},
+        )
+        time.sleep(2)
+        assert proc.poll() is None, "migrate_safely must wait while another replica holds the lock"
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK_KEY])
+    assert proc.wait(timeout=60) == 0
+
+
+def test_json_logs_carry_request_id_and_no_secrets(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    gw = GatewayProcess(
+        {"LOG_FORMAT": "json", "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
+    )
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True,
+                       env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
+        gw.wait()
+        r = httpx.post(
+            f"{gw.url}/v1/nope",
+            headers={"authorization": "Bearer sk-very-secret-token", "x-request-id": "trace-42"},
+            content=b'{"prompt": "private words"}',
+        )
+        assert r.status_code == 404
+    finally:
+        gw.stop()
+    out = gw.proc.stdout.read() if gw.proc.stdout else ""
+    lines = [orjson.loads(line) for line in out.splitlines() if line.startswith("{")]
+    access = [e for e in lines if e.get("logger") == "gateway.access"]
+    assert any(e["request_id"] == "trace-42" and e["status"] == 404 and e["route"] for e in access)
+    assert "sk-very-secret-token" not in out
+    assert "private words" not in out
+
+
+async def _ws_roundtrip(url: str, message: str) -> tuple[dict[str, object] | None, int | None]:
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.send(message)
+        try:
+            reply = await asyncio.wait_for(ws.recv(), 5)
+        except websockets.ConnectionClosed as exc:
+            return None, exc.rcvd.code if exc.rcvd else None
+        try:
+            await asyncio.wait_for(ws.recv(), 5)
+        except websockets.ConnectionClosed as exc:
+            return orjson.loads(reply), exc.rcvd.code if exc.rcvd else None
+    return orjson.loads(reply), None
+
+
+def test_websocket_placeholder_refuses_cleanly(live_gateway: LiveServer) -> None:
+    url = live_gateway.url.replace("http", "ws") + "/v1/responses"
+    reply, code = asyncio.run(_ws_roundtrip(url, '{"type": "response.create", "stream_id": "s1"}'))
+    assert reply is not None
+    assert reply["type"] == "error" and reply["stream_id"] == "s1" and reply["status"] == 501
+    assert code == 1000
+
+
+def test_websocket_message_over_ceiling_closes_1009(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]
+    gateway_config(server__max_request_body_size_bytes=100)
+    url = live_gateway.url.replace("http", "ws") + "/v1/responses"
+    reply, code = asyncio.run(_ws_roundtrip(url, '{"type": "response.create", "x": "' + "a" * 200 + '"}'))
+    assert reply is None
+    assert code == 1009
+
+
+def test_websocket_connections_are_counted(live_gateway: LiveServer) -> None:
+    url = live_gateway.url.replace("http", "ws") + "/v1/responses"
+
+    def gauge() -> float:
+        for line in httpx.get(f"{live_gateway.url}/metrics").text.splitlines():
+            if line.startswith("gateway_websocket_connections_open "):
+                return float(line.split()[1])
+        raise AssertionError("gauge missing")
+
+    async def hold() -> float:
+        async with websockets.connect(url):
+            await asyncio.sleep(0.2)
+            return await asyncio.to_thread(gauge)
+
+    before = gauge()
+    during = asyncio.run(hold())
+    assert during == before + 1
+    deadline = time.monotonic() + 5
+    while gauge() != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gauge() == before
