@@ -25,10 +25,33 @@ sys.path.insert(0, str(ROOT))
 from tests.servers import free_port, wait_port  # noqa: E402
 
 SERVERS = {
-    "uvicorn": lambda port: [sys.executable, "-m", "uvicorn", "bench.server_app:application", "--port", str(port),
-                             "--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log",
-                             "--lifespan", "off"],
-    "daphne": lambda port: [sys.executable, "-m", "daphne", "-p", str(port), "-v", "0", "bench.server_app:application"],
+    "uvicorn": lambda port: [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.server_app:application",
+        "--port",
+        str(port),
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--lifespan",
+        "off",
+    ],
+    "daphne": lambda port: [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-p",
+        str(port),
+        "-v",
+        "0",
+        "bench.server_app:application",
+    ],
 }
 
 
@@ -97,7 +120,9 @@ def main() -> None:
                 results = {}
                 for name, port in ports.items():
                     if kind == "sse":
-                        r = asyncio.run(sse_cell(f"http://127.0.0.1:{port}/bench/sse?n=50", c, args.seconds))
+                        r = asyncio.run(
+                            sse_cell(f"http://127.0.0.1:{port}/v1/bench/sse?n=50", c, args.seconds)
+                        )
                         results[name] = (r["streams/s"], r["ttfb_p50_ms"])
                     else:
                         r = asyncio.run(ws_cell(f"ws://127.0.0.1:{port}/bench/ws", c, args.seconds))

@@ -4,15 +4,12 @@ import os
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings_bench"
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.routing import ProtocolTypeRouter, URLRouter
+from django.urls import path
 
-django_app = get_asgi_application()
-
-from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import path  # noqa: E402
-
-from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
+from gateway.asgi import HttpDispatch
+from gateway.middleware import GatewayASGIMiddleware
 
 
 class Echo(AsyncWebsocketConsumer):
@@ -21,5 +18,5 @@ class Echo(AsyncWebsocketConsumer):
 
 
 application = GatewayASGIMiddleware(
-    ProtocolTypeRouter({"http": django_app, "websocket": URLRouter([path("bench/ws", Echo.as_asgi())])})
+    ProtocolTypeRouter({"http": HttpDispatch(), "websocket": URLRouter([path("bench/ws", Echo.as_asgi())])})
 )

@@ -19,4 +19,4 @@ async def sse(request: HttpRequest) -> StreamingHttpResponse:
     return StreamingHttpResponse(events(), content_type="text/event-stream")
 
 
-urlpatterns = [path("bench/sse", sse), path("", include("gateway.urls"))]
+urlpatterns = [path("bench/sse", sse), path("v1/bench/sse", sse), path("", include("gateway.urls"))]

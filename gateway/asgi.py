@@ -1,6 +1,8 @@
 """ASGI entry point: HTTP to Django, WebSocket to the Channels URL router.
 
-Both go through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
+Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
+``/v1/*`` is served by a Django handler with the lean, fully async API middleware stack
+(``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``); the admin and the rest get the full stack with sessions and CSRF.
 """
 
 import os
@@ -12,15 +14,44 @@ from django.core.asgi import get_asgi_application
 django_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
+
+class ApiASGIHandler(ASGIHandler):
+    """Django's ASGI handler with the API middleware stack instead of ``settings.MIDDLEWARE``."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        full = settings.MIDDLEWARE
+        settings.MIDDLEWARE = [m for m in full if m not in settings.ADMIN_ONLY_MIDDLEWARE]
+        try:
+            super().load_middleware(is_async=is_async)
+        finally:
+            settings.MIDDLEWARE = full
+
+
+class HttpDispatch:
+    """``/v1/*`` to the API handler; everything else (admin, static, health) to the full stack."""
+
+    def __init__(self) -> None:
+        self.api = ApiASGIHandler()
+        self.site = ASGIStaticFilesHandler(django_app)
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["path"].startswith("/v1/"):
+            await self.api(scope, receive, send)
+        else:
+            await self.site(scope, receive, send)
+
+
 application = GatewayASGIMiddleware(
     ProtocolTypeRouter(
         {
-            "http": ASGIStaticFilesHandler(django_app),
+            "http": HttpDispatch(),
             "websocket": URLRouter(websocket_urlpatterns),
         }
     )

@@ -61,6 +61,19 @@ MIDDLEWARE = [
     "gateway.middleware.GatewayErrorMiddleware",
 ]
 
+# Middleware the admin needs but the bearer-authenticated API does not. Django runs these
+# sync-style middlewares through a thread hop each under ASGI, so /v1 requests skip them: they are
+# served by a second Django handler without them (see gateway/asgi.py).
+ADMIN_ONLY_MIDDLEWARE = {
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "gateway.middleware.ApiCsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+}
+
+
 ROOT_URLCONF = "gateway.urls"
 ASGI_APPLICATION = "gateway.asgi.application"
 APPEND_SLASH = False

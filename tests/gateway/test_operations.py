@@ -50,8 +50,12 @@ def test_json_logs_carry_request_id_and_no_secrets(upstream, tmp_path) -> None: 
         {"LOG_FORMAT": "json", "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
     )
     try:
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True,
-                       env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v0"],
+            cwd=ROOT,
+            check=True,
+            env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_DATA_DIR": str(tmp_path)},
+        )
         gw.wait()
         r = httpx.post(
             f"{gw.url}/v1/nope",
@@ -120,3 +124,16 @@ def test_websocket_connections_are_counted(live_gateway: LiveServer) -> None:
     while gauge() != before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gauge() == before
+
+
+@pytest.mark.django_db
+def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ignore[no-untyped-def]
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    from gateway.config import get_config
+
+    options = settings.DATABASES["default"]["OPTIONS"]
+    assert options["pool"]["max_size"] == get_config().database.pool_max_size
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == f"{get_config().database.statement_timeout_ms // 1000}s"
