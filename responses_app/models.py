@@ -1,0 +1,74 @@
+"""Stored responses: the terminal snapshot, status, usage and the ordered checkpoint of items.
+
+Items themselves live once in ``conversations_app.Item``; a response holds the ordered ids of every
+item its successor continues from (``history_item_ids``), so continuing a chain reads one row and
+one batch of items, never the chain.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class Response(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        IN_PROGRESS = "in_progress"
+        COMPLETED = "completed"
+        INCOMPLETE = "incomplete"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=128)
+    owner = models.CharField(max_length=512, db_index=True)
+    status = models.CharField(max_length=16, choices=Status.choices, db_index=True)
+    model = models.CharField(max_length=256, db_index=True)
+    background = models.BooleanField(default=False)
+    previous_response = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    conversation_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    request = models.JSONField(
+        default=dict, help_text="The create request, request-scoped credentials stripped."
+    )
+    snapshot = models.JSONField(
+        null=True, blank=True, help_text="The response object as GET returns it (null: history only)."
+    )
+    usage = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    history_item_ids = models.JSONField(
+        default=list, help_text="Ordered ids of every item a continuation starts from (the checkpoint)."
+    )
+    input_item_count = models.PositiveIntegerField(
+        default=0, help_text="history_item_ids[:input_item_count] are this response's input items."
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status not in (self.Status.QUEUED, self.Status.IN_PROGRESS)
+
+
+class ResponseEvent(models.Model):
+    """One stream event of a background response, kept for polling and ``starting_after`` replay."""
+
+    response = models.ForeignKey(Response, on_delete=models.CASCADE, related_name="events")
+    sequence_number = models.PositiveIntegerField()
+    data = models.TextField(help_text="The event exactly as it was sent (JSON).")
+
+    class Meta:
+        ordering = ["response", "sequence_number"]
+        constraints = [
+            models.UniqueConstraint(fields=["response", "sequence_number"], name="response_event_seq_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.response_id}#{self.sequence_number}"

@@ -1,0 +1,336 @@
+"""Wire models of the Responses API: the ``responses.create`` request body.
+
+Fields follow the order of the official SDK (``openai.types.responses.response_create_params``);
+unknown fields are preserved (``extra="allow"``) so vLLM's extras (``cache_salt``, ``top_k`` …)
+reach the upstream. Validation errors become OpenAI-style 400s with ``param`` and ``code``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway import errors
+
+INT64_MAX = 9223372036854775807
+
+# Top-level fields the gateway owns: never sent to the upstream model server.
+NOT_FORWARDED = frozenset(
+    {
+        "conversation",
+        "context_management",
+        "stream_options",
+        "previous_response_id",
+        "background",
+        "background_options",
+        "max_tool_calls",
+        "metadata",
+        "store",
+        "stream",
+        # WebSocket-only fields (Codex): never meaningful upstream.
+        "generate",
+        "stream_id",
+        "client_metadata",
+    }
+)
+
+
+class ConversationParam(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+
+
+class ResponseCreateRequest(BaseModel):
+    """``POST /v1/responses`` (``openai.types.responses.ResponseCreateParams``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    access_programs: dict[str, Any] | None = None
+    background: bool | None = None
+    background_options: dict[str, Any] | None = None
+    context_management: list[dict[str, Any]] | None = None
+    conversation: str | ConversationParam | None = None
+    image: dict[str, Any] | None = None
+    include: list[str] | None = None
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_tool_calls: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    metadata: dict[str, str] | None = None
+    model: str
+    moderation: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+    prompt: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    reasoning: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    store: bool | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    text: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        if self.conversation is None:
+            return None
+        return self.conversation if isinstance(self.conversation, str) else self.conversation.id
+
+    @property
+    def stores(self) -> bool:
+        """``store`` defaults to true (OpenAI behaviour)."""
+        return self.store is not False
+
+
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a decimal",
+    "str": "a string",
+    "bool": "a boolean",
+    "dict": "an object",
+    "list": "an array",
+    "model": "an object",
+}
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "int", "float", "bool", "none") or (
+            isinstance(part, str) and ("[" in part or part[:1].isupper() or part.startswith("literal"))
+        ):
+            continue  # pydantic's union-member labels are not part of the JSON path
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def validation_error(exc: ValidationError) -> errors.BadRequest:
+    """The first pydantic error as an OpenAI-style 400 (``param`` is the JSON path)."""
+    err = exc.errors(include_url=False)[0]
+    kind = err["type"]
+    param = _param(tuple(err["loc"]))
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "missing":
+        return errors.BadRequest(
+            f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+        )
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        return errors.BadRequest(
+            f"Invalid value: {orjson.dumps(value).decode()}. Supported values are: {expected}.",
+            param=param,
+            code="invalid_value",
+        )
+    if kind in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        code = "integer_below_min_value" if isinstance(value, int) else "decimal_below_min_value"
+        what = "integer" if isinstance(value, int) else "decimal"
+        return errors.BadRequest(
+            f"Invalid '{param}': {what} below minimum value. Expected a value >= {bound}, "
+            f"but got {value} instead.",
+            param=param,
+            code=code,
+        )
+    if kind in ("less_than_equal", "less_than"):
+        bound = ctx.get("le", ctx.get("lt"))
+        code = "integer_above_max_value" if isinstance(value, int) else "decimal_above_max_value"
+        what = "integer" if isinstance(value, int) else "decimal"
+        return errors.BadRequest(
+            f"Invalid '{param}': {what} above maximum value. Expected a value <= {bound}, "
+            f"but got {value} instead.",
+            param=param,
+            code=code,
+        )
+    if kind in ("int_from_float", "int_parsing_size"):
+        return errors.BadRequest(
+            f"Invalid type for '{param}': expected an integer, but got {_json_type(value)} instead.",
+            param=param,
+            code="invalid_type",
+        )
+    base = kind.split("_")[0]
+    expected = _EXPECTED.get(base, "a valid value")
+    if kind == "union_tag_invalid" or base not in _EXPECTED:
+        expected = "a valid value"
+    return errors.BadRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, Any]]:
+    """The typed request and the raw JSON object (for forwarding and echoing)."""
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise errors.BadRequest(
+            "We could not parse the JSON body of your request. The request body must be valid JSON.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(raw, dict):
+        raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
+    try:
+        request = ResponseCreateRequest.model_validate(raw, strict=False)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    _check_strict_types(raw)
+    _check_items_and_tools(request)
+    return request, raw
+
+
+# JSON-level type checks pydantic's lax mode would coerce ("1" → 1, 1 → 1.0 is fine).
+_INT_FIELDS = ("max_output_tokens", "max_tool_calls", "top_logprobs")
+_BOOL_FIELDS = ("background", "parallel_tool_calls", "store", "stream")
+
+
+def _check_strict_types(raw: dict[str, Any]) -> None:
+    for name in _INT_FIELDS:
+        value = raw.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise errors.BadRequest(
+                f"Invalid type for '{name}': expected an integer, but got {_json_type(value)} instead.",
+                param=name,
+                code="invalid_type",
+            )
+    for name in _BOOL_FIELDS:
+        value = raw.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise errors.BadRequest(
+                f"Invalid type for '{name}': expected a boolean, but got {_json_type(value)} instead.",
+                param=name,
+                code="invalid_type",
+            )
+    for name in ("temperature", "top_p"):
+        value = raw.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise errors.BadRequest(
+                f"Invalid type for '{name}': expected a decimal, but got {_json_type(value)} instead.",
+                param=name,
+                code="invalid_type",
+            )
+    for name in ("model", "instructions", "previous_response_id", "prompt_cache_key", "user"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, str):
+            raise errors.BadRequest(
+                f"Invalid type for '{name}': expected a string, but got {_json_type(value)} instead.",
+                param=name,
+                code="invalid_type",
+            )
+
+
+def _check_items_and_tools(request: ResponseCreateRequest) -> None:
+    if isinstance(request.input, list):
+        for index, item in enumerate(request.input):
+            if "type" not in item and "role" not in item:
+                raise errors.BadRequest(
+                    f"Missing required parameter: 'input[{index}].type'.",
+                    param=f"input[{index}].type",
+                    code="missing_required_parameter",
+                )
+            kind = item.get("type", "message")
+            call_id = item.get("call_id")
+            if kind in ("function_call_output", "custom_tool_call_output", "function_call") and (
+                not isinstance(call_id, str) or not call_id
+            ):
+                raise errors.BadRequest(
+                    f"Missing required parameter: 'input[{index}].call_id'.",
+                    param=f"input[{index}].call_id",
+                    code="missing_required_parameter",
+                )
+            if kind == "item_reference" and not isinstance(item.get("id"), str):
+                raise errors.BadRequest(
+                    f"Missing required parameter: 'input[{index}].id'.",
+                    param=f"input[{index}].id",
+                    code="missing_required_parameter",
+                )
+    for index, tool in enumerate(request.tools or ()):
+        if not isinstance(tool.get("type"), str):
+            raise errors.BadRequest(
+                f"Missing required parameter: 'tools[{index}].type'.",
+                param=f"tools[{index}].type",
+                code="missing_required_parameter",
+            )
+        if tool["type"] in ("function", "custom") and not isinstance(tool.get("name"), str):
+            raise errors.BadRequest(
+                f"Missing required parameter: 'tools[{index}].name'.",
+                param=f"tools[{index}].name",
+                code="missing_required_parameter",
+            )
+
+
+# --- prompt_cache_options: the typed mode/TTL subset -------------------------------------------
+
+_PCO_VALUES = {"mode": ("implicit", "explicit"), "ttl": ("30m",)}
+_PCO_UNSUPPORTED = ("prewarm", "comparison_response_id")
+
+
+def check_prompt_cache_options(value: Any, *, supported: bool) -> dict[str, Any] | None:
+    """Validate typed-execution ``prompt_cache_options``; absent/null is unset."""
+    if value is None:
+        return None
+    if not supported:
+        raise errors.BadRequest(
+            "prompt_cache_options is not supported by the configured upstream. An operator can enable "
+            "forwarding with [responses] prompt_cache_options_supported = true after verifying it.",
+            param="prompt_cache_options",
+            code="unsupported_parameter",
+        )
+    if not isinstance(value, dict):
+        raise errors.BadRequest(
+            f"Invalid type for 'prompt_cache_options': expected an object, but got "
+            f"{_json_type(value)} instead.",
+            param="prompt_cache_options",
+            code="invalid_type",
+        )
+    for key, member in value.items():
+        param = f"prompt_cache_options.{key}"
+        if key in _PCO_UNSUPPORTED:
+            raise errors.BadRequest(
+                f"'{param}' is not supported by typed execution.", param=param, code="unsupported_parameter"
+            )
+        if key not in _PCO_VALUES:
+            raise errors.BadRequest(f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
+        allowed = _PCO_VALUES[key]
+        if member not in allowed:
+            supported_values = " and ".join(f"'{a}'" for a in allowed)
+            raise errors.BadRequest(
+                f"Invalid value for '{param}': {orjson.dumps(member).decode()}. "
+                f"Supported values are: {supported_values}.",
+                param=param,
+                code="invalid_value",
+            )
+    return value

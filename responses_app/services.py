@@ -1,0 +1,309 @@
+"""Writes (and the request preparation that validates against stored state).
+
+Every function is keyword-only, synchronous and runs in one transaction; async callers use
+``executor._db`` (a worker thread, so the event loop never blocks on the database).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from conversations_app import selectors as conversation_selectors
+from conversations_app import services as conversation_services
+from conversations_app.models import Item
+from gateway import errors
+from gateway.config import Config
+from gateway.ids import new_id
+from responses_app import selectors, translate
+from responses_app.executor import Prepared, base_snapshot, strip_credentials
+from responses_app.models import Response, ResponseEvent
+from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
+
+COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
+
+
+def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: Config) -> bool:
+    """False only for stateless requests the upstream's own ``/v1/responses`` can answer as is."""
+    if config.upstream_api != "responses":
+        return True  # a chat-only upstream cannot take a Responses body
+    if request.store is not False or request.background:
+        return True
+    if request.previous_response_id is not None or request.conversation is not None:
+        return True
+    if raw.get("context_management"):
+        return True
+    if any(tool.get("type") != "function" or tool.get("async") for tool in request.tools or ()):
+        return True
+    if isinstance(raw.get("multi_agent"), dict) and raw["multi_agent"].get("enabled"):
+        return True
+    return isinstance(request.input, list) and any(
+        item.get("type") in COMPACTION_TYPES or bool(item.get("async")) for item in request.input
+    )
+
+
+def response_prepare(
+    *,
+    request: ResponseCreateRequest,
+    raw: dict[str, Any],
+    owner: str,
+    headers: dict[str, str],
+    config: Config,
+    response_id: str | None = None,
+    created_at: int | None = None,
+) -> Prepared:
+    """Validate against stored state and resolve the history this response continues from."""
+    if request.previous_response_id is not None and request.conversation is not None:
+        raise errors.BadRequest(
+            "Mutually exclusive parameters: Ensure you are only providing one of: "
+            "'previous_response_id' or 'conversation'.",
+            param=None,
+            code="mutually_exclusive_parameters",
+        )
+    # Refused before any history lookup or inference (spec: prompt_cache_options).
+    cache_options = check_prompt_cache_options(
+        raw.get("prompt_cache_options"), supported=config.responses.prompt_cache_options_supported
+    )
+    if request.background and not request.stores:
+        raise errors.BadRequest(
+            "Background mode requires store=true.", param="background", code="invalid_value"
+        )
+
+    history: list[dict[str, Any]] = []
+    revision = 0
+    conversation_id = request.conversation_id
+    if request.previous_response_id is not None:
+        parent = Response.objects.filter(id=request.previous_response_id, owner=owner).first()
+        if parent is None:
+            raise errors.NotFound(
+                f"Previous response with id '{request.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        if not parent.is_terminal:
+            raise errors.BadRequest(
+                f"Previous response with id '{parent.id}' is still {parent.status}; "
+                "wait for it to finish before continuing it.",
+                param="previous_response_id",
+                code="previous_response_in_progress",
+            )
+        history = [item.data for item in selectors.items_in_order(ids=parent.history_item_ids, owner=owner)]
+    elif conversation_id is not None:
+        stored, revision = conversation_selectors.conversation_history(
+            conversation_id=conversation_id, owner=owner
+        )
+        history = [item.data for item in stored]
+
+    new_items, to_insert = _resolve_input(translate.normalize_input(request.input), owner)
+    _check_tool_outputs(history, new_items)
+    return Prepared(
+        request=request,
+        raw=raw,
+        owner=owner,
+        response_id=response_id or new_id("resp"),
+        created_at=created_at if created_at is not None else int(time.time()),
+        history=history,
+        new_items=new_items,
+        items_to_insert=to_insert,
+        store=request.stores,
+        headers=headers,
+        previous_response_id=request.previous_response_id,
+        conversation_id=conversation_id,
+        conversation_revision=revision,
+        prompt_cache_options=cache_options,
+        background=bool(request.background),
+    )
+
+
+def _resolve_input(
+    items: list[dict[str, Any]], owner: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Input items with our ids: stored items are referenced, new ones get a fresh id."""
+    wanted = [item["id"] for item in items if isinstance(item.get("id"), str)]
+    stored = {i.id: i for i in Item.objects.filter(id__in=wanted, owner=owner)} if wanted else {}
+    resolved: list[dict[str, Any]] = []
+    to_insert: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        if item.get("type") == "item_reference":
+            ref = stored.get(item["id"])
+            if ref is None:
+                raise errors.BadRequest(
+                    f"Item with id '{item['id']}' not found.",
+                    param=f"input[{index}].id",
+                    code="item_not_found",
+                )
+            resolved.append(ref.data)
+            continue
+        item_id = item.get("id")
+        existing = stored.get(item_id) if isinstance(item_id, str) else None
+        if existing is not None:
+            resolved.append(existing.data)
+            continue
+        item = dict(item)
+        item["id"] = translate.mint_item_id(item["type"])
+        if item["type"] == "message" and "status" not in item:
+            item["status"] = "completed"
+        resolved.append(item)
+        to_insert.append(item)
+    return resolved, to_insert
+
+
+def _check_tool_outputs(history: list[dict[str, Any]], new_items: list[dict[str, Any]]) -> None:
+    """OpenAI's rules: every call needs an output; every new output needs its call."""
+    calls: dict[str, str] = {}
+    outputs: set[str] = set()
+    for item in (*history, *new_items):
+        kind = item.get("type")
+        if kind in translate.CALL_TYPES and isinstance(item.get("call_id"), str):
+            calls.setdefault(item["call_id"], kind)
+        elif kind in translate.OUTPUT_TYPES and isinstance(item.get("call_id"), str):
+            outputs.add(item["call_id"])
+    for item in new_items:
+        if item.get("type") in translate.OUTPUT_TYPES and item.get("call_id") not in calls:
+            raise errors.BadRequest(
+                f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                param="input",
+            )
+    for call_id in calls:
+        if call_id not in outputs:
+            raise errors.BadRequest(f"No tool output found for function call {call_id}.", param="input")
+
+
+@transaction.atomic
+def response_store_final(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    terminal_event: tuple[int, bytes] | None = None,
+) -> bool:
+    """Store the items once and the response with its checkpoint; False when it was cancelled."""
+    p = prepared
+    new_rows = [
+        Item(id=item["id"], owner=p.owner, type=item["type"], data=item)
+        for item in (*p.items_to_insert, *output_items)
+    ]
+    Item.objects.bulk_create(new_rows, ignore_conflicts=True)
+    history_ids = [item["id"] for item in (*p.history, *p.new_items, *output_items)]
+    fields = {
+        "status": status,
+        "snapshot": snapshot,
+        "usage": usage,
+        "error": error,
+        "history_item_ids": history_ids,
+        "input_item_count": len(p.history) + len(p.new_items),
+        "completed_at": timezone.now(),
+    }
+    if p.background:
+        updated = Response.objects.filter(
+            id=p.response_id, status__in=[Response.Status.QUEUED, Response.Status.IN_PROGRESS]
+        ).update(**fields)
+        if not updated:
+            return False  # cancelled meanwhile: the cancelled snapshot stands
+        if terminal_event is not None:
+            ResponseEvent.objects.create(
+                response_id=p.response_id, sequence_number=terminal_event[0], data=terminal_event[1].decode()
+            )
+    else:
+        Response.objects.create(
+            id=p.response_id,
+            owner=p.owner,
+            model=p.request.model,
+            background=False,
+            previous_response_id=p.previous_response_id,
+            conversation_id=p.conversation_id or "",
+            request=strip_credentials(p.raw),
+            **fields,
+        )
+    if p.conversation_id:
+        conversation_services.conversation_append_items(
+            conversation_id=p.conversation_id,
+            owner=p.owner,
+            item_ids=[item["id"] for item in (*p.new_items, *output_items)],
+            expected_revision=p.conversation_revision,
+        )
+    return True
+
+
+def response_create_queued(*, prepared: Prepared) -> dict[str, Any]:
+    """A background response, stored as ``queued`` before any work starts."""
+    p = prepared
+    snapshot = base_snapshot(p, Response.Status.QUEUED)
+    Response.objects.create(
+        id=p.response_id,
+        owner=p.owner,
+        status=Response.Status.QUEUED,
+        model=p.request.model,
+        background=True,
+        previous_response_id=p.previous_response_id,
+        conversation_id=p.conversation_id or "",
+        request=strip_credentials(p.raw),
+        snapshot=snapshot,
+    )
+    return snapshot
+
+
+def response_mark_in_progress(*, id: str) -> bool:
+    response = Response.objects.filter(id=id, status=Response.Status.QUEUED).first()
+    if response is None:
+        return False
+    snapshot = dict(response.snapshot or {})
+    snapshot["status"] = Response.Status.IN_PROGRESS
+    response.status = Response.Status.IN_PROGRESS
+    response.snapshot = snapshot
+    response.save(update_fields=["status", "snapshot"])
+    return True
+
+
+def response_events_append(*, response_id: str, events: list[tuple[int, bytes]]) -> str | None:
+    """Persist stream events of a background response; returns its current status."""
+    ResponseEvent.objects.bulk_create(
+        [
+            ResponseEvent(response_id=response_id, sequence_number=seq, data=data.decode())
+            for seq, data in events
+        ],
+        ignore_conflicts=True,
+    )
+    return selectors.response_status(id=response_id)
+
+
+@transaction.atomic
+def response_cancel(*, id: str, owner: str) -> dict[str, Any]:
+    response = selectors.response_get(id=id, owner=owner)
+    if not response.background:
+        raise errors.BadRequest(
+            "Only responses created with background=true can be cancelled.",
+            param=None,
+            code="invalid_request",
+        )
+    if response.status == Response.Status.CANCELLED:
+        return response.snapshot or {}
+    if response.is_terminal:
+        raise errors.BadRequest(
+            f"Cannot cancel a {response.status} response.", param=None, code="invalid_request"
+        )
+    snapshot = dict(response.snapshot or {})
+    snapshot["status"] = Response.Status.CANCELLED
+    updated = Response.objects.filter(
+        id=id, status__in=[Response.Status.QUEUED, Response.Status.IN_PROGRESS]
+    ).update(status=Response.Status.CANCELLED, snapshot=snapshot, completed_at=timezone.now())
+    if not updated:  # it finished meanwhile
+        response.refresh_from_db()
+        if response.status != Response.Status.CANCELLED:
+            raise errors.BadRequest(
+                f"Cannot cancel a {response.status} response.", param=None, code="invalid_request"
+            )
+        return response.snapshot or {}
+    return snapshot
+
+
+def response_delete(*, id: str, owner: str) -> None:
+    """Delete the response record; its items stay (later responses' checkpoints share them)."""
+    response = selectors.response_get(id=id, owner=owner)
+    response.delete()

@@ -1,0 +1,279 @@
+"""HTTP views of the Responses API. Thin: authenticate → parse → service/selector → render."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import orjson
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+
+from gateway import errors
+from gateway.auth import require_stored_state_access
+from gateway.config import get_config
+from gateway.http import allow_methods, json_response
+from gateway.principal import credential_consumed, request_principal
+from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
+from responses_app import selectors, services, tasks
+from responses_app.executor import Executor, _db
+from responses_app.schemas import ResponseCreateRequest, parse_create_request
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed", "error"}
+_TAIL_POLL_S = 0.05
+
+
+def _check_json(request: HttpRequest) -> None:
+    content_type = request.content_type or ""
+    if content_type != "application/json" and not content_type.endswith("+json"):
+        raise errors.BadRequest(
+            f"Invalid Content-Type header ({content_type or 'none'}), expected application/json.",
+            code="invalid_content_type",
+        )
+
+
+def _upstream_headers(request: HttpRequest) -> dict[str, str]:
+    headers = forward_headers(
+        dict(request.headers), get_config(), caller_credential_consumed=credential_consumed(request)
+    )
+    # The executor writes its own body: only identity and tracing headers travel with it.
+    keep = ("authorization", "x-api-key", "openai-organization", "openai-project", "x-request-id")
+    return {k: v for k, v in headers.items() if k in keep}
+
+
+@allow_methods("POST")
+async def responses_create(request: HttpRequest) -> HttpResponse:
+    _check_json(request)
+    body = request.body
+    parsed, raw = parse_create_request(body)
+    config = get_config()
+    if not services.needs_executor(parsed, raw, config):
+        return await _direct(request, body)
+    principal = request_principal(request)
+    prepared = await _db(services.response_prepare)(
+        request=parsed, raw=raw, owner=principal.owner, headers=_upstream_headers(request), config=config
+    )
+    if prepared.background:
+        snapshot = await _db(services.response_create_queued)(prepared=prepared)
+        tasks.start_background(prepared, config)
+        if parsed.stream:
+            return _sse(_tail(prepared.response_id, -1))
+        return json_response(snapshot)
+    executor = Executor(prepared, config)
+    if parsed.stream:
+        return _sse(_frames(executor))
+    async for _event in executor.run():
+        pass
+    if executor.failure_event is not None:
+        data = executor.failure_event.data
+        raise errors.ServerError(data["message"], code=data.get("code"))
+    final = executor.final or {}
+    if (
+        final.get("status") == "failed"
+        and executor.http_error is not None
+        and executor.http_error.status < 500
+    ):
+        raise executor.http_error
+    return json_response(final)
+
+
+async def _frames(executor: Executor) -> AsyncIterator[bytes]:
+    async for event in executor.run():
+        yield event.frame
+
+
+def _sse(frames: AsyncIterator[bytes]) -> HttpResponse:
+    response = StreamingHttpResponse(frames, content_type="text/event-stream")
+    for key, value in SSE_HEADERS.items():
+        response[key] = value
+    return cast(HttpResponse, response)  # the views' declared type; Django serves both alike
+
+
+async def _direct(request: HttpRequest, body: bytes) -> HttpResponse:
+    """Stateless pass-through: the body goes to the upstream byte for byte, the answer comes back as it arrives."""
+    config = get_config()
+    headers = forward_headers(
+        dict(request.headers), config, caller_credential_consumed=credential_consumed(request)
+    )
+    headers.pop("accept-encoding", None)
+    upstream = await get_upstream().send("POST", "/v1/responses", body=body, headers=headers)
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream:
+                yield chunk
+        finally:
+            await upstream.aclose()
+
+    response = StreamingHttpResponse(relay(), status=upstream.status)
+    for key, value in upstream.headers:
+        if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+            response[key] = value
+    return cast(HttpResponse, response)
+
+
+@allow_methods("GET", "DELETE")
+async def response_detail(request: HttpRequest, response_id: str) -> HttpResponse:
+    require_stored_state_access(request)
+    owner = request_principal(request).owner
+    if request.method == "DELETE":
+        await _db(services.response_delete)(id=response_id, owner=owner)
+        return json_response({"id": response_id, "object": "response", "deleted": True})
+    response = await _db(selectors.response_get)(id=response_id, owner=owner)
+    if request.GET.get("stream") in ("true", "1", "True"):
+        if not response.background:
+            raise errors.BadRequest(
+                "This response cannot be streamed because it was not created with background=true.",
+                param="stream",
+                code="invalid_request",
+            )
+        starting_after = _int_param(request, "starting_after", default=-1, minimum=-1)
+        return _sse(_tail(response.id, starting_after))
+    if response.snapshot is None:
+        raise errors.Conflict(
+            f"Response with id '{response_id}' has no stored snapshot to return.",
+            code="response_snapshot_unavailable",
+        )
+    return json_response(response.snapshot)
+
+
+async def _tail(response_id: str, starting_after: int) -> AsyncIterator[bytes]:
+    """Replay stored events after ``starting_after``, then follow a running response to its end."""
+    after = starting_after
+    finished_checks = 0
+    while True:
+        events = await _db(selectors.response_events_after)(response_id=response_id, after=after)
+        for event in events:
+            after = event.sequence_number
+            data = event.data
+            kind = orjson.loads(data).get("type", "")
+            yield b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
+            if kind in _TERMINAL_TYPES:
+                return
+        if events:
+            continue
+        status = await _db(selectors.response_status)(id=response_id)
+        if status is None or status not in ("queued", "in_progress"):
+            finished_checks += 1
+            if finished_checks > 2:  # terminal and nothing more arrives (e.g. cancelled)
+                return
+        await asyncio.sleep(_TAIL_POLL_S)
+
+
+def _int_param(
+    request: HttpRequest, name: str, *, default: int, minimum: int, maximum: int | None = None
+) -> int:
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.BadRequest(
+            f"Invalid type for '{name}': expected an integer, but got a string instead.",
+            param=name,
+            code="invalid_type",
+        ) from None
+    if value < minimum:
+        raise errors.BadRequest(
+            f"Invalid '{name}': integer below minimum value. Expected a value >= {minimum}, "
+            f"but got {value} instead.",
+            param=name,
+            code="integer_below_min_value",
+        )
+    if maximum is not None and value > maximum:
+        raise errors.BadRequest(
+            f"Invalid '{name}': integer above maximum value. Expected a value <= {maximum}, "
+            f"but got {value} instead.",
+            param=name,
+            code="integer_above_max_value",
+        )
+    return value
+
+
+@allow_methods("GET")
+async def response_input_items(request: HttpRequest, response_id: str) -> HttpResponse:
+    require_stored_state_access(request)
+    owner = request_principal(request).owner
+    limit = _int_param(request, "limit", default=20, minimum=1, maximum=100)
+    order = request.GET.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise errors.BadRequest(
+            f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.",
+            param="order",
+            code="invalid_value",
+        )
+    after = request.GET.get("after")
+
+    def page() -> tuple[list[dict[str, Any]], bool]:
+        response = selectors.response_get(id=response_id, owner=owner)
+        return selectors.response_input_items(response=response, after=after, limit=limit, order=order)
+
+    data, has_more = await _db(page)()
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": has_more,
+        }
+    )
+
+
+@allow_methods("POST")
+async def response_cancel(request: HttpRequest, response_id: str) -> HttpResponse:
+    require_stored_state_access(request)
+    owner = request_principal(request).owner
+    snapshot = await _db(services.response_cancel)(id=response_id, owner=owner)
+    tasks.cancel_local(response_id)
+    return json_response(snapshot)
+
+
+@allow_methods("POST")
+async def response_input_tokens(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/responses/input_tokens``: counted by the upstream's ``/tokenize``."""
+    from responses_app import translate
+
+    _check_json(request)
+    raw = orjson.loads(request.body) if request.body else {}
+    if not isinstance(raw, dict):
+        raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
+    raw.setdefault("model", "")
+    parsed, raw = parse_create_request(orjson.dumps(raw))
+    config = get_config()
+    prepared = await _db(services.response_prepare)(
+        request=_without_store(parsed),
+        raw=raw,
+        owner=request_principal(request).owner,
+        headers=_upstream_headers(request),
+        config=config,
+    )
+    messages = translate.items_to_messages(parsed.instructions, [*prepared.history, *prepared.new_items])
+    body: dict[str, Any] = {"messages": messages}
+    if parsed.model:
+        body["model"] = parsed.model
+    tools = translate.tools_to_chat(parsed.tools)
+    if tools:
+        body["tools"] = tools
+    headers = dict(prepared.headers)
+    headers["content-type"] = "application/json"
+    upstream = await get_upstream().send("POST", "/tokenize", body=orjson.dumps(body), headers=headers)
+    payload = await upstream.read()
+    if upstream.status == 404:
+        raise errors.NotImplementedFeature(
+            "The configured upstream has no /tokenize endpoint, so input tokens cannot be counted.",
+            code="tokenize_unavailable",
+        )
+    if upstream.status != 200:
+        raise errors.UpstreamError(f"The upstream /tokenize answered {upstream.status}.")
+    try:
+        count = orjson.loads(payload)["count"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise errors.UpstreamError("The upstream /tokenize answer has no count.") from None
+    return json_response({"object": "response.input_tokens", "input_tokens": count})
+
+
+def _without_store(request: ResponseCreateRequest) -> ResponseCreateRequest:
+    return request.model_copy(update={"background": None, "store": False})

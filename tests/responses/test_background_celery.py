@@ -1,0 +1,52 @@
+"""Background responses on a real Celery worker over the real Redis broker (db 13)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from gateway.celery import app as celery_app
+from gateway.celery import configure
+from tests.responses.conftest import Gateway
+from tests.responses.scripts import text
+
+REDIS_URL = "redis://127.0.0.1:6379/13"
+
+
+@pytest.fixture
+def wire() -> str:
+    return "responses"
+
+
+@pytest.fixture
+def broker(gw: Gateway, gateway_config: Any) -> Iterator[None]:
+    config = gateway_config(llm_api_base=gw.upstream.url, upstream_api="responses", redis_url=REDIS_URL)
+    configure(celery_app, config)
+    with start_worker(
+        celery_app, queues=["responses"], perform_ping_check=False, pool="solo", loglevel="WARNING"
+    ):
+        yield
+    configure(celery_app, gateway_config(redis_url=""))
+
+
+def test_background_runs_on_a_celery_worker(gw: Gateway, broker: None) -> None:
+    gw.script(text("from", " a", " worker"))
+    created = gw.client.responses.create(model="m", input="x", background=True)
+    assert created.status == "queued"
+    deadline = time.monotonic() + 20
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{gw.url}/v1/responses/{created.id}").json()
+        if body["status"] == "completed":
+            break
+        time.sleep(0.1)
+    assert body["status"] == "completed"
+    assert body["output"][0]["content"][0]["text"] == "from a worker"
+    with gw.client.responses.retrieve(created.id, stream=True) as stream:
+        types = [e.type for e in stream]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
