@@ -78,7 +78,8 @@ def response_prepare(
     if request.previous_response_id is not None:
         parent = Response.objects.filter(id=request.previous_response_id, owner=owner).first()
         if parent is None:
-            raise errors.NotFound(
+            # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
+            raise errors.BadRequest(
                 f"Previous response with id '{request.previous_response_id}' not found.",
                 param="previous_response_id",
                 code="previous_response_not_found",

@@ -219,6 +219,6 @@ def test_store_false_continuation_is_hydrated_but_not_stored(gw: Gateway) -> Non
     assert b"Stored" in raw  # hydrated from the stored parent
     assert not Response.objects.filter(id=second.id).exists()
     r = gw.post({"model": "test-model", "input": "three", "previous_response_id": second.id})
-    assert r.status_code == 404
+    assert r.status_code == 400
     assert r.json()["error"]["code"] == "previous_response_not_found"
     assert r.json()["error"]["param"] == "previous_response_id"

@@ -135,7 +135,7 @@ def test_unknown_and_cross_owner_previous_response(gw: Gateway) -> None:
     )
     for rid in ("resp_nope", "resp_other"):
         r = gw.post({"model": "m", "input": "x", "previous_response_id": rid})
-        assert _error(r, 404) == {
+        assert _error(r, 400) == {
             "message": f"Previous response with id '{rid}' not found.",
             "type": "invalid_request_error",
             "param": "previous_response_id",
