@@ -33,6 +33,13 @@ class ApiASGIHandler(ASGIHandler):
         finally:
             settings.MIDDLEWARE = full
 
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        # Django wraps each request in a ThreadSensitiveContext, which starts (and stops) a fresh
+        # thread per request for its thread-sensitive internals. API views are async and do their
+        # database work on the shared pool, so the few thread-sensitive calls Django itself makes
+        # (signals, response.close) share asgiref's one long-lived thread instead.
+        await self.handle(scope, receive, send)
+
 
 class HttpDispatch:
     """``/v1/*`` to the API handler; everything else (admin, static, health) to the full stack."""
