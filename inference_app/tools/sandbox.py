@@ -145,19 +145,20 @@ def build_command(config: CodeInterpreterConfig) -> list[str]:
         "--setenv", "HOME", "/tmp",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
         "--setenv", "LANG", "C.UTF-8",
-        "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        "--setenv", "PYTHONIOENCODING", "utf-8",
         "--hostname", "sandbox",
         *_bind_args(config, python),
         "--proc", "/proc",
         "--dev", "/dev",
         "--size", str(config.tmp_size_bytes),
         "--tmpfs", "/tmp",
+        # The sandbox's own root (a tmpfs bwrap builds) becomes read-only too: only /tmp is writable.
+        "--remount-ro", "/",
         "--chdir", "/tmp",
         "--uid", "1000",
         "--gid", "1000",
         "--cap-drop", "ALL",
-        python, "-I", "-c", launcher,
+        # -I ignores PYTHON* variables and user site; -u keeps stdout/stderr in order; -B no .pyc.
+        python, "-I", "-u", "-B", "-c", launcher,
     ]  # fmt: skip
 
 
