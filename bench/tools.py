@@ -34,17 +34,38 @@ REDIS_URL = "redis://127.0.0.1:6379/9"
 
 def calls(n: int) -> list[ToolCall]:
     ts = classify_tools([{"type": "web_search"}], config=load_config({}))
-    return [ts.make_call(f"c{i}", "web_search", orjson.dumps({"queries": [f"q{i}"]}).decode()) for i in range(n)]
+    return [
+        ts.make_call(f"c{i}", "web_search", orjson.dumps({"queries": [f"q{i}"]}).decode()) for i in range(n)
+    ]
 
 
 def start_worker(provider_url: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env.update(REDIS_URL=REDIS_URL, WEB_SEARCH_PROVIDER="searxng", WEB_SEARCH_BASE_URL=provider_url)
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "gateway.celery", "worker", "-Q", "tools", "-P", "threads",
-         "-c", "8", "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "gateway.celery",
+            "worker",
+            "-Q",
+            "tools",
+            "-P",
+            "threads",
+            "-c",
+            "8",
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 async def timed_round(n: int, config: Config, app: object | None) -> float:
@@ -81,7 +102,9 @@ async def main(args: argparse.Namespace) -> None:
         # Wait until the worker answers a call, then warm both paths.
         deadline = time.monotonic() + 60
         while True:
-            [r] = await run_gateway_calls(calls(1), config=replace(broker, tools__call_timeout_s=2), celery_app=app)
+            [r] = await run_gateway_calls(
+                calls(1), config=replace(broker, tools__call_timeout_s=2), celery_app=app
+            )
             if r.ok:
                 break
             if time.monotonic() > deadline:
@@ -104,8 +127,9 @@ async def main(args: argparse.Namespace) -> None:
         worker_instant = start_worker(instant.url)
         broker_instant = replace(inproc_instant, redis_url=REDIS_URL)
         while True:
-            [r] = await run_gateway_calls(calls(1), config=replace(broker_instant, tools__call_timeout_s=2),
-                                          celery_app=app)
+            [r] = await run_gateway_calls(
+                calls(1), config=replace(broker_instant, tools__call_timeout_s=2), celery_app=app
+            )
             if r.ok:
                 break
         over_in: list[float] = []
