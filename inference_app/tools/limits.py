@@ -96,6 +96,11 @@ class ToolCallBudget:
         return self.limit is not None and self.dispatched >= self.limit
 
     @property
+    def refuse_next(self) -> bool:
+        """Whether the next gateway call would be refused (the limit is used up)."""
+        return self.exhausted
+
+    @property
     def offer_gateway_tools(self) -> bool:
         return self.refused == 0
 

@@ -423,7 +423,8 @@ def test_max_tool_calls_refusals(value: Any, code: str, message: str) -> None:
 
 def test_budget_counts_dispatched_calls_and_refuses_past_the_limit() -> None:
     budget = ToolCallBudget(limit=2)
-    assert budget.admit() and budget.admit()
+    assert budget.admit() and not budget.refuse_next and budget.admit()
+    assert budget.refuse_next
     assert budget.exhausted and budget.offer_gateway_tools  # reaching the limit refuses nothing yet
     assert budget.admit() is False
     assert (budget.dispatched, budget.refused) == (2, 1)

@@ -127,10 +127,16 @@ async def test_the_event_loop_is_not_blocked_while_waiting(
 
 
 async def test_a_timeout_becomes_a_failed_result(
-    celery_app: Any, worker: Any, provider: SearchProvider, tools_config: Config
+    celery_app: Any, worker: Any, provider: SearchProvider, gateway_config: Callable[..., Config]
 ) -> None:
     provider.slow_delay_s = 1.5
-    config = replace(tools_config, tools__call_timeout_s=0.5)
+    # The worker reads the process config too: both sides time out at 0.5 s.
+    config = gateway_config(
+        redis_url=REDIS_URL,
+        web_search__provider="searxng",
+        web_search__base_url=provider.url,
+        tools__call_timeout_s=0.5,
+    )
     started = time.monotonic()
     results = await run_gateway_calls(
         [search("slow", "slow query"), search("fast", "fast query")], config=config, celery_app=celery_app
