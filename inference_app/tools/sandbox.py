@@ -193,19 +193,31 @@ async def run_python(code: str, config: CodeInterpreterConfig) -> SandboxRun:
         return SandboxRun("", None, unavailable, 0.0)
     if len(code.encode()) > config.max_code_bytes:
         return SandboxRun("", None, f"the program is larger than {config.max_code_bytes} bytes", 0.0)
-    extra: dict[str, object] = {}
+    command = build_command(config)
     if os.geteuid() == 0:
-        extra = {"user": config.run_as_uid, "group": config.run_as_gid, "extra_groups": []}
+        # Drop root before bwrap starts. setpriv (util-linux) rather than Popen(user=…) or a
+        # preexec_fn: uvloop's subprocess support has neither user= nor group=, and preexec_fn is
+        # unsafe in a threaded process.
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            return SandboxRun("", None, "the sandbox is unavailable: running as root needs setpriv", 0.0)
+        command = [
+            setpriv,
+            f"--reuid={config.run_as_uid}",
+            f"--regid={config.run_as_gid}",
+            "--clear-groups",
+            "--",
+            *command,
+        ]
     try:
         proc = await asyncio.create_subprocess_exec(
-            *build_command(config),
+            *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
             cwd="/",
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-            **extra,  # type: ignore[arg-type]
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
         )
     except OSError as exc:
         return SandboxRun("", None, f"the sandbox could not start: {exc}", time.monotonic() - started)

@@ -232,3 +232,12 @@ async def test_missing_bwrap_fails_the_call_clearly() -> None:
 async def test_disabled_interpreter_fails_the_call() -> None:
     result = await run_code("print(1)", sandbox_config(code_interpreter__enabled=False))
     assert result.error == "the code interpreter is disabled ([code_interpreter] enabled = false)"
+
+
+def test_the_sandbox_runs_under_uvloop() -> None:
+    """The gateway serves on uvloop (uvicorn): in-process calls must work on its event loop too."""
+    import uvloop
+
+    result = uvloop.run(run_code("import os\nprint(os.getuid(), os.getcwd())"))
+    assert result.status == "completed", result.error
+    assert result.output == "1000 /tmp\n"
