@@ -38,6 +38,7 @@ def configure(app: Celery, config: Config) -> Celery:
 
 app = configure(Celery("gateway"), get_config())
 app.autodiscover_tasks(["inference_app", "responses_app", "conversations_app"])
+app.autodiscover_tasks(["inference_app"], related_name="tool_tasks")
 
 
 @app.task(name="gateway.ping", queue="tools")

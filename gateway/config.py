@@ -28,6 +28,16 @@ SECRET_ENV = {
     "openai_api_key": "OPENAI_API_KEY",
     "secret_key": "GATEWAY_SECRET_KEY",
     "oidc_rp_client_secret": "OIDC_RP_CLIENT_SECRET",
+    # Also read from the variable named by [web_search] api_key_env (BRAVE_API_KEY / TAVILY_API_KEY).
+    "web_search_api_key": "WEB_SEARCH_API_KEY",
+}
+
+# The key variable each web-search provider reads when [web_search] api_key_env is empty.
+WEB_SEARCH_KEY_ENV = {"searxng": "", "brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}
+WEB_SEARCH_DEFAULT_BASE = {
+    "searxng": "",
+    "brave": "https://api.search.brave.com/res/v1/web/search",
+    "tavily": "https://api.tavily.com/search",
 }
 
 
@@ -84,6 +94,72 @@ class ToolsConfig:
 
 
 @dataclass(frozen=True)
+class WebSearchConfig:
+    provider: Literal["searxng", "brave", "tavily"] = "searxng"
+    base_url: str = ""
+    api_key_env: str = ""
+    max_results: int = 5
+    max_queries_per_call: int = 5
+    request_timeout_s: float = 15.0
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+    max_snippet_chars: int = 500
+
+    @property
+    def endpoint(self) -> str:
+        """The provider URL: ``base_url`` or the provider's public endpoint."""
+        return self.base_url or WEB_SEARCH_DEFAULT_BASE[self.provider]
+
+    @property
+    def key_env(self) -> str:
+        return self.api_key_env or WEB_SEARCH_KEY_ENV[self.provider]
+
+
+@dataclass(frozen=True)
+class CodeInterpreterConfig:
+    enabled: bool = True
+    bwrap: str = "bwrap"
+    python: str = ""
+    cpu_time_s: int = 10
+    wall_time_s: float = 30.0
+    memory_bytes: int = 512 * MiB
+    max_processes: int = 16
+    max_output_bytes: int = 256 * 1024
+    max_file_size_bytes: int = 16 * MiB
+    tmp_size_bytes: int = 64 * MiB
+    max_code_bytes: int = 1 * MiB
+    run_as_uid: int = 65534
+    run_as_gid: int = 65534
+    extra_ro_binds: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class McpConfig:
+    allowed_hosts: tuple[str, ...] = ()
+    max_servers: int = 64
+    max_tools: int = 128
+    max_list_pages: int = 50
+    connect_timeout_s: float = 10.0
+    discovery_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    """One operator-configured MCP server, ``[mcp_servers.<label>]``."""
+
+    url: str
+    transport: Literal["streamable_http", "sse"] = "streamable_http"
+    headers: dict[str, str] = field(default_factory=dict)
+    # Header name -> environment variable holding its value (a credential): resolved at load.
+    headers_env: dict[str, str] = field(default_factory=dict)
+    allowed_tools: tuple[str, ...] | None = None
+    secret_headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def all_headers(self) -> dict[str, str]:
+        return {**self.headers, **self.secret_headers}
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     oidc_issuer: str = ""
     oidc_audience: str = ""
@@ -112,11 +188,17 @@ class Config:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    web_search: WebSearchConfig = field(default_factory=WebSearchConfig)
+    code_interpreter: CodeInterpreterConfig = field(default_factory=CodeInterpreterConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # Operator-configured MCP servers by label: the dynamic ``[mcp_servers.<label>]`` tables.
+    mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
     # Secrets: environment only.
     openai_api_key: str = field(default="", repr=False)
     secret_key: str = field(default="", repr=False)
     oidc_rp_client_secret: str = field(default="", repr=False)
+    web_search_api_key: str = field(default="", repr=False)
 
     @property
     def oidc_enabled(self) -> bool:
@@ -152,6 +234,9 @@ ENV_ALIASES: dict[tuple[str | None, str], str] = {
     ("auth", "oidc_audience"): "OIDC_AUDIENCE",
     ("auth", "require_api_key"): "GATEWAY_REQUIRE_API_KEY",
     ("auth", "oidc_rp_client_id"): "OIDC_RP_CLIENT_ID",
+    ("web_search", "provider"): "WEB_SEARCH_PROVIDER",
+    ("web_search", "base_url"): "WEB_SEARCH_BASE_URL",
+    ("mcp", "allowed_hosts"): "MCP_ALLOWED_HOSTS",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -262,6 +347,9 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
             )
         if key not in top_fields:
             raise ConfigError(f"{key}: unknown setting in the config file")
+        if key == "mcp_servers":
+            values[key] = _load_mcp_servers(raw, env)
+            continue
         tp = top_fields[key]
         if _is_section(tp):
             if not isinstance(raw, dict):
@@ -285,6 +373,8 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
         elif key in SECRET_ENV:
             if SECRET_ENV[key] in env:
                 values[key] = env[SECRET_ENV[key]]
+        elif key == "mcp_servers":
+            continue  # file only: a table per label
         else:
             name = _env_name(None, key)
             if name in env:
@@ -292,9 +382,74 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
 
     for key, sec_values in sections.items():
         values[key] = top_fields[key](**sec_values)
+    if "web_search_api_key" not in values:
+        key_env = values.get("web_search", WebSearchConfig()).key_env
+        if key_env and key_env in env:
+            values["web_search_api_key"] = env[key_env]
     config = Config(**values)
     _validate(config)
     return config
+
+
+_LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+# Header names whose values are credentials: accepted only through headers_env.
+_CREDENTIAL_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "key", "password")
+
+
+def is_credential_header(name: str) -> bool:
+    low = name.lower()
+    return any(word in low for word in _CREDENTIAL_HEADER_WORDS)
+
+
+def _string_table(name: str, raw: Any) -> dict[str, str]:
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise ConfigError(f"{name}: must be a table of strings")
+    return dict(raw)
+
+
+def _load_mcp_servers(raw: Any, env: typing.Mapping[str, str]) -> dict[str, McpServerConfig]:
+    """``[mcp_servers.<label>]`` tables: the one dynamic table, every key inside still checked."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[mcp_servers]: must be a table of [mcp_servers.<label>] tables")
+    known = _fields(McpServerConfig)
+    servers: dict[str, McpServerConfig] = {}
+    for label, table in raw.items():
+        prefix = f"mcp_servers.{label}"
+        if not label or len(label) > 64 or not set(label) <= _LABEL_CHARS:
+            raise ConfigError(f"{prefix}: a label is 1-64 letters, digits, '_' or '-'")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{prefix}: must be a table")
+        kwargs: dict[str, Any] = {}
+        for sub, value in table.items():
+            name = f"{prefix}.{sub}"
+            if sub not in known or sub == "secret_headers":
+                raise ConfigError(f"{name}: unknown setting in the config file")
+            if sub in ("headers", "headers_env"):
+                kwargs[sub] = _string_table(name, value)
+            elif sub == "allowed_tools":
+                kwargs[sub] = _coerce(name, tuple[str, ...], value, from_env=False)
+            else:
+                kwargs[sub] = _coerce(name, known[sub], value, from_env=False)
+        if "url" not in kwargs:
+            raise ConfigError(f"{prefix}.url: required")
+        parts = urlsplit(kwargs["url"])
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{prefix}.url: must be an http(s) URL, got {kwargs['url']!r}")
+        for header in kwargs.get("headers", {}):
+            if is_credential_header(header):
+                raise ConfigError(
+                    f"{prefix}.headers.{header}: secrets are never read from the config file; "
+                    f"name an environment variable in {prefix}.headers_env instead"
+                )
+        secret: dict[str, str] = {}
+        for header, var in kwargs.get("headers_env", {}).items():
+            if var not in env:
+                raise ConfigError(f"{prefix}.headers_env.{header}: environment variable {var} is not set")
+            secret[header] = env[var]
+        servers[label] = McpServerConfig(**kwargs, secret_headers=secret)
+    return servers
 
 
 def _is_loopback_host(host: str) -> bool:
@@ -337,6 +492,22 @@ def _validate(c: Config) -> None:
         "responses.max_rounds": c.responses.max_rounds,
         "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
         "tools.call_timeout_s": c.tools.call_timeout_s,
+        "web_search.max_results": c.web_search.max_results,
+        "web_search.max_queries_per_call": c.web_search.max_queries_per_call,
+        "web_search.request_timeout_s": c.web_search.request_timeout_s,
+        "code_interpreter.cpu_time_s": c.code_interpreter.cpu_time_s,
+        "code_interpreter.wall_time_s": c.code_interpreter.wall_time_s,
+        "code_interpreter.memory_bytes": c.code_interpreter.memory_bytes,
+        "code_interpreter.max_processes": c.code_interpreter.max_processes,
+        "code_interpreter.max_output_bytes": c.code_interpreter.max_output_bytes,
+        "code_interpreter.max_file_size_bytes": c.code_interpreter.max_file_size_bytes,
+        "code_interpreter.tmp_size_bytes": c.code_interpreter.tmp_size_bytes,
+        "code_interpreter.max_code_bytes": c.code_interpreter.max_code_bytes,
+        "mcp.max_servers": c.mcp.max_servers,
+        "mcp.max_tools": c.mcp.max_tools,
+        "mcp.max_list_pages": c.mcp.max_list_pages,
+        "mcp.connect_timeout_s": c.mcp.connect_timeout_s,
+        "mcp.discovery_timeout_s": c.mcp.discovery_timeout_s,
         "upstream.connect_timeout_s": c.upstream.connect_timeout_s,
         "upstream.read_timeout_s": c.upstream.read_timeout_s,
         "upstream.stall_timeout_s": c.upstream.stall_timeout_s,
@@ -351,6 +522,10 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"server.port: must be between 1 and 65535, got {c.server.port}")
     if c.database.pool_min_size > c.database.pool_max_size:
         raise ConfigError("database.pool_min_size: must not exceed database.pool_max_size")
+    if c.web_search.base_url:
+        parts = urlsplit(c.web_search.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"WEB_SEARCH_BASE_URL: must be an http(s) URL, got {c.web_search.base_url!r}")
     for origin in c.server.cors_allowed_origins:
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):

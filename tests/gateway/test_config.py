@@ -168,11 +168,16 @@ def test_example_config_documents_every_key_and_loads() -> None:
             "database",
             "responses",
             "tools",
+            "web_search",
+            "code_interpreter",
+            "mcp",
             "auth",
         }:
             assert f"[{f.name}]" in text
             for sub in dataclasses.fields(getattr(Config(), f.name)):
                 assert f"{sub.name} =" in text, f"{f.name}.{sub.name} undocumented"
+        elif f.name == "mcp_servers":
+            assert "[mcp_servers.docs]" in text  # the dynamic table, documented by example
         else:
             assert f"{f.name} =" in text, f"{f.name} undocumented"
 

@@ -1,0 +1,49 @@
+"""Gateway-executed tools (web search, code interpreter, MCP): the library the tool loop calls.
+
+See ``docs/tools.md`` for the integration contract. Everything the Responses executor needs is
+re-exported here.
+"""
+
+from inference_app.tools.base import (
+    CLIENT_TOOL_TYPES,
+    GATEWAY_TOOL_TYPES,
+    FunctionDef,
+    McpServer,
+    ToolCall,
+    ToolResult,
+    ToolSet,
+    classify_tools,
+    run_gateway_calls,
+)
+from inference_app.tools.limits import ToolCallBudget, limit_output, validate_max_tool_calls
+from inference_app.tools.mcp import (
+    McpListing,
+    call_requires_approval,
+    discover_mcp_tools,
+    listings_from_items,
+    requires_approval,
+    strip_credentials,
+    strip_tools_credentials,
+)
+
+__all__ = [
+    "CLIENT_TOOL_TYPES",
+    "GATEWAY_TOOL_TYPES",
+    "FunctionDef",
+    "McpListing",
+    "McpServer",
+    "ToolCall",
+    "ToolCallBudget",
+    "ToolResult",
+    "ToolSet",
+    "call_requires_approval",
+    "classify_tools",
+    "discover_mcp_tools",
+    "limit_output",
+    "listings_from_items",
+    "requires_approval",
+    "run_gateway_calls",
+    "strip_credentials",
+    "strip_tools_credentials",
+    "validate_max_tool_calls",
+]

@@ -1,0 +1,462 @@
+"""Gateway tools: classification, the function definitions the model sees, calls and results.
+
+The Responses executor classifies a request's ``tools`` once (:func:`classify_tools`), offers the
+model the client tools as declared plus one plain function per gateway tool
+(:meth:`ToolSet.model_functions`), turns every model call of a gateway function into a
+:class:`ToolCall` (:meth:`ToolSet.make_call`) and runs a round of them with
+:func:`run_gateway_calls`. Nothing here knows the public item types or stream events: a
+:class:`ToolResult` carries both the text fed back to the model and the structured data the executor
+puts into ``web_search_call`` / ``code_interpreter_call`` / ``mcp_call`` items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from gateway.config import Config, get_config
+from gateway.errors import BadRequest
+
+if TYPE_CHECKING:
+    from inference_app.tools.mcp import McpListing
+
+GatewayKind = Literal["web_search", "code_interpreter", "mcp"]
+Owner = Literal["client", "gateway", "unknown"]
+
+CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell"})
+WEB_SEARCH_TYPES = frozenset(
+    {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
+)
+GATEWAY_TOOL_TYPES = WEB_SEARCH_TYPES | {"code_interpreter", "mcp"}
+
+# Names the model sees for the two built-in gateway tools.
+WEB_SEARCH_FUNCTION = "web_search"
+CODE_INTERPRETER_FUNCTION = "code_interpreter"
+
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class FunctionDef:
+    """One gateway tool as the model sees it: a plain function tool."""
+
+    name: str
+    kind: GatewayKind
+    description: str
+    parameters: dict[str, Any]
+    tool_index: int
+    server_label: str | None = None
+    mcp_tool_name: str | None = None
+    # Discovery metadata of an MCP tool (its annotations decide ``read_only`` approval filters).
+    read_only: bool | None = None
+
+    def as_responses_tool(self) -> dict[str, Any]:
+        """A Responses-API function tool (``/v1/responses`` upstream)."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": False,
+        }
+
+    def as_chat_tool(self) -> dict[str, Any]:
+        """A Chat Completions function tool (``/v1/chat/completions`` upstream)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """A resolved MCP server declaration: request-declared (``server_url``) or operator-configured."""
+
+    label: str
+    url: str
+    tool_index: int
+    transport: Literal["streamable_http", "sse"] = "streamable_http"
+    operator: bool = False
+    # Request-scoped and operator credentials: used on the wire, never stored or returned.
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    allowed_tools: tuple[str, ...] | None = None
+    allowed_read_only: bool | None = None
+    require_approval: Any = None
+    description: str = ""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "url": self.url,
+            "tool_index": self.tool_index,
+            "transport": self.transport,
+            "operator": self.operator,
+            "headers": dict(self.headers),
+        }
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> McpServer:
+        return cls(
+            label=data["label"],
+            url=data["url"],
+            tool_index=data["tool_index"],
+            transport=data["transport"],
+            operator=data["operator"],
+            headers=dict(data["headers"]),
+        )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One model call of a gateway function, self-contained so a Celery worker can run it."""
+
+    call_id: str
+    name: str
+    kind: GatewayKind
+    arguments: str
+    # The declaration the call needs: web_search filters, code_interpreter options, or the MCP
+    # server (with its credentials; a ToolCall is never stored).
+    tool: dict[str, Any] = field(default_factory=dict, repr=False)
+    server_label: str | None = None
+    mcp_tool_name: str | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> ToolCall:
+        return cls(**data)
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The model's arguments as an object; malformed JSON raises ``ValueError`` with a reason."""
+        text = self.arguments.strip() or "{}"
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"arguments are not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError("arguments must be a JSON object")
+        return value
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one gateway call.
+
+    ``output`` is the text fed back to the model (the function call output). The structured fields
+    fill the public item: ``action`` for ``web_search_call``, ``code`` + ``outputs`` for
+    ``code_interpreter_call``, ``mcp_output`` / ``error`` for ``mcp_call``.
+    """
+
+    call_id: str
+    kind: GatewayKind
+    status: Literal["completed", "failed"]
+    output: str
+    error: str | None = None
+    action: dict[str, Any] | None = None
+    code: str | None = None
+    outputs: list[dict[str, Any]] | None = None
+    mcp_output: str | None = None
+    server_label: str | None = None
+    mcp_tool_name: str | None = None
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def to_payload(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> ToolResult:
+        return cls(**data)
+
+    @classmethod
+    def failure(cls, call: ToolCall, message: str, **extra: Any) -> ToolResult:
+        """A failed call: the model receives ``{"error": message}`` as the tool output."""
+        return cls(
+            call_id=call.call_id,
+            kind=call.kind,
+            status="failed",
+            output=error_output(message),
+            error=message,
+            server_label=call.server_label,
+            mcp_tool_name=call.mcp_tool_name,
+            **extra,
+        )
+
+
+def error_output(message: str) -> str:
+    return orjson.dumps({"error": message}).decode()
+
+
+# --- the function definitions the model sees -------------------------------------------------
+
+
+def web_search_function(tool: Mapping[str, Any], index: int, config: Config) -> FunctionDef:
+    limit = config.web_search.max_queries_per_call
+    return FunctionDef(
+        name=WEB_SEARCH_FUNCTION,
+        kind="web_search",
+        description=(
+            "Search the web. Give one or more short search queries (at most "
+            f"{limit}); the results come back as titles, URLs and snippets to cite."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "queries": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": 1,
+                    "maxItems": limit,
+                    "description": "Search queries, run together.",
+                }
+            },
+            "required": ["queries"],
+        },
+        tool_index=index,
+    )
+
+
+def code_interpreter_function(tool: Mapping[str, Any], index: int, config: Config) -> FunctionDef:
+    return FunctionDef(
+        name=CODE_INTERPRETER_FUNCTION,
+        kind="code_interpreter",
+        description=(
+            "Run Python 3 code in a fresh sandbox and get what it prints (stdout and stderr). "
+            "No network access; the working directory is a private temporary directory; "
+            f"limits: {config.code_interpreter.cpu_time_s} s CPU, "
+            f"{config.code_interpreter.wall_time_s:g} s wall clock. Print the values you need."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The Python program to run."}},
+            "required": ["code"],
+        },
+        tool_index=index,
+    )
+
+
+def mcp_function_name(label: str, tool_name: str) -> str:
+    """``mcp__<label>__<tool>``: an MCP tool can never shadow a built-in or a client function.
+
+    Characters outside ``[A-Za-z0-9_-]`` become ``_``; names past 64 characters keep a digest so
+    two long names stay distinct.
+    """
+    raw = f"mcp__{label}__{tool_name}"
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", raw)
+    if safe == raw and len(raw) <= 64:
+        return raw
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{safe[:55]}_{digest}"
+
+
+# --- classification ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    """A request's tools, classified once.
+
+    ``client_tools`` are passed to the model as declared and their calls end the response;
+    ``functions`` maps each gateway function name the model may call to its definition.
+    A name claimed twice (``ambiguous``) and tools of an unknown type (``unknown``, by index) are
+    never executed.
+    """
+
+    client_tools: tuple[dict[str, Any], ...] = ()
+    client_names: frozenset[str] = frozenset()
+    functions: Mapping[str, FunctionDef] = field(default_factory=dict)
+    mcp_servers: tuple[McpServer, ...] = ()
+    unknown: tuple[int, ...] = ()
+    ambiguous: frozenset[str] = frozenset()
+    declarations: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def has_gateway_tools(self) -> bool:
+        return bool(self.functions) or bool(self.mcp_servers)
+
+    def owner(self, name: str) -> Owner:
+        """Who runs a call of ``name``: the client, the gateway, or nobody (unknown/ambiguous)."""
+        if name in self.ambiguous:
+            return "unknown"
+        if name in self.functions:
+            return "gateway"
+        if name in self.client_names:
+            return "client"
+        return "unknown"
+
+    def model_functions(self) -> list[FunctionDef]:
+        """The gateway functions to offer the model (after MCP discovery, MCP tools included)."""
+        return [f for name, f in self.functions.items() if name not in self.ambiguous]
+
+    def server(self, label: str) -> McpServer:
+        for server in self.mcp_servers:
+            if server.label == label:
+                return server
+        raise KeyError(label)
+
+    def make_call(self, call_id: str, name: str, arguments: str) -> ToolCall:
+        """The :class:`ToolCall` for a model call of gateway function ``name``."""
+        if self.owner(name) != "gateway":
+            raise KeyError(f"{name} is not a gateway tool of this request")
+        fn = self.functions[name]
+        tool: dict[str, Any]
+        if fn.kind == "mcp":
+            assert fn.server_label is not None
+            tool = self.server(fn.server_label).to_payload()
+        else:
+            tool = dict(self.declarations[fn.tool_index])
+        return ToolCall(
+            call_id=call_id,
+            name=name,
+            kind=fn.kind,
+            arguments=arguments,
+            tool=tool,
+            server_label=fn.server_label,
+            mcp_tool_name=fn.mcp_tool_name,
+        )
+
+    def with_mcp_tools(self, listings: Sequence[McpListing]) -> ToolSet:
+        """A copy offering every discovered MCP tool as ``mcp__<label>__<tool>``."""
+        functions = dict(self.functions)
+        ambiguous = set(self.ambiguous)
+        for listing in listings:
+            server = self.server(listing.server_label)
+            for tool in listing.tools:
+                fn = FunctionDef(
+                    name=mcp_function_name(listing.server_label, tool["name"]),
+                    kind="mcp",
+                    description=tool.get("description") or "",
+                    parameters=tool.get("input_schema") or {"type": "object", "properties": {}},
+                    tool_index=server.tool_index,
+                    server_label=listing.server_label,
+                    mcp_tool_name=tool["name"],
+                    read_only=(tool.get("annotations") or {}).get("readOnlyHint"),
+                )
+                if fn.name in functions or fn.name in self.client_names:
+                    ambiguous.add(fn.name)
+                functions[fn.name] = fn
+        return dataclasses.replace(self, functions=functions, ambiguous=frozenset(ambiguous))
+
+
+def _tool_type(tool: Any) -> str | None:
+    if isinstance(tool, Mapping) and isinstance(tool.get("type"), str):
+        return str(tool["type"])
+    return None
+
+
+def _client_names(tool: Mapping[str, Any]) -> list[str]:
+    kind = tool["type"]
+    if kind in ("function", "custom"):
+        name = tool.get("name")
+        return [name] if isinstance(name, str) else []
+    if kind == "namespace":
+        members = tool.get("tools")
+        names: list[str] = []
+        if isinstance(members, list):
+            for member in members:
+                if isinstance(member, Mapping) and isinstance(member.get("name"), str):
+                    names.append(member["name"])
+        return names
+    if kind == "shell":
+        return ["shell"]
+    return []
+
+
+def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None) -> ToolSet:
+    """Classify ``tools`` (the request's list, as sent) into client and gateway tools.
+
+    Validates the MCP declarations (label, server, limit of ``[mcp] max_servers``) and raises
+    :class:`BadRequest` naming ``tools[<i>]…``. Network checks of ``server_url`` happen in
+    :func:`inference_app.tools.mcp.discover_mcp_tools`, before any connection.
+    """
+    from inference_app.tools.mcp import resolve_mcp_declaration
+
+    config = config or get_config()
+    tools = list(tools or [])
+    client_tools: list[dict[str, Any]] = []
+    client_names: list[str] = []
+    functions: dict[str, FunctionDef] = {}
+    ambiguous: set[str] = set()
+    unknown: list[int] = []
+    servers: list[McpServer] = []
+    declarations: list[dict[str, Any]] = []
+
+    mcp_count = sum(1 for t in tools if _tool_type(t) == "mcp")
+    if mcp_count > config.mcp.max_servers:
+        raise BadRequest(
+            f"Too many MCP servers: {mcp_count} declared, at most {config.mcp.max_servers} are allowed.",
+            param="tools",
+            code="array_above_max_length",
+        )
+
+    def claim(fn: FunctionDef) -> None:
+        if fn.name in functions:
+            ambiguous.add(fn.name)
+        functions[fn.name] = fn
+
+    for index, tool in enumerate(tools):
+        kind = _tool_type(tool)
+        declarations.append(dict(tool) if isinstance(tool, Mapping) else {})
+        if kind in CLIENT_TOOL_TYPES:
+            client_tools.append(dict(tool))
+            client_names.extend(_client_names(tool))
+        elif kind in WEB_SEARCH_TYPES:
+            claim(web_search_function(tool, index, config))
+        elif kind == "code_interpreter":
+            claim(code_interpreter_function(tool, index, config))
+        elif kind == "mcp":
+            server = resolve_mcp_declaration(tool, index, config)
+            if any(s.label == server.label for s in servers):
+                raise BadRequest(
+                    f"Duplicate MCP server_label {server.label!r}: each MCP server needs its own label.",
+                    param=f"tools[{index}].server_label",
+                    code="invalid_value",
+                )
+            servers.append(server)
+        else:
+            unknown.append(index)
+
+    names = set(client_names)
+    duplicates = {n for n in client_names if client_names.count(n) > 1}
+    ambiguous |= duplicates | (names & set(functions))
+    return ToolSet(
+        client_tools=tuple(client_tools),
+        client_names=frozenset(names),
+        functions=functions,
+        mcp_servers=tuple(servers),
+        unknown=tuple(unknown),
+        ambiguous=frozenset(ambiguous),
+        declarations=tuple(declarations),
+    )
+
+
+async def run_gateway_calls(
+    calls: Sequence[ToolCall], *, config: Config | None = None, celery_app: Any = None
+) -> list[ToolResult]:
+    """Run one round of gateway calls; see :func:`inference_app.tools.dispatch.run_gateway_calls`."""
+    from inference_app.tools.dispatch import run_gateway_calls as run
+
+    return await run(calls, config=config, celery_app=celery_app)
+
+
+def is_valid_function_name(name: str) -> bool:
+    return bool(_FUNCTION_NAME.match(name))
+
+
+def is_valid_label(label: str) -> bool:
+    return bool(_LABEL.match(label))

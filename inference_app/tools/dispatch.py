@@ -1,0 +1,182 @@
+"""Running a round of gateway tool calls: on Celery ``tools`` workers, or in-process.
+
+With a broker (``REDIS_URL``) every call is a task on the ``tools`` queue, so tool load scales on
+separate workers and a sandbox crash cannot touch the gateway; the gateway waits for each result on
+the Redis result backend's pub/sub channel with ``redis.asyncio``, never blocking its event loop.
+Without a broker, calls run on the gateway's own event loop (the sandbox is a subprocess either way).
+
+Both modes: at most ``[tools] max_concurrent_gateway_calls`` at once, each bounded by
+``[tools] call_timeout_s``; a failure or timeout becomes a failed :class:`ToolResult`, never an
+exception; results come back in call order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.config import Config, get_config
+from inference_app.tools.base import ToolCall, ToolResult
+
+logger = logging.getLogger(__name__)
+
+TOOL_TASK_NAME = "inference_app.run_gateway_tool"
+TOOLS_QUEUE = "tools"
+
+
+async def execute_call(call: ToolCall, config: Config) -> ToolResult:
+    """Run one call here and now (the body of both modes); unexpected errors become failures."""
+    from inference_app.tools.mcp import call_mcp_tool
+    from inference_app.tools.sandbox import run_code_interpreter
+    from inference_app.tools.web_search import run_web_search
+
+    try:
+        if call.kind == "web_search":
+            return await run_web_search(call, config)
+        if call.kind == "code_interpreter":
+            return await run_code_interpreter(call, config)
+        if call.kind == "mcp":
+            return await call_mcp_tool(call, config)
+        return ToolResult.failure(call, f"unknown gateway tool kind {call.kind!r}")
+    except Exception as exc:
+        logger.exception("gateway tool %s failed", call.kind)
+        return ToolResult.failure(call, f"{call.kind} failed: {exc.__class__.__name__}: {exc}")
+
+
+def timeout_result(call: ToolCall, timeout_s: float) -> ToolResult:
+    return ToolResult.failure(call, f"{call.kind} call timed out after {timeout_s:g} s", duration_s=timeout_s)
+
+
+async def _run_in_process(call: ToolCall, config: Config) -> ToolResult:
+    timeout = config.tools.call_timeout_s
+    try:
+        return await asyncio.wait_for(execute_call(call, config), timeout)
+    except TimeoutError:
+        return timeout_result(call, timeout)
+
+
+class CeleryDispatcher:
+    """Sends calls to the ``tools`` queue and awaits their results without blocking the loop."""
+
+    def __init__(self, app: Any, config: Config) -> None:
+        import redis.asyncio as aioredis
+
+        self.app = app
+        self.config = config
+        backend_url = app.conf.result_backend or config.redis_url
+        self.redis = aioredis.Redis.from_url(backend_url)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        timeout = self.config.tools.call_timeout_s
+        started = time.monotonic()
+        backend = self.app.backend
+        pubsub = self.redis.pubsub()
+        task_id: str | None = None
+        try:
+            # Subscribe before sending: the worker publishes on the result key when it stores it.
+            from celery.utils import uuid
+
+            task_id = uuid()
+            key = backend.get_key_for_task(task_id)
+            await pubsub.subscribe(key)
+            self.app.send_task(
+                TOOL_TASK_NAME,
+                args=[call.to_payload()],
+                task_id=task_id,
+                queue=TOOLS_QUEUE,
+                # A call nobody picked up before its deadline is dropped by the worker.
+                expires=timeout,
+                # The payload may hold request-scoped MCP credentials: keep them out of events/logs.
+                argsrepr=f"({call.kind} call {call.call_id})",
+                kwargsrepr="{}",
+            )
+            meta = await asyncio.wait_for(self._wait(key, pubsub), timeout)
+        except TimeoutError:
+            if task_id is not None:
+                with contextlib.suppress(Exception):
+                    self.app.control.revoke(task_id)
+            return timeout_result(call, timeout)
+        except Exception as exc:
+            return ToolResult.failure(
+                call, f"{call.kind} could not be dispatched: {exc.__class__.__name__}: {exc}"
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+            if task_id is not None:
+                # Results hold tool output: nothing stays in Redis once the gateway has it.
+                with contextlib.suppress(Exception):
+                    await self.redis.delete(backend.get_key_for_task(task_id))
+        status = meta.get("status")
+        if status == "SUCCESS" and isinstance(meta.get("result"), dict):
+            return ToolResult.from_payload(meta["result"])
+        detail = meta.get("result")
+        if isinstance(detail, dict):
+            detail = f"{detail.get('exc_type', 'error')}: {detail.get('exc_message', '')}"
+        logger.warning("tool task %s ended %s after %.2fs", task_id, status, time.monotonic() - started)
+        return ToolResult.failure(call, f"{call.kind} worker failed ({status}): {detail}")
+
+    async def _wait(self, key: bytes | str, pubsub: Any) -> dict[str, Any]:
+        backend = self.app.backend
+        stored = await self.redis.get(key)
+        while stored is None:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is not None and message.get("type") == "message":
+                stored = message["data"]
+            elif message is None:
+                # A missed publish (reconnect) must not hang the call: re-read the key.
+                stored = await self.redis.get(key)
+        meta = backend.decode_result(stored)
+        if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
+            return await self._wait_terminal(key, pubsub, meta)
+        return dict(meta)
+
+    async def _wait_terminal(self, key: bytes | str, pubsub: Any, meta: Any) -> dict[str, Any]:
+        """Skip intermediate states (STARTED, RETRY) until a terminal one arrives."""
+        backend = self.app.backend
+        while meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            raw = (
+                message["data"] if message and message.get("type") == "message" else await self.redis.get(key)
+            )
+            if raw is not None:
+                meta = backend.decode_result(raw)
+        return dict(meta)
+
+
+async def run_gateway_calls(
+    calls: Sequence[ToolCall], *, config: Config | None = None, celery_app: Any = None
+) -> list[ToolResult]:
+    """Run one round of gateway calls; results in call order, failures as failed results.
+
+    ``config.broker_enabled`` (``REDIS_URL``) -> each call is a Celery task on the ``tools`` queue
+    of ``celery_app`` (default: the gateway's app); otherwise calls run in-process.
+    """
+    config = config or get_config()
+    if not calls:
+        return []
+    limit = asyncio.Semaphore(config.tools.max_concurrent_gateway_calls)
+    dispatcher: CeleryDispatcher | None = None
+    if config.broker_enabled:
+        if celery_app is None:
+            from gateway.celery import app as celery_app
+        dispatcher = CeleryDispatcher(celery_app, config)
+
+    async def one(call: ToolCall) -> ToolResult:
+        async with limit:
+            if dispatcher is not None:
+                return await dispatcher.run(call)
+            return await _run_in_process(call, config)
+
+    try:
+        return list(await asyncio.gather(*(one(c) for c in calls)))
+    finally:
+        if dispatcher is not None:
+            await dispatcher.close()
