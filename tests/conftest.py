@@ -13,6 +13,25 @@ from tests.servers import LiveServer
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_auth_state(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No JWKS, discovery document or API-key snapshot leaks from one test into the next.
+
+    Tests without database access run as if no named API key exists (the open gateway), so the
+    auth layer never needs the table there.
+    """
+    from gateway.auth import apikeys, reset_caches
+
+    reset_caches()
+    uses_db = request.node.get_closest_marker("django_db") is not None or any(
+        name in request.fixturenames for name in ("db", "transactional_db", "django_db_reset_sequences")
+    )
+    if not uses_db:
+        apikeys.pin_no_keys()
+    yield
+    reset_caches()
+
+
 @pytest.fixture
 def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     """Override the process config for one test: ``gateway_config(llm_api_base=…, server__…=…)``."""
