@@ -64,3 +64,27 @@ def upstream() -> Iterator[Any]:
     server = ScriptedUpstream().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def idp() -> Iterator[Any]:
+    """A real OpenID provider (discovery, JWKS, token endpoints) on a loopback port: tests/oidc_provider.py."""
+    from tests.oidc_provider import IdentityProvider
+
+    provider = IdentityProvider().start()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture
+def oidc(
+    idp: Any, gateway_config: Callable[..., config_module.Config]
+) -> Callable[..., config_module.Config]:
+    """Switch the gateway to OIDC mode against ``idp``; call it again with more ``auth__…`` changes."""
+    from tests.oidc_provider import AUDIENCE
+
+    def apply(**changes: Any) -> config_module.Config:
+        return gateway_config(auth__oidc_issuer=idp.issuer, auth__oidc_audience=AUDIENCE, **changes)
+
+    apply()
+    return apply

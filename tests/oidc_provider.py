@@ -213,7 +213,7 @@ class IdentityProvider:
         return claims
 
     def mint(self, *, kid: str = "rsa-1", alg: str | None = None, key: Any = None, **claims: Any) -> str:
-        private, default_alg = self.keys[kid] if kid in self.keys else (key, alg or "RS256")
+        private, default_alg = self.keys.get(kid, (key, alg or "RS256"))
         return jwt.encode(
             self.claims(**claims),
             key if key is not None else private,

@@ -71,7 +71,9 @@ async def test_one_named_key_closes_the_gateway() -> None:
     key, secret = await sync_to_async(create_key)("ci")
     assert_refused(await get(WHOAMI), "missing_bearer_token")
     assert_refused(await get(WHOAMI, bearer("sk-gw-wrong")), "invalid_token")
-    assert_refused(await get(WHOAMI, bearer(secret[:-1] + ("A" if secret[-1] != "A" else "B"))), "invalid_token")
+    assert_refused(
+        await get(WHOAMI, bearer(secret[:-1] + ("A" if secret[-1] != "A" else "B"))), "invalid_token"
+    )
     response = await get(WHOAMI, bearer(secret))
     assert response.status_code == 200
     assert response.json() == {
@@ -133,7 +135,9 @@ def test_key_created_in_another_process_closes_a_running_gateway(live_gateway: A
     assert httpx.get(f"{live_gateway.url}{WHOAMI}").status_code == 200
     # Written directly, as `manage.py apikey create` in another process would: no local reset.
     secret = apikeys.generate_secret()
-    ApiKey.objects.create(name="other", prefix=apikeys.display_prefix(secret), key_hash=apikeys.hash_secret(secret))
+    ApiKey.objects.create(
+        name="other", prefix=apikeys.display_prefix(secret), key_hash=apikeys.hash_secret(secret)
+    )
     import time
 
     time.sleep(apikeys.SNAPSHOT_TTL_S + 0.1)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from django.test import AsyncClient
 
-from tests.gateway.auth_helpers import bearer, idp, oidc  # noqa: F401
+from tests.gateway.auth_helpers import bearer
 from tests.oidc_provider import (
     AUDIENCE,
     DROP,
@@ -267,9 +267,7 @@ async def test_concurrent_unknown_kid_requests_share_one_refresh(idp: IdentityPr
     assert idp.jwks_requests == 2  # the initial fetch and exactly one refresh
 
 
-async def test_jwks_refresh_failure_is_503_without_www_authenticate(
-    idp: IdentityProvider, oidc: Any
-) -> None:
+async def test_jwks_refresh_failure_is_503_without_www_authenticate(idp: IdentityProvider, oidc: Any) -> None:
     oidc(auth__jwks_min_refresh_interval_s=0)
     assert (await get(WHOAMI, bearer(idp.mint()))).status_code == 200
     idp.rotate("rsa-2")
@@ -378,9 +376,7 @@ def test_health_ready_and_metrics_stay_public(live_gateway: Any, oidc: Any, gate
     assert httpx.get(f"{live_gateway.url}/metrics").status_code == 200
 
 
-def test_metrics_can_require_the_v1_credentials(
-    live_gateway: Any, idp: IdentityProvider, oidc: Any
-) -> None:
+def test_metrics_can_require_the_v1_credentials(live_gateway: Any, idp: IdentityProvider, oidc: Any) -> None:
     oidc(server__metrics_public=False)
     r = httpx.get(f"{live_gateway.url}/metrics")
     assert r.status_code == 401

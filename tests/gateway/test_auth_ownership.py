@@ -13,7 +13,7 @@ from conversations_app.models import Item
 from gateway import errors
 from gateway.auth import apikeys, owned, owned_get, owner_filter
 from gateway.principal import Principal
-from tests.gateway.auth_helpers import bearer, idp, oidc  # noqa: F401
+from tests.gateway.auth_helpers import bearer
 from tests.oidc_provider import IdentityProvider
 
 pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
@@ -34,7 +34,9 @@ async def test_cross_owner_read_and_delete_answer_404_with_api_keys() -> None:
     (a, secret_a) = await sync_to_async(apikeys.apikey_create)(name="alice")
     (_, secret_b) = await sync_to_async(apikeys.apikey_create)(name="bob")
     client = AsyncClient()
-    created = await client.post("/v1/test/items", {"text": "hi"}, content_type="application/json", headers=bearer(secret_a))
+    created = await client.post(
+        "/v1/test/items", {"text": "hi"}, content_type="application/json", headers=bearer(secret_a)
+    )
     assert created.status_code == 201
     item_id = created.json()["id"]
     stored = await Item.objects.aget(id=item_id)

@@ -15,11 +15,15 @@ from websockets.exceptions import InvalidStatus
 from gateway import errors
 from gateway.auth.websocket import WebSocketAuthMiddleware, ensure_not_expired
 from gateway.principal import Principal
-from tests.gateway.auth_helpers import idp, oidc  # noqa: F401
 from tests.oidc_provider import IdentityProvider
 from tests.servers import LiveServer
 
-INVALID = {"message": "invalid bearer token", "type": "authentication_error", "param": None, "code": "invalid_token"}
+INVALID = {
+    "message": "invalid bearer token",
+    "type": "authentication_error",
+    "param": None,
+    "code": "invalid_token",
+}
 
 
 def ws_url(server: LiveServer, path: str) -> str:
@@ -87,7 +91,11 @@ async def test_principal_is_on_the_scope(probe_server: LiveServer, idp: Identity
     headers = {"Authorization": f"Bearer {idp.mint(sub='dora')}"}
     async with connect(ws_url(probe_server, "/v1/test/ws"), additional_headers=headers) as ws:
         await ws.send(json.dumps({"type": "response.create", "stream_id": "a"}))
-        assert json.loads(await ws.recv()) == {"type": "ok", "stream_id": "a", "owner": f"oidc:{idp.issuer}#dora"}
+        assert json.loads(await ws.recv()) == {
+            "type": "ok",
+            "stream_id": "a",
+            "owner": f"oidc:{idp.issuer}#dora",
+        }
 
 
 async def test_expired_connection_refuses_new_and_queued_work(

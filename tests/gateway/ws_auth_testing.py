@@ -40,7 +40,9 @@ class AuthProbeConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             return
-        await self.send_json({"type": "ok", "stream_id": stream_id, "owner": scope_principal(self.scope).owner})
+        await self.send_json(
+            {"type": "ok", "stream_id": stream_id, "owner": scope_principal(self.scope).owner}
+        )
 
     async def run_later(self, delay: float, stream_id: str | None) -> None:
         await asyncio.sleep(delay)
@@ -49,7 +51,9 @@ class AuthProbeConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         except errors.GatewayError as exc:
             await self.send_json(errors.ws_error_event(exc, stream_id))
             return
-        await self.send_json({"type": "ok", "stream_id": stream_id, "owner": scope_principal(self.scope).owner})
+        await self.send_json(
+            {"type": "ok", "stream_id": stream_id, "owner": scope_principal(self.scope).owner}
+        )
 
 
 application = GatewayASGIMiddleware(
