@@ -14,10 +14,10 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -78,6 +78,22 @@ def pin_no_keys() -> None:
     _snapshot = Snapshot(float("inf"), {})
 
 
+def _in_worker_thread(func: Any) -> Any:
+    """Run ``func`` in a pool thread and hand its database connection back when done.
+
+    Pool threads outlive requests and Django closes only the request thread's connection: without
+    this, every pool thread would keep one PostgreSQL pool connection checked out forever.
+    """
+
+    def run(*args: Any) -> Any:
+        try:
+            return func(*args)
+        finally:
+            connection.close()
+
+    return sync_to_async(run, thread_sensitive=False)
+
+
 def _load_snapshot() -> Snapshot:
     from gateway.models import ApiKey
 
@@ -93,7 +109,7 @@ async def snapshot() -> Snapshot:
     global _snapshot
     current = _snapshot
     if current is None or time.monotonic() - current.taken_at >= SNAPSHOT_TTL_S:
-        current = await sync_to_async(_load_snapshot, thread_sensitive=False)()
+        current = await _in_worker_thread(_load_snapshot)()
         _snapshot = current
     return current
 
@@ -121,7 +137,7 @@ async def record_use(key: ActiveKey) -> None:
     if now - _last_touched.get(key.id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
         return
     _last_touched[key.id] = now
-    await sync_to_async(_touch, thread_sensitive=False)(key.id)
+    await _in_worker_thread(_touch)(key.id)
 
 
 # -- services and selectors (management command, admin) ----------------------------------------
