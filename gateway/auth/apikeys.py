@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -25,6 +26,8 @@ from gateway import errors
 
 if TYPE_CHECKING:
     from gateway.models import ApiKey
+
+log = logging.getLogger("gateway.auth")
 
 KEY_PREFIX = "sk-gw-"
 DISPLAY_PREFIX_LEN = len(KEY_PREFIX) + 6
@@ -106,10 +109,23 @@ def _load_snapshot() -> Snapshot:
 
 
 async def snapshot() -> Snapshot:
+    """The active keys, at most ``SNAPSHOT_TTL_S`` old.
+
+    When the database cannot be read, the last snapshot stays in use; without one, requests are
+    refused with 503 rather than let through (the gateway fails closed).
+    """
     global _snapshot
     current = _snapshot
     if current is None or time.monotonic() - current.taken_at >= SNAPSHOT_TTL_S:
-        current = await _in_worker_thread(_load_snapshot)()
+        try:
+            current = await _in_worker_thread(_load_snapshot)()
+        except DatabaseError as exc:
+            log.warning("cannot read the API keys: %s", exc)
+            if current is None:
+                raise errors.ServiceUnavailable(
+                    "Authentication is unavailable: the API keys cannot be read.", code="auth_unavailable"
+                ) from None
+            return current
         _snapshot = current
     return current
 

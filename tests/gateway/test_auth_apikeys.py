@@ -331,3 +331,21 @@ def test_startup_log_says_which_mode(caplog: Any, gateway_config: Any) -> None:
     create_key("one")
     run_checks(gateway_config())
     assert "auth: API keys required on /v1 (1 active named keys)" in caplog.text
+
+
+def test_unreadable_key_table_fails_closed(live_gateway: Any) -> None:
+    """No API-key snapshot and no readable table: 503, never an open gateway."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE gateway_apikey RENAME TO gateway_apikey_away")
+    try:
+        r = httpx.get(f"{live_gateway.url}{WHOAMI}")
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "auth_unavailable"
+        assert "www-authenticate" not in r.headers
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE gateway_apikey_away RENAME TO gateway_apikey")
+    apikeys.reset()
+    assert httpx.get(f"{live_gateway.url}{WHOAMI}").status_code == 200
