@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 os.environ.setdefault("GATEWAY_SERVER_DATA_DIR", "var/bench")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 

@@ -214,6 +214,7 @@ class OidcProvider:
         self.keys: list[SigningKey] = []
         self.fetched_at: float | None = None  # monotonic time of the last successful JWKS fetch
         self.attempted_at: float | None = None  # monotonic time of the last JWKS fetch attempt
+        self.kid_refresh_at: float | None = None  # ... of the last refresh an unknown kid triggered
         self.last_error: str | None = None
         self.jwks_fetches = 0
         # One in-flight refresh per event loop: concurrent requests await the same one.
@@ -261,10 +262,8 @@ class OidcProvider:
         except ProviderError as exc:
             raise _unavailable(str(exc)) from None
 
-    def _cooling_down(self, now: float) -> bool:
-        return (
-            self.attempted_at is not None and now - self.attempted_at < self.auth.jwks_min_refresh_interval_s
-        )
+    def _cooling_down(self, since: float | None, now: float) -> bool:
+        return since is not None and now - since < self.auth.jwks_min_refresh_interval_s
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -284,15 +283,23 @@ class OidcProvider:
         now = time.monotonic()
         stale = self.fetched_at is None or now - self.fetched_at >= self.auth.jwks_ttl_s
         if stale:
-            if self.last_error is not None and self._cooling_down(now) and loop not in self._inflight:
+            if (
+                self.last_error is not None
+                and self._cooling_down(self.attempted_at, now)
+                and loop not in self._inflight
+            ):
                 # The last attempt failed moments ago: answer 503 without hammering the provider.
                 raise _unavailable(self.last_error)
             await self.refresh()
         key = self._find(kid, alg)
         if key is None and not stale:
-            # An unknown kid may mean the provider rotated its keys: refresh once (rate limited,
-            # joined when a refresh is already running).
-            if loop in self._inflight or not self._cooling_down(time.monotonic()):
+            # An unknown kid may mean the provider rotated its keys: refresh once (at most once per
+            # interval however many unknown kids arrive; joined when a refresh is already running).
+            if loop in self._inflight:
+                await self.refresh()
+                key = self._find(kid, alg)
+            elif not self._cooling_down(self.kid_refresh_at, now):
+                self.kid_refresh_at = now
                 await self.refresh()
                 key = self._find(kid, alg)
             elif self.last_error is not None:
