@@ -167,3 +167,23 @@ def test_ensure_not_expired() -> None:
     with pytest.raises(errors.AuthenticationFailed) as info:
         ensure_not_expired(live, now=time.time() + 61)
     assert info.value.code == "invalid_token" and info.value.status == 401
+
+
+async def test_daphne_refuses_the_upgrade_before_accept(idp: IdentityProvider) -> None:
+    """Under daphne (no ``websocket.http.response``) the refusal is a 403 handshake answer."""
+    from tests.servers import GatewayProcess
+
+    gateway = GatewayProcess(
+        {"OIDC_ISSUER": idp.issuer, "OIDC_AUDIENCE": "gateway", "GATEWAY_SERVER_ASGI_SERVER": "daphne"}
+    ).wait()
+    try:
+        response = await refused(gateway.url.replace("http://", "ws://") + "/v1/responses")
+        assert response.status_code == 403
+        # Plain HTTP keeps its exact 401 under daphne.
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"{gateway.url}/v1/anything")
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    finally:
+        gateway.stop()
