@@ -3,6 +3,7 @@
 Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
 ``/v1/*`` is served by a Django handler with the lean, fully async API middleware stack
 (``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``); the admin and the rest get the full stack with sessions and CSRF.
+The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
 """
 
 import os
@@ -13,11 +14,14 @@ from django.core.asgi import get_asgi_application
 
 django_app = get_asgi_application()
 
+from typing import Any  # noqa: E402
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
+from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
@@ -55,11 +59,16 @@ class HttpDispatch:
             await self.site(scope, receive, send)
 
 
+def websocket_app(patterns: list[Any]) -> Any:
+    """The WebSocket side: authenticated upgrade, then the Channels URL router."""
+    return WebSocketAuthMiddleware(URLRouter(patterns))
+
+
 application = GatewayASGIMiddleware(
     ProtocolTypeRouter(
         {
             "http": HttpDispatch(),
-            "websocket": URLRouter(websocket_urlpatterns),
+            "websocket": websocket_app(websocket_urlpatterns),
         }
     )
 )

@@ -174,6 +174,7 @@ class AuthConfig:
     admin_staff_claim: str = "groups"
     admin_staff_value: str = ""
     admin_superuser_value: str = ""
+    admin_sso_scopes: str = "openid email profile"
 
 
 @dataclass(frozen=True)
@@ -472,6 +473,16 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"OIDC_ISSUER: not a URL: {c.auth.oidc_issuer!r}")
         if parts.scheme == "http" and not _is_loopback_host(parts.hostname):
             raise ConfigError("OIDC_ISSUER: must use https (plain http is allowed on loopback only)")
+    if c.auth.oidc_rp_client_id:
+        if not c.auth.oidc_issuer:
+            raise ConfigError("OIDC_RP_CLIENT_ID: admin single sign-on needs OIDC_ISSUER and OIDC_AUDIENCE")
+        if not c.oidc_rp_client_secret:
+            raise ConfigError("OIDC_RP_CLIENT_SECRET: must be set together with OIDC_RP_CLIENT_ID")
+        if not (c.auth.admin_staff_value or c.auth.admin_superuser_value):
+            raise ConfigError(
+                "auth.admin_staff_value: admin single sign-on needs admin_staff_value or "
+                "admin_superuser_value (the claim value that grants admin access)"
+            )
     if c.llm_api_base:
         parts = urlsplit(c.llm_api_base)
         if parts.scheme not in ("http", "https") or not parts.hostname:

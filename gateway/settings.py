@@ -58,6 +58,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gateway.auth.middleware.AuthMiddleware",
     "gateway.middleware.GatewayErrorMiddleware",
 ]
 
@@ -125,7 +126,19 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    # Admin single sign-on; inert unless OIDC_ISSUER + OIDC_RP_CLIENT_ID/SECRET are configured.
+    "gateway.auth.admin_sso.GatewayOIDCBackend",
+]
+# mozilla-django-oidc: endpoints, client id and secret come from the gateway config and the issuer's
+# discovery document (gateway/auth/admin_sso.py), not from settings.
+OIDC_AUTHENTICATE_CLASS = "gateway.auth.admin_sso.SsoAuthenticateView"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = CONFIG.auth.http_timeout_s
+LOGIN_REDIRECT_URL = "/admin/"
+LOGIN_REDIRECT_URL_FAILURE = "/admin/login/?sso=failed"
+LOGOUT_REDIRECT_URL = "/admin/login/"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

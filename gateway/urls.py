@@ -11,6 +11,7 @@ urlpatterns = [
     path("ready", views.ready),
     path("metrics", views.metrics),
     path("admin/", admin.site.urls),
+    path("oidc/", include("mozilla_django_oidc.urls")),  # admin single sign-on
     path("", include("responses_app.urls")),
     re_path(r"^v1/.*$", views.unknown_route),
 ]

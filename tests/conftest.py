@@ -13,6 +13,25 @@ from tests.servers import LiveServer
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_auth_state(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No JWKS, discovery document or API-key snapshot leaks from one test into the next.
+
+    Tests without database access run as if no named API key exists (the open gateway), so the
+    auth layer never needs the table there.
+    """
+    from gateway.auth import apikeys, reset_caches
+
+    reset_caches()
+    uses_db = request.node.get_closest_marker("django_db") is not None or any(
+        name in request.fixturenames for name in ("db", "transactional_db", "django_db_reset_sequences")
+    )
+    if not uses_db:
+        apikeys.pin_no_keys()
+    yield
+    reset_caches()
+
+
 @pytest.fixture
 def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     """Override the process config for one test: ``gateway_config(llm_api_base=…, server__…=…)``."""
@@ -45,3 +64,27 @@ def upstream() -> Iterator[Any]:
     server = ScriptedUpstream().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def idp() -> Iterator[Any]:
+    """A real OpenID provider (discovery, JWKS, token endpoints) on a loopback port: tests/oidc_provider.py."""
+    from tests.oidc_provider import IdentityProvider
+
+    provider = IdentityProvider().start()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture
+def oidc(
+    idp: Any, gateway_config: Callable[..., config_module.Config]
+) -> Callable[..., config_module.Config]:
+    """Switch the gateway to OIDC mode against ``idp``; call it again with more ``auth__…`` changes."""
+    from tests.oidc_provider import AUDIENCE
+
+    def apply(**changes: Any) -> config_module.Config:
+        return gateway_config(auth__oidc_issuer=idp.issuer, auth__oidc_audience=AUDIENCE, **changes)
+
+    apply()
+    return apply

@@ -5,15 +5,36 @@ upgrade check, and by any ASGI fast path. It returns the caller's principal and 
 gateway consumed the caller's credential (then it is never forwarded upstream), or raises
 ``errors.AuthenticationFailed`` (401) / ``errors.ServiceUnavailable`` (503, identity provider down).
 
-The real OIDC / API-key logic lands with the authentication issue; until then the gateway is open.
+Modes, decided per request from the configuration and the API-key table:
+
+- **OIDC** (``OIDC_ISSUER`` and ``OIDC_AUDIENCE`` set): every protected path needs a valid bearer
+  token; the principal is ``oidc:<iss>#<sub>``; the token is consumed.
+- **API keys** (at least one active named key, or ``GATEWAY_REQUIRE_API_KEY``): every protected
+  path needs one of the keys (``Authorization: Bearer`` or ``x-api-key``); the principal is
+  ``key:<id>``; the key is consumed and the upstream credential is injected instead.
+- **Open**: every request belongs to the default principal and the caller's headers pass through.
+  When ``OPENAI_API_KEY`` is set, stored state (responses, input items, conversations) can only be
+  read or deleted by a caller presenting that key: see :func:`require_stored_state_access`.
+
+Helpers for the feature code: :func:`owned`, :func:`owner_filter`, :func:`owned_get` (every read and
+write of stored objects filters by owner; another owner's id is "not found"),
+:func:`require_stored_state_access` / :func:`stored_state_view`, and
+:func:`gateway.auth.websocket.ensure_not_expired` for WebSocket connections.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from gateway.principal import DEFAULT_PRINCIPAL, Principal
+from django.db.models import Model, QuerySet
+
+from gateway import errors
+from gateway.config import get_config
+from gateway.principal import DEFAULT_PRINCIPAL, Principal, request_principal
 
 
 @dataclass(frozen=True)
@@ -23,18 +44,171 @@ class AuthResult:
 
 
 OPEN = AuthResult(DEFAULT_PRINCIPAL, False)
+UPSTREAM_KEY_PRINCIPAL = Principal(owner=DEFAULT_PRINCIPAL.owner, kind="upstream_key")
 
 
 def requires_auth(path: str) -> bool:
-    """``/v1/*`` is protected; ``/health`` and ``/ready`` stay public."""
-    return path.startswith("/v1/")
+    """``/v1/*`` is protected (and ``/metrics`` when not public); ``/health`` and ``/ready`` stay public."""
+    if path.startswith("/v1/"):
+        return True
+    return path == "/metrics" and not get_config().server.metrics_public
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The caller's credential: ``Authorization: Bearer <t>``, else ``x-api-key`` (Anthropic SDKs).
+
+    ``None`` when neither header is present; ``""`` when one is present but malformed or empty.
+    """
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or " " in token:
+            return ""
+        return token
+    api_key = headers.get("x-api-key")
+    if api_key is not None:
+        return api_key.strip()
+    return None
+
+
+def _refusal(token: str | None) -> errors.AuthenticationFailed:
+    if token is None:
+        return errors.AuthenticationFailed(code="missing_bearer_token")
+    return errors.AuthenticationFailed(code="invalid_token")
 
 
 async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
     """Authenticate a request to ``path`` with lower-cased ``headers``."""
+    from gateway.auth import apikeys, oidc
+
+    config = get_config()
+    token = bearer_token(headers)
+    if config.oidc_enabled:
+        if not token:
+            raise _refusal(token)
+        verified = await oidc.get_provider(config).verify(token)
+        principal = Principal(
+            owner=f"oidc:{verified.issuer}#{verified.subject}",
+            kind="oidc",
+            subject=verified.subject,
+            expires_at=verified.expires_at,
+        )
+        return AuthResult(principal, True)
+
+    snap = await apikeys.snapshot()
+    if snap.any or config.auth.require_api_key:
+        key = apikeys.match(snap, token) if token else None
+        if key is None:
+            raise _refusal(token)
+        await apikeys.record_use(key)
+        return AuthResult(Principal(owner=f"key:{key.id}", kind="api_key", subject=key.name), True)
+
+    upstream_key = config.openai_api_key
+    if upstream_key and token and hmac.compare_digest(token.encode(), upstream_key.encode()):
+        # The caller holds the upstream credential: it may read stored state (see below). It is
+        # not consumed: forwarding it is forwarding the very credential the gateway would inject.
+        return AuthResult(UPSTREAM_KEY_PRINCIPAL, False)
     return OPEN
 
 
-def require_stored_state_access(request: object) -> None:
-    """Stored-state routes demand ``OPENAI_API_KEY`` as bearer when OIDC is off (auth issue)."""
-    return None
+def reset_caches() -> None:
+    """Forget cached JWKS / discovery documents and the API-key snapshot (tests; reloads)."""
+    from gateway.auth import apikeys, oidc
+
+    oidc.reset()
+    apikeys.reset()
+
+
+# -- stored state: the OPENAI_API_KEY rule ------------------------------------------------------
+
+
+def check_stored_state_access(principal: Principal, headers: Mapping[str, str]) -> None:
+    """Refuse (401) an open-gateway caller without ``OPENAI_API_KEY`` reading or deleting stored state.
+
+    OIDC and API-key callers were authenticated already (their principal is not the default one).
+    On an open gateway with ``OPENAI_API_KEY`` set, stored responses, input items and conversations
+    are only for callers presenting that key as their bearer token, so stored data is never open
+    while a key exists.
+    """
+    if principal.kind != "default":
+        return
+    if not get_config().openai_api_key:
+        return
+    raise _refusal(bearer_token(headers))
+
+
+def require_stored_state_access(request: Any) -> None:
+    """:func:`check_stored_state_access` for a Django request (after the auth middleware ran)."""
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    check_stored_state_access(request_principal(request), headers)
+
+
+View = TypeVar("View", bound=Callable[..., Awaitable[Any]])
+
+
+def stored_state_view(view: View) -> View:
+    """Decorate an async view that reads or deletes stored state with the ``OPENAI_API_KEY`` rule."""
+
+    @functools.wraps(view)
+    async def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+        require_stored_state_access(request)
+        return await view(request, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# -- ownership ----------------------------------------------------------------------------------
+
+M = TypeVar("M", bound=Model)
+
+
+def owner_filter(principal: Principal) -> dict[str, str]:
+    """The ORM filter selecting ``principal``'s objects: ``Model.objects.filter(**owner_filter(p))``."""
+    return {"owner": principal.owner}
+
+
+def owned(queryset: QuerySet[M], principal: Principal) -> QuerySet[M]:
+    """``queryset`` narrowed to the objects ``principal`` owns (every read and write goes through this)."""
+    return queryset.filter(**owner_filter(principal))
+
+
+def owned_get(
+    queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
+) -> M:
+    """The one object matching ``lookup`` that ``principal`` owns.
+
+    Another owner's object raises the same :class:`errors.NotFound` as a missing one, so ids of
+    other principals cannot even be probed for existence.
+    """
+    obj = owned(queryset, principal).filter(**lookup).first()
+    if obj is None:
+        raise errors.NotFound(not_found)
+    return obj
+
+
+async def aowned_get(
+    queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
+) -> M:
+    """:func:`owned_get` for async code."""
+    obj = await owned(queryset, principal).filter(**lookup).afirst()
+    if obj is None:
+        raise errors.NotFound(not_found)
+    return obj
+
+
+__all__ = [
+    "OPEN",
+    "AuthResult",
+    "aowned_get",
+    "authenticate",
+    "bearer_token",
+    "check_stored_state_access",
+    "owned",
+    "owned_get",
+    "owner_filter",
+    "require_stored_state_access",
+    "requires_auth",
+    "reset_caches",
+    "stored_state_view",
+]

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from gateway.config import get_config
+from gateway.config import ConfigError, get_config
 from gateway.startup import run_checks
 
 
@@ -22,7 +22,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = get_config()
-        run_checks(config)
+        try:
+            run_checks(config)
+        except ConfigError as exc:
+            sys.exit(f"configuration error: {exc}")
         host = options["host"] or config.server.host
         port = options["port"] or config.server.port
         server = options["server"] or config.server.asgi_server

@@ -1,0 +1,73 @@
+"""Admin: inbound API keys, and the login page's single sign-on link."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from gateway.auth import apikeys
+from gateway.models import ApiKey
+
+# The login page keeps username/password and adds "Log in with SSO" when it is configured.
+admin.site.login_template = "admin/gateway_login.html"
+
+
+class ApiKeyAddForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = ApiKey
+        fields = ["name"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "prefix", "is_active", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "prefix"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "owner"]
+    actions = ["revoke"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = ApiKeyAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ["name"]
+        return ["name", "prefix", "is_active", "owner", "created_at", "last_used_at", "revoked_at"]
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change:
+            if not obj.is_active and obj.revoked_at is None:
+                obj.revoked_at = timezone.now()
+            super().save_model(request, obj, form, change)
+            apikeys.reset()
+            return
+        secret = apikeys.generate_secret()
+        obj.prefix = apikeys.display_prefix(secret)
+        obj.key_hash = apikeys.hash_secret(secret)
+        super().save_model(request, obj, form, change)
+        apikeys.reset()
+        messages.warning(
+            request,
+            f"API key {obj.name!r} created: {secret} — copy it now, it will not be shown again.",
+        )
+
+    def delete_model(self, request: HttpRequest, obj: ApiKey) -> None:
+        super().delete_model(request, obj)
+        apikeys.reset()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        super().delete_queryset(request, queryset)
+        apikeys.reset()
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        count = queryset.filter(is_active=True).update(is_active=False, revoked_at=timezone.now())
+        apikeys.reset()
+        self.message_user(request, f"{count} API key(s) revoked.")

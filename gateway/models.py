@@ -1,0 +1,36 @@
+"""Gateway-level models: inbound API keys."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ApiKey(models.Model):
+    """A named inbound API key; only a SHA-256 digest of the secret is stored.
+
+    The secret is 256 random bits, so a fast digest is enough (no password-style KDF needed): it
+    cannot be guessed, and the digest alone does not let anyone call the gateway.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(
+        max_length=32, db_index=True, help_text="The secret's first characters, to recognise it."
+    )
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    is_active = models.BooleanField(default=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def owner(self) -> str:
+        """The owner key recorded on objects this key creates."""
+        return f"key:{self.pk}"

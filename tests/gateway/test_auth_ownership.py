@@ -1,0 +1,88 @@
+"""Ownership: objects record the caller's principal, and another owner's id answers 404."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient
+
+from conversations_app.models import Item
+from gateway import errors
+from gateway.auth import apikeys, owned, owned_get, owner_filter
+from gateway.principal import Principal
+from tests.gateway.auth_helpers import bearer
+from tests.oidc_provider import IdentityProvider
+
+pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
+
+
+def not_found(item_id: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": f"Item with id '{item_id}' not found.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "not_found",
+        }
+    }
+
+
+async def test_cross_owner_read_and_delete_answer_404_with_api_keys() -> None:
+    (a, secret_a) = await sync_to_async(apikeys.apikey_create)(name="alice")
+    (_, secret_b) = await sync_to_async(apikeys.apikey_create)(name="bob")
+    client = AsyncClient()
+    created = await client.post(
+        "/v1/test/items", {"text": "hi"}, content_type="application/json", headers=bearer(secret_a)
+    )
+    assert created.status_code == 201
+    item_id = created.json()["id"]
+    stored = await Item.objects.aget(id=item_id)
+    assert stored.owner == f"key:{a.pk}"
+
+    assert (await client.get(f"/v1/test/items/{item_id}", headers=bearer(secret_a))).status_code == 200
+    other = await client.get(f"/v1/test/items/{item_id}", headers=bearer(secret_b))
+    assert other.status_code == 404
+    # Exactly the answer for an id that does not exist: nothing to probe.
+    assert other.json() == not_found(item_id)
+    missing = await client.get("/v1/test/items/msg_nope", headers=bearer(secret_b))
+    assert missing.json() == not_found("msg_nope")
+
+    refused = await client.delete(f"/v1/test/items/{item_id}", headers=bearer(secret_b))
+    assert refused.status_code == 404
+    assert await Item.objects.filter(id=item_id).aexists()
+
+
+async def test_refused_request_stores_nothing() -> None:
+    await sync_to_async(apikeys.apikey_create)(name="only")
+    response = await AsyncClient().post("/v1/test/items", {"text": "hi"}, content_type="application/json")
+    assert response.status_code == 401
+    assert await Item.objects.acount() == 0
+
+
+def test_cross_owner_read_answers_404_with_oidc_subjects(
+    live_gateway: Any, idp: IdentityProvider, oidc: Any
+) -> None:
+    alice, bob = bearer(idp.mint(sub="alice")), bearer(idp.mint(sub="bob"))
+    created = httpx.post(f"{live_gateway.url}/v1/test/items", json={"t": 1}, headers=alice)
+    assert created.status_code == 201
+    item_id = created.json()["id"]
+    assert Item.objects.get(id=item_id).owner == f"oidc:{idp.issuer}#alice"
+    assert httpx.get(f"{live_gateway.url}/v1/test/items/{item_id}", headers=alice).status_code == 200
+    r = httpx.get(f"{live_gateway.url}/v1/test/items/{item_id}", headers=bob)
+    assert r.status_code == 404
+    assert r.json() == not_found(item_id)
+
+
+def test_selector_helpers_filter_by_owner() -> None:
+    mine, theirs = Principal(owner="key:1", kind="api_key"), Principal(owner="key:2", kind="api_key")
+    Item.objects.create(id="msg_a", owner="key:1", type="message", data={})
+    Item.objects.create(id="msg_b", owner="key:2", type="message", data={})
+    assert owner_filter(mine) == {"owner": "key:1"}
+    assert list(owned(Item.objects.all(), mine).values_list("id", flat=True)) == ["msg_a"]
+    assert owned_get(Item.objects.all(), mine, id="msg_a").id == "msg_a"
+    with pytest.raises(errors.NotFound) as info:
+        owned_get(Item.objects.all(), theirs, id="msg_a", not_found="Item with id 'msg_a' not found.")
+    assert info.value.status == 404 and info.value.message == "Item with id 'msg_a' not found."
