@@ -1,7 +1,7 @@
 """HTTP routes. Every unknown ``/v1/…`` path answers in the OpenAI envelope."""
 
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 from gateway import views
 
@@ -11,6 +11,7 @@ urlpatterns = [
     path("ready", views.ready),
     path("metrics", views.metrics),
     path("admin/", admin.site.urls),
+    path("", include("conversations_app.urls")),
     re_path(r"^v1/.*$", views.unknown_route),
 ]
 
