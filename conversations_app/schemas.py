@@ -550,7 +550,7 @@ def validate_include(values: list[str]) -> tuple[str, ...]:
 
 
 def parse_item_list_params(query: Any) -> ItemListParams:
-    """``after``, ``limit`` (1–100, default 20), ``order`` (default ``desc``), ``include[]``."""
+    """``after``, ``limit`` (1 to 100, default 20), ``order`` (default ``desc``), ``include[]``."""
     params = ItemListParams()
     if "limit" in query:
         limit = _integer("limit", query.get("limit"))
@@ -586,9 +586,12 @@ def query_include(query: Any) -> list[str]:
 
 def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str, Any]:
     """An item as the API returns it; members only sent when asked for with ``include``."""
-    if data.get("type") == "reasoning" and "reasoning.encrypted_content" not in include:
-        if "encrypted_content" in data:
-            data = {k: v for k, v in data.items() if k != "encrypted_content"}
+    if (
+        data.get("type") == "reasoning"
+        and "reasoning.encrypted_content" not in include
+        and "encrypted_content" in data
+    ):
+        data = {k: v for k, v in data.items() if k != "encrypted_content"}
     if data.get("type") == "message" and "message.output_text.logprobs" not in include:
         content = data.get("content")
         if isinstance(content, list) and any(isinstance(p, dict) and "logprobs" in p for p in content):

@@ -16,7 +16,7 @@ from gateway.ids import has_prefix
 class NotFound(errors.NotFound):
     """OpenAI answers unknown conversation and item ids with ``code: null``."""
 
-    code = None
+    code = None  # type: ignore[assignment]
 
 
 def check_conversation_id(conversation_id: str, *, param: str = "conversation_id") -> str:
@@ -28,7 +28,7 @@ def check_conversation_id(conversation_id: str, *, param: str = "conversation_id
 
 def check_item_id(item_id: str, *, param: str = "item_id") -> str:
     """Item ids carry a type prefix (``msg_``, ``fc_``, ``rs_`` …); anything else is a 400."""
-    prefix, sep, rest = item_id.partition("_")
+    prefix, sep, _rest = item_id.partition("_")
     if not sep or not prefix.isalpha() or not prefix.islower() or len(item_id) > 128:
         raise errors.BadRequest(
             f"Invalid '{param}': '{item_id}'. Expected an ID that begins with an item type prefix "
