@@ -467,7 +467,7 @@ def test_item_reference_stores_items_once(client: openai.OpenAI) -> None:
     (shared,) = client.conversations.items.list(first.id).data
     second = client.conversations.create(items=[{"type": "item_reference", "id": shared.id}, user("more")])
     listed = client.conversations.items.list(second.id, order="asc").data
-    assert [item.id for item in listed][0] == shared.id
+    assert listed[0].id == shared.id
     assert texts(listed) == ["shared", "more"]
     assert Item.objects.count() == 2  # "shared" is stored once
 
