@@ -80,6 +80,7 @@ def test_response_with_conversation_appends_its_items() -> None:
     """What the executor does: read the history, run, store the turn's items, append them."""
     conversation = make_conversation(ALICE, "question")
     history, revision = selectors.conversation_history(conversation_id=conversation.id, owner=ALICE)
+    assert item_texts(history) == ["question"]
     turn = response_items(ALICE, "input echo", "answer")
     new_revision = services.conversation_append_items(
         conversation_id=conversation.id, owner=ALICE, item_ids=turn, expected_revision=revision
