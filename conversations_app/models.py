@@ -69,7 +69,7 @@ class ConversationItem(models.Model):
     added_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["conversation", "position"]
+        ordering = ["conversation_id", "position"]  # the column, not a join to the conversation
         constraints = [
             # Keyset pagination walks this index; it also makes a lost or interleaved append
             # that reused a position fail loudly instead of corrupting the order.
