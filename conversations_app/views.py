@@ -9,6 +9,7 @@ cost under ASGI.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -41,8 +42,11 @@ def render_item_list(items: list[Item], *, has_more: bool, include: tuple[str, .
     }
 
 
-def _owner(request: HttpRequest) -> str:
-    require_stored_state_access(request)
+async def _owner(request: HttpRequest) -> str:
+    """The caller's owner key, after the stored-state access check (401 for a wrong API key)."""
+    checked: Any = require_stored_state_access(request)  # type: ignore[func-returns-value]
+    if inspect.isawaitable(checked):  # the auth branch may make the check async
+        await checked
     return request_principal(request).owner
 
 
@@ -57,7 +61,7 @@ def _body(request: HttpRequest, *, allowed: tuple[str, ...]) -> dict[str, Any]:
 @allow_methods("POST")
 async def conversations(request: HttpRequest) -> HttpResponse:
     """``POST /v1/conversations``: create, with up to 20 initial items, atomically."""
-    owner = _owner(request)
+    owner = await _owner(request)
     body = _body(request, allowed=("items", "metadata"))
     items = schemas.validate_items(body.get("items"), required=False)
     metadata = schemas.validate_metadata(body.get("metadata"))
@@ -70,7 +74,7 @@ async def conversations(request: HttpRequest) -> HttpResponse:
 @allow_methods("GET", "POST", "DELETE")
 async def conversation_detail(request: HttpRequest, conversation_id: str) -> HttpResponse:
     """``GET`` / ``POST`` (update metadata) / ``DELETE /v1/conversations/{id}``."""
-    owner = _owner(request)
+    owner = await _owner(request)
     if request.method == "GET":
         conversation = await sync_to_async(selectors.conversation_get)(id=conversation_id, owner=owner)
         return json_response(render_conversation(conversation))
@@ -99,7 +103,7 @@ def _list_items(conversation_id: str, owner: str, params: schemas.ItemListParams
 @allow_methods("GET", "POST")
 async def conversation_items(request: HttpRequest, conversation_id: str) -> HttpResponse:
     """``GET`` (list, keyset-paginated) / ``POST`` (append a batch) ``/v1/conversations/{id}/items``."""
-    owner = _owner(request)
+    owner = await _owner(request)
     selectors.check_conversation_id(conversation_id)
     if request.method == "GET":
         params = schemas.parse_item_list_params(request.GET)
@@ -121,7 +125,7 @@ def _get_item(conversation_id: str, owner: str, item_id: str) -> Item:
 @allow_methods("GET", "DELETE")
 async def conversation_item(request: HttpRequest, conversation_id: str, item_id: str) -> HttpResponse:
     """``GET`` / ``DELETE`` (detach; returns the conversation) ``/v1/conversations/{id}/items/{item_id}``."""
-    owner = _owner(request)
+    owner = await _owner(request)
     selectors.check_conversation_id(conversation_id)
     selectors.check_item_id(item_id)
     if request.method == "GET":

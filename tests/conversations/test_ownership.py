@@ -61,3 +61,43 @@ def test_another_owners_conversation_is_404_everywhere(owned_gateway: LiveServer
 def test_default_principal_owns_conversations_without_auth(client: openai.OpenAI) -> None:
     conversation = client.conversations.create()
     assert Conversation.objects.get(id=conversation.id).owner == "default"
+
+
+def test_every_endpoint_checks_stored_state_access(
+    client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each view calls ``gateway.auth.require_stored_state_access`` before touching storage.
+
+    The auth issue supplies the real check (401 for a caller without the gateway's API key); here
+    it is replaced by one that always refuses, to prove every endpoint asks it first.
+    """
+    from conversations_app import views
+    from gateway import errors
+
+    existing = client.conversations.create(items=[{"type": "message", "role": "user", "content": "x"}])
+    (item,) = client.conversations.items.list(existing.id).data
+
+    def refuse(request: object) -> None:
+        raise errors.AuthenticationFailed("Incorrect API key provided.", code="invalid_api_key")
+
+    monkeypatch.setattr(views, "require_stored_state_access", refuse)
+    calls = [
+        lambda: client.conversations.create(),
+        lambda: client.conversations.retrieve(existing.id),
+        lambda: client.conversations.update(existing.id, metadata={"a": "b"}),
+        lambda: client.conversations.delete(existing.id),
+        lambda: client.conversations.items.list(existing.id),
+        lambda: client.conversations.items.create(
+            existing.id, items=[{"type": "message", "role": "user", "content": "y"}]
+        ),
+        lambda: client.conversations.items.retrieve(item.id, conversation_id=existing.id),
+        lambda: client.conversations.items.delete(item.id, conversation_id=existing.id),
+    ]
+    for call in calls:
+        with pytest.raises(openai.AuthenticationError) as exc:
+            call()
+        assert exc.value.status_code == 401
+        assert exc.value.body["code"] == "invalid_api_key"
+    assert Conversation.objects.count() == 1
+    assert ConversationItem.objects.count() == 1
+    assert Conversation.objects.get().metadata == {}

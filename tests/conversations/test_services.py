@@ -291,3 +291,27 @@ def test_racing_appends_that_retry_lose_and_interleave_nothing() -> None:
         .values_list("position", flat=True)
     )
     assert positions_in_db == list(range(len(positions_in_db)))
+
+
+@pytest.mark.django_db
+def test_an_id_another_owner_stored_is_refused() -> None:
+    make_conversation(ALICE)
+    alices = schemas.validate_items([{**user("mine"), "id": "msg_taken"}], required=True)
+    services.conversation_create(owner=ALICE, metadata={}, items=alices)
+    bobs = schemas.validate_items([{**user("not yours"), "id": "msg_taken"}], required=True)
+    with pytest.raises(errors.BadRequest) as exc:
+        services.conversation_create(owner=BOB, metadata={}, items=bobs)
+    assert (exc.value.param, exc.value.message) == ("items[0].id", "Item with id 'msg_taken' already exists.")
+    assert Item.objects.get(id="msg_taken").data["content"][0]["text"] == "mine"
+    assert Conversation.objects.filter(owner=BOB).count() == 0
+
+
+@pytest.mark.django_db
+def test_resending_a_stored_item_references_it() -> None:
+    first = make_conversation(ALICE)
+    item = schemas.validate_items([{**user("once"), "id": "msg_once"}], required=True)
+    services.conversation_items_create(id=first.id, owner=ALICE, items=item)
+    _, stored = services.conversation_create(owner=ALICE, metadata={}, items=item)
+    assert [i.id for i in stored] == ["msg_once"]
+    assert Item.objects.filter(id="msg_once").count() == 1
+    assert ConversationItem.objects.filter(item_id="msg_once").count() == 2
