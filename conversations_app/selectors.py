@@ -86,8 +86,14 @@ def conversation_items_list(
             entries.filter(position__gt=anchor) if order == "asc" else entries.filter(position__lt=anchor)
         )
     ordering = "position" if order == "asc" else "-position"
-    rows = list(entries.select_related("item").order_by(ordering)[: limit + 1])
-    return ItemPage(items=[row.item for row in rows[:limit]], has_more=len(rows) > limit)
+    # Two statements on purpose: the page of (position, item id) is one index range on
+    # (conversation, position) whatever the planner's row estimates, and only the page's items
+    # are then fetched by primary key. A join here lets a planner with stale statistics join all
+    # of a long conversation's items before it sorts and cuts the page.
+    rows = list(entries.order_by(ordering).values_list("item_id", flat=True)[: limit + 1])
+    page_ids = rows[:limit]
+    by_id = Item.objects.order_by().in_bulk(page_ids)
+    return ItemPage(items=[by_id[item_id] for item_id in page_ids], has_more=len(rows) > limit)
 
 
 def conversation_item_get(*, conversation: Conversation, item_id: str) -> Item:
