@@ -23,3 +23,60 @@ class Item(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.id}"
+
+
+class Conversation(models.Model):
+    """An ordered list of references to items, owned by one principal.
+
+    ``revision`` counts every change of the item list (append, detach): writers that computed
+    something from the history at revision ``r`` append only while the revision is still ``r``
+    (optimistic locking, see ``services.conversation_append_items``). ``item_count`` and
+    ``next_position`` are kept by the same writes so that neither appending nor the admin list
+    ever counts or scans the conversation's items.
+    """
+
+    id = models.CharField(primary_key=True, max_length=128)
+    owner = models.CharField(max_length=512)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revision = models.BigIntegerField(default=0)
+    item_count = models.IntegerField(default=0)
+    next_position = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # Every API read filters by (id, owner); the admin lists by owner and date.
+            models.Index(fields=["owner", "-created_at"], name="conv_owner_created_idx"),
+            models.Index(fields=["-created_at"], name="conv_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ConversationItem(models.Model):
+    """The item at ``position`` in a conversation. Detaching an item deletes only this row."""
+
+    conversation = models.ForeignKey(
+        Conversation,
+        on_delete=models.CASCADE,
+        related_name="entries",
+        db_index=False,  # the (conversation, position) unique index leads with it
+    )
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="conversation_entries")
+    position = models.BigIntegerField()
+    added_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["conversation_id", "position"]  # the column, not a join to the conversation
+        constraints = [
+            # Keyset pagination walks this index; it also makes a lost or interleaved append
+            # that reused a position fail loudly instead of corrupting the order.
+            models.UniqueConstraint(fields=["conversation", "position"], name="conv_item_position_uniq"),
+            # An item appears at most once in a conversation; this index also resolves `after`.
+            models.UniqueConstraint(fields=["conversation", "item"], name="conv_item_once_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id}[{self.position}] {self.item_id}"

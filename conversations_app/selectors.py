@@ -1,11 +1,136 @@
-"""Reads of conversations (minimal seam; the Conversations issue provides the real implementation)."""
+"""Every read of conversations and their items. Each filters by owner: another owner's ids are 404."""
 
 from __future__ import annotations
 
-from conversations_app.models import Item
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from conversations_app.models import Conversation, ConversationItem, Item
+from conversations_app.schemas import invalid_id
 from gateway import errors
+from gateway.ids import has_prefix
+
+
+class NotFound(errors.NotFound):
+    """OpenAI answers unknown conversation and item ids with ``code: null``."""
+
+    code = None  # type: ignore[assignment]
+
+
+def check_conversation_id(conversation_id: str, *, param: str = "conversation_id") -> str:
+    """A malformed id or another kind of id is a 400, before any lookup."""
+    if not has_prefix(conversation_id, "conv") or len(conversation_id) > 128:
+        raise invalid_id(param, conversation_id, "conv")
+    return conversation_id
+
+
+def check_item_id(item_id: str, *, param: str = "item_id") -> str:
+    """Item ids carry a type prefix (``msg_``, ``fc_``, ``rs_`` …); anything else is a 400."""
+    prefix, sep, _rest = item_id.partition("_")
+    if not sep or not prefix.isalpha() or not prefix.islower() or len(item_id) > 128:
+        raise errors.BadRequest(
+            f"Invalid '{param}': '{item_id}'. Expected an ID that begins with an item type prefix "
+            "such as 'msg_' or 'fc_'.",
+            param=param,
+            code="invalid_value",
+        )
+    return item_id
+
+
+def conversation_not_found(conversation_id: str) -> NotFound:
+    return NotFound(f"Conversation with id '{conversation_id}' not found.")
+
+
+def item_not_found(item_id: str, *, param: str | None = None) -> NotFound:
+    return NotFound(f"Item with id '{item_id}' not found.", param=param)
+
+
+def conversation_get(*, id: str, owner: str) -> Conversation:
+    check_conversation_id(id)
+    conversation = Conversation.objects.filter(id=id, owner=owner).first()
+    if conversation is None:
+        raise conversation_not_found(id)
+    return conversation
+
+
+def conversation_list(*, owner: str) -> QuerySet[Conversation]:
+    return Conversation.objects.filter(owner=owner).order_by("-created_at")
+
+
+@dataclass(frozen=True)
+class ItemPage:
+    items: list[Item]
+    has_more: bool
+
+
+def conversation_items_list(
+    *,
+    conversation: Conversation,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> ItemPage:
+    """One page of items by keyset on (conversation, position): no OFFSET, no count, no scan.
+
+    ``after`` is an item id in this conversation; the page continues past its position.
+    """
+    entries = ConversationItem.objects.filter(conversation=conversation)
+    if after is not None:
+        check_item_id(after, param="after")
+        anchor = entries.filter(item_id=after).values_list("position", flat=True).first()
+        if anchor is None:
+            raise item_not_found(after, param="after")
+        entries = (
+            entries.filter(position__gt=anchor) if order == "asc" else entries.filter(position__lt=anchor)
+        )
+    ordering = "position" if order == "asc" else "-position"
+    # Two statements on purpose: the page of (position, item id) is one index range on
+    # (conversation, position) whatever the planner's row estimates, and only the page's items
+    # are then fetched by primary key. A join here lets a planner with stale statistics join all
+    # of a long conversation's items before it sorts and cuts the page.
+    rows = list(entries.order_by(ordering).values_list("item_id", flat=True)[: limit + 1])
+    page_ids = rows[:limit]
+    by_id = Item.objects.order_by().in_bulk(page_ids)
+    return ItemPage(items=[by_id[item_id] for item_id in page_ids], has_more=len(rows) > limit)
+
+
+def conversation_item_get(*, conversation: Conversation, item_id: str) -> Item:
+    check_item_id(item_id)
+    entry = (
+        ConversationItem.objects.filter(conversation=conversation, item_id=item_id)
+        .select_related("item")
+        .first()
+    )
+    if entry is None:
+        raise item_not_found(item_id)
+    return entry.item
 
 
 def conversation_history(*, conversation_id: str, owner: str) -> tuple[list[Item], int]:
-    """The conversation's items in order and its revision; unknown or another owner's → 404."""
-    raise errors.NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation")
+    """The conversation's items in order and the revision they were read at (one snapshot).
+
+    The Responses executor passes the revision back to ``conversation_append_items`` as
+    ``expected_revision``; raises ``NotFound`` for an unknown id or another owner's.
+    """
+    check_conversation_id(conversation_id, param="conversation")
+    # One transaction so the items and the revision are one snapshot on PostgreSQL (REPEATABLE
+    # READ is not needed: a writer bumps the revision in the same transaction as its rows, and
+    # under READ COMMITTED we read the revision first, so a concurrent append makes our revision
+    # stale — and the later append a 409 — rather than hiding items behind a newer revision).
+    with transaction.atomic():
+        revision = (
+            Conversation.objects.filter(id=conversation_id, owner=owner)
+            .values_list("revision", flat=True)
+            .first()
+        )
+        if revision is None:
+            raise conversation_not_found(conversation_id)
+        items = [
+            entry.item
+            for entry in ConversationItem.objects.filter(conversation_id=conversation_id)
+            .select_related("item")
+            .order_by("position")
+        ]
+    return items, revision

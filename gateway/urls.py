@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("oidc/", include("mozilla_django_oidc.urls")),  # admin single sign-on
     path("", include("responses_app.urls")),
+    path("", include("conversations_app.urls")),
     re_path(r"^v1/.*$", views.unknown_route),
 ]
 

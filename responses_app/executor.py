@@ -201,6 +201,7 @@ class Executor:
         self.final: dict[str, Any] | None = None  # the terminal snapshot once sent
         self.failure_event: Event | None = None  # the error event, when one ended the stream
         self.stored = False
+        self.store_refusal: errors.GatewayError | None = None  # set when storing was refused
         self._round = 0
         self._round_status = "completed"
         self._round_tier: str | None = None
@@ -274,6 +275,18 @@ class Executor:
                 if self.before_store is not None:
                     await self.before_store()
                 await self._store(status, snapshot, (terminal.data["sequence_number"], terminal.json))
+            except errors.GatewayError as exc:
+                # A refusal at commit time (a conversation race: 409 conversation_locked) is the
+                # client's answer, not a storage failure.
+                self.store_refusal = exc
+                self.failure_event = error_frame(
+                    code=exc.code or "storage_error",
+                    message=exc.message,
+                    param=exc.param,
+                    sequence_number=terminal.data["sequence_number"],
+                )
+                yield self.failure_event
+                return
             except Exception as exc:
                 log.exception("storing response %s failed", self.p.response_id)
                 self.failure_event = error_frame(

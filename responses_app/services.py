@@ -93,9 +93,13 @@ def response_prepare(
             )
         history = [item.data for item in selectors.items_in_order(ids=parent.history_item_ids, owner=owner)]
     elif conversation_id is not None:
-        stored, revision = conversation_selectors.conversation_history(
-            conversation_id=conversation_id, owner=owner
-        )
+        try:
+            stored, revision = conversation_selectors.conversation_history(
+                conversation_id=conversation_id, owner=owner
+            )
+        except errors.NotFound as exc:
+            exc.param = "conversation"  # on Responses the conversation is a request parameter
+            raise
         history = [item.data for item in stored]
 
     new_items, to_insert = _resolve_input(translate.normalize_input(request.input), owner)

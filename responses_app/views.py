@@ -65,6 +65,8 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
         return _sse(_frames(executor))
     async for _event in executor.run():
         pass
+    if executor.store_refusal is not None:
+        raise executor.store_refusal
     if executor.failure_event is not None:
         data = executor.failure_event.data
         raise errors.ServerError(data["message"], code=data.get("code"))

@@ -1,0 +1,253 @@
+"""Conversations bench: page through a 10,000-item conversation and append turns to it.
+
+Starts the real gateway (``manage.py serve``, as ``make run`` does) on the given database, seeds
+one conversation of ``--items`` items through the API (20 per request, as clients must) and one of
+200 items (so its pages are full too), then times over HTTP:
+
+- listing every page of the big conversation (``limit=100``, both orders, following ``last_id``),
+- single pages at the head, the middle (``after`` an item in the middle) and the tail,
+- appending a turn (``POST …/items`` with a user message and an assistant reply),
+
+and reports each against the same call on the 200-item conversation: a ratio near 1 means the
+cost does not grow with the conversation (keyset pagination on (conversation, position), no
+count, no scan). Usage::
+
+    .venv/bin/python bench/conversations.py --database-url postgres://postgres@127.0.0.1:5432/bench_conv
+    .venv/bin/python bench/conversations.py            # SQLite in a temporary data dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.servers import free_port, wait_port  # noqa: E402
+
+
+class Gateway:
+    """``manage.py serve`` in a subprocess, its log in a file (a pipe nobody reads would fill)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve"],
+            cwd=ROOT,
+            env={**env, "PORT": str(self.port), "HOST": "127.0.0.1"},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_port(self.port, timeout=60)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.log.close()
+
+
+SMALL = 200
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50_ms": round(statistics.median(ordered), 2),
+        "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 2),
+        "n": len(ordered),
+    }
+
+
+def message(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": text}
+
+
+def seed(http: httpx.Client, count: int) -> tuple[str, list[str]]:
+    r = http.post("/v1/conversations", json={"items": [message("user", "item 0")]})
+    r.raise_for_status()
+    conversation_id = r.json()["id"]
+    for start in range(1, count, 20):
+        batch = [
+            message("user" if i % 2 else "assistant", f"item {i}")
+            for i in range(start, min(count, start + 20))
+        ]
+        http.post(f"/v1/conversations/{conversation_id}/items", json={"items": batch}).raise_for_status()
+    ids: list[str] = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 100, "order": "asc"}
+        if after:
+            params["after"] = after
+        page = http.get(f"/v1/conversations/{conversation_id}/items", params=params).json()
+        ids += [item["id"] for item in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert len(ids) == count, (len(ids), count)
+    return conversation_id, ids
+
+
+def walk(http: httpx.Client, conversation_id: str, order: str) -> list[float]:
+    """Every page, following ``last_id``; returns per-page latencies."""
+    samples, after = [], None
+    while True:
+        params: dict[str, Any] = {"limit": 100, "order": order}
+        if after:
+            params["after"] = after
+        started = time.perf_counter()
+        page = http.get(f"/v1/conversations/{conversation_id}/items", params=params).json()
+        samples.append((time.perf_counter() - started) * 1000)
+        if not page["has_more"]:
+            return samples
+        after = page["last_id"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database-url", default="", help="PostgreSQL URL; empty: SQLite")
+    parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="skip ANALYZE after seeding (PostgreSQL's autovacuum would run it; stale statistics "
+        "make the planner read the whole conversation's index range and sort it)",
+    )
+    args = parser.parse_args()
+
+    data_dir = tempfile.mkdtemp(prefix="bench-conv-")
+    env = {"GATEWAY_SERVER_DATA_DIR": data_dir, "LOG_LEVEL": "WARNING"}
+    if args.database_url:
+        env["DATABASE_URL"] = args.database_url
+    inherited = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_")) and k != "DATABASE_URL"
+    }
+    full_env = {**inherited, **env}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=full_env, check=True)
+    gateway = Gateway(full_env, Path(data_dir) / "gateway.log")
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=60) as http:
+            started = time.perf_counter()
+            big, big_ids = seed(http, args.items)
+            seed_s = time.perf_counter() - started
+            small, small_ids = seed(http, SMALL)
+            if not args.no_analyze:
+                analyze = "from django.db import connection; connection.cursor().execute('ANALYZE')"
+                subprocess.run(
+                    [sys.executable, "manage.py", "shell", "-c", analyze], cwd=ROOT, env=full_env, check=True
+                )
+            results: dict[str, Any] = {
+                "database": "postgresql" if args.database_url else "sqlite",
+                "items": args.items,
+                "seed_s": round(seed_s, 1),
+                "analyzed": not args.no_analyze,
+            }
+
+            def page(conversation_id: str, **params: Any) -> Callable[[], Any]:
+                return lambda: http.get(
+                    f"/v1/conversations/{conversation_id}/items", params=params
+                ).raise_for_status()
+
+            rows = {
+                "first page (desc, limit=100)": (page(big, limit=100), page(small, limit=100)),
+                "middle page (after, asc, limit=100)": (
+                    page(big, limit=100, order="asc", after=big_ids[len(big_ids) // 2]),
+                    page(small, limit=100, order="asc", after=small_ids[len(small_ids) // 2]),
+                ),
+                "last page (after, asc, limit=100)": (
+                    page(big, limit=100, order="asc", after=big_ids[-101]),
+                    page(small, limit=100, order="asc", after=small_ids[-101]),
+                ),
+                "retrieve conversation": (
+                    lambda: http.get(f"/v1/conversations/{big}").raise_for_status(),
+                    lambda: http.get(f"/v1/conversations/{small}").raise_for_status(),
+                ),
+            }
+            counter = iter(range(10**9))
+
+            def append(conversation_id: str) -> Callable[[], Any]:
+                def run() -> None:
+                    n = next(counter)
+                    http.post(
+                        f"/v1/conversations/{conversation_id}/items",
+                        json={"items": [message("user", f"q{n}"), message("assistant", f"a{n}")]},
+                    ).raise_for_status()
+
+                return run
+
+            rows["append a turn (2 items)"] = (append(big), append(small))
+            for name, (big_call, small_call) in rows.items():
+                timed(big_call, 3)  # warm up
+                timed(small_call, 3)
+                # Alternate the two so that load from other processes hits both alike.
+                big_samples: list[float] = []
+                small_samples: list[float] = []
+                for _ in range(args.repeat):
+                    big_samples += timed(big_call, 1)
+                    small_samples += timed(small_call, 1)
+                b, s = summary(big_samples), summary(small_samples)
+                results[name] = {"big": b, "small": s, "ratio_p50": round(b["p50_ms"] / s["p50_ms"], 2)}
+            for order in ("asc", "desc"):
+                started = time.perf_counter()
+                samples = walk(http, big, order)
+                total = time.perf_counter() - started
+                results[f"walk all pages ({order})"] = {
+                    "pages": len(samples),
+                    "total_s": round(total, 2),
+                    **summary(samples),
+                }
+    finally:
+        gateway.stop()
+
+    analyzed = "after ANALYZE" if results["analyzed"] else "without ANALYZE"
+    print(f"\n## Conversations bench ({results['database']}, {results['items']} items, {analyzed})\n")
+    print(
+        f"| operation | {results['items']} items p50 / p95 (ms) | {SMALL} items p50 / p95 (ms) | ratio p50 |"
+    )
+    print("|---|---|---|---|")
+    for name, row in results.items():
+        if isinstance(row, dict) and "big" in row:
+            b, s = row["big"], row["small"]
+            print(
+                f"| {name} | {b['p50_ms']} / {b['p95_ms']} | {s['p50_ms']} / {s['p95_ms']} | {row['ratio_p50']} |"
+            )
+    for order in ("asc", "desc"):
+        row = results[f"walk all pages ({order})"]
+        print(
+            f"| walk all {row['pages']} pages ({order}) | per page {row['p50_ms']} / {row['p95_ms']}, "
+            f"total {row['total_s']} s | | |"
+        )
+    print(f"\nseeding {results['items']} items through the API (20 per request): {results['seed_s']} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,602 @@
+"""Wire models of the Conversations API and the validation of what clients send.
+
+Items are validated with pydantic models that follow the ``openai`` SDK's
+``ResponseInputItemParam`` union: the shapes a conversation stores and replays (messages, function
+calls and their outputs, reasoning, custom tool calls, item references) are checked field by
+field; the other item types of the union (web search, computer, MCP, shell, …) are checked for
+their ``type`` and id and stored as sent. Unknown members are kept (``extra="allow"``) so newer
+SDK fields survive a round trip.
+
+Every refusal is an OpenAI-shaped 400: ``param`` names the offending field the way OpenAI does
+(``items[0].content[1].text``, ``metadata.key``) and ``code`` is OpenAI's
+(``missing_required_parameter``, ``invalid_type``, ``invalid_value``, ``string_above_max_length``,
+``object_above_max_properties``, ``property_name_above_max_length``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
+
+from gateway import errors
+from gateway.ids import new_id
+
+MAX_ITEMS_PER_REQUEST = 20
+METADATA_MAX_PAIRS = 16
+METADATA_MAX_KEY_LENGTH = 64
+METADATA_MAX_VALUE_LENGTH = 512
+LIST_LIMIT_DEFAULT = 20
+LIST_LIMIT_MAX = 100
+
+ROLES = ("user", "assistant", "system", "developer")
+INCLUDABLE = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+)
+
+# The id prefix OpenAI mints (and checks) per item type; we mint the same. Types missing here
+# (outputs of calls, …) accept any well-formed id.
+ITEM_ID_PREFIXES: dict[str, str] = {
+    "message": "msg",
+    "function_call": "fc",
+    "reasoning": "rs",
+    "custom_tool_call": "ctc",
+    "mcp_call": "mcp",
+    "compaction": "cmp",
+    "web_search_call": "ws",
+    "file_search_call": "fs",
+    "computer_call": "cu",
+    "code_interpreter_call": "ci",
+    "image_generation_call": "ig",
+}
+# Ids we mint for types OpenAI does not pin a prefix for.
+MINTED_PREFIXES: dict[str, str] = {
+    "function_call_output": "fco",
+    "custom_tool_call_output": "ctco",
+    "computer_call_output": "cuo",
+}
+GENERIC_ITEM_TYPES = (
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "web_search_call",
+    "tool_search_call",
+    "tool_search_output",
+    "additional_tools",
+    "configuration_update",
+    "compaction",
+    "compaction_trigger",
+    "image_generation_call",
+    "code_interpreter_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "mcp_call",
+    "program",
+    "program_output",
+)
+ITEM_TYPES = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "item_reference",
+    *GENERIC_ITEM_TYPES,
+)
+
+# Our ids and OpenAI's: a short lower-case type prefix, "_", then an opaque token.
+_ID_SHAPE = re.compile(r"^[a-z]+_[A-Za-z0-9_\-]*$")
+MAX_ID_LENGTH = 128
+
+
+# --------------------------------------------------------------------------------------- content
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class InputText(_Open):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(_Open):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any] = []
+
+
+class Refusal(_Open):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class InputImage(_Open):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str = "auto"
+
+
+class InputFile(_Open):
+    type: Literal["input_file"]
+    file_id: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+
+
+class SummaryText(_Open):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(_Open):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+CONTENT_TYPES = (
+    "input_text",
+    "output_text",
+    "refusal",
+    "input_image",
+    "input_file",
+    "summary_text",
+    "reasoning_text",
+)
+ContentPart = Annotated[
+    InputText | OutputText | Refusal | InputImage | InputFile | SummaryText | ReasoningText,
+    Discriminator("type"),
+]
+
+
+# ----------------------------------------------------------------------------------------- items
+class _Item(_Open):
+    id: str | None = None
+
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class ReasoningItem(_Item):
+    type: Literal["reasoning"]
+    summary: list[SummaryText]
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+
+class CustomToolCallItem(_Item):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+
+
+class CustomToolCallOutputItem(_Item):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+
+
+class ItemReference(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["item_reference"]
+    id: str
+
+
+class GenericItem(_Item):
+    type: str
+
+
+def _item_tag(value: Any) -> str | None:
+    """The union member for ``value``: its ``type``; a typeless item with a role is a message."""
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type")
+    if kind is None and "role" in value:
+        return "message"
+    if kind in GENERIC_ITEM_TYPES:
+        return "generic"
+    return kind if isinstance(kind, str) else None
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[ItemReference, Tag("item_reference")]
+    | Annotated[GenericItem, Tag("generic")],
+    Discriminator(_item_tag),
+]
+_ITEM_ADAPTER: TypeAdapter[Any] = TypeAdapter(InputItem)
+
+
+class NewItem(BaseModel):
+    """One validated item of a request: either stored data to create, or a reference."""
+
+    id: str
+    type: str
+    data: dict[str, Any] | None  # None: a reference to an already stored item
+    param: str
+
+
+# ------------------------------------------------------------------------------------ validation
+def _kind(value: Any) -> str:
+    """OpenAI's words for a JSON value's type in "got X instead"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _quoted_list(values: tuple[str, ...] | list[str]) -> str:
+    quoted = [f"'{v}'" for v in values]
+    if len(quoted) <= 2:
+        return " and ".join(quoted)
+    return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+
+
+def invalid_type(param: str, expected: str, value: Any) -> errors.BadRequest:
+    return errors.BadRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def invalid_value(param: str, value: Any, supported: tuple[str, ...] | list[str]) -> errors.BadRequest:
+    return errors.BadRequest(
+        f"Invalid value: '{value}'. Supported values are: {_quoted_list(supported)}.",
+        param=param,
+        code="invalid_value",
+    )
+
+
+def missing_parameter(param: str) -> errors.BadRequest:
+    return errors.BadRequest(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+def invalid_id(param: str, value: str, prefix: str) -> errors.BadRequest:
+    return errors.BadRequest(
+        f"Invalid '{param}': '{value}'. Expected an ID that begins with '{prefix}'.",
+        param=param,
+        code="invalid_value",
+    )
+
+
+_EXPECTED = {
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "int_type": "an integer",
+    "bool_type": "a boolean",
+}
+
+
+def _param_path(prefix: str, loc: tuple[Any, ...], data: Any, *, missing: bool) -> tuple[str, Any]:
+    """``items[0].content[1].text`` for a pydantic ``loc``, and the value found there.
+
+    Union branches and discriminator tags appear in ``loc`` but not in the data; walking the data
+    alongside drops them (a segment that is neither a key nor an index of the value at hand).
+    """
+    path = prefix
+    value = data
+    for i, segment in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(segment, int) and isinstance(value, list) and 0 <= segment < len(value):
+            path += f"[{segment}]"
+            value = value[segment]
+        elif isinstance(segment, str) and isinstance(value, dict) and segment in value:
+            path += f".{segment}"
+            value = value[segment]
+        elif missing and last and isinstance(segment, str) and isinstance(value, dict):
+            # A missing field: named in loc, absent from the data.
+            path += f".{segment}"
+            value = None
+    return path, value
+
+
+def _error_from_pydantic(exc: ValidationError, prefix: str, data: Any) -> errors.BadRequest:
+    # A ``str | list`` field reports a failure per branch; the one that got deepest into the data
+    # is about the branch the client chose (a bad content part, not "expected a string").
+    failures = exc.errors()
+    located = [
+        (_param_path(prefix, tuple(f["loc"]), data, missing=f["type"] == "missing"), f) for f in failures
+    ]
+    (param, value), first = max(located, key=lambda pair: pair[0][0].count(".") + pair[0][0].count("["))
+    kind = first["type"]
+    if kind == "missing":
+        return missing_parameter(param)
+    if kind == "union_tag_invalid":
+        return invalid_value(param + ".type", first.get("ctx", {}).get("tag"), CONTENT_TYPES)
+    if kind == "union_tag_not_found":
+        return missing_parameter(param + ".type")
+    if kind == "literal_error":
+        expected = first.get("ctx", {}).get("expected", "")
+        supported = re.findall(r"'([^']*)'", expected)
+        return invalid_value(param, value, supported)
+    if kind in _EXPECTED:
+        # ``content: str | list`` reports both branches; say both in one sentence.
+        branches = {f["type"] for (path, _), f in located if path == param}
+        if {"string_type", "list_type"} <= branches:
+            return invalid_type(param, "a string or an array", value)
+        return invalid_type(param, _EXPECTED[kind], value)
+    return errors.BadRequest(f"Invalid '{param}': {first['msg']}.", param=param, code="invalid_value")
+
+
+def _check_id(param: str, value: Any, kind: str) -> str:
+    if not isinstance(value, str):
+        raise invalid_type(param, "a string", value)
+    prefix = ITEM_ID_PREFIXES.get(kind)
+    if prefix is not None and not value.startswith(prefix + "_"):
+        raise invalid_id(param, value, prefix)
+    if len(value) > MAX_ID_LENGTH or not _ID_SHAPE.match(value):
+        raise errors.BadRequest(
+            f"Invalid '{param}': '{value}'. Expected an ID made of a type prefix, '_' and letters, "
+            f"digits, '_' or '-' (at most {MAX_ID_LENGTH} characters).",
+            param=param,
+            code="invalid_value",
+        )
+    return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
+
+
+def _normalize_message(data: dict[str, Any]) -> dict[str, Any]:
+    content = data["content"]
+    if isinstance(content, str):
+        part = "output_text" if data["role"] == "assistant" else "input_text"
+        text: dict[str, Any] = {"type": part, "text": content}
+        if part == "output_text":
+            text["annotations"] = []
+        data["content"] = [text]
+    return data
+
+
+def validate_item(raw: Any, param: str) -> NewItem:
+    """One request item, validated and normalized to what the API returns, or a reference."""
+    if not isinstance(raw, dict):
+        raise invalid_type(param, "an object", raw)
+    tag = _item_tag(raw)
+    if tag is None or (tag != "generic" and tag not in ITEM_TYPES):
+        if "type" not in raw:
+            raise missing_parameter(param + ".type")
+        if not isinstance(raw["type"], str):
+            raise invalid_type(param + ".type", "a string", raw["type"])
+        raise invalid_value(param + ".type", raw["type"], ITEM_TYPES)
+    if tag == "generic":
+        if "id" in raw and raw["id"] is not None:
+            _check_id(param + ".id", raw["id"], raw["type"])
+    elif "id" in raw and raw["id"] is not None:
+        _check_id(param + ".id", raw["id"], tag)
+    try:
+        model = _ITEM_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        raise _error_from_pydantic(exc, param, raw) from None
+    if isinstance(model, ItemReference):
+        return NewItem(id=model.id, type="item_reference", data=None, param=param + ".id")
+    if _has_nul(raw):
+        raise errors.BadRequest(
+            f"Invalid '{param}': strings must not contain U+0000, which this service cannot store.",
+            param=param,
+            code="invalid_value",
+        )
+    data = model.model_dump(mode="json", exclude_none=False)
+    kind = data["type"]
+    # Keep optional members the client did not send out of the stored item (OpenAI's output shape
+    # has no nulls for them), but keep the defaults the API always returns.
+    for key in [k for k, v in data.items() if v is None and k not in raw]:
+        del data[key]
+    if kind == "message":
+        data = _normalize_message(data)
+    item_id = data.get("id") or new_id(ITEM_ID_PREFIXES.get(kind) or MINTED_PREFIXES.get(kind, "item"))
+    data = {"id": item_id, **{k: v for k, v in data.items() if k != "id"}}
+    return NewItem(id=item_id, type=kind, data=data, param=param)
+
+
+def validate_items(raw: Any, *, param: str = "items", required: bool) -> list[NewItem]:
+    if raw is None:
+        if required:
+            raise missing_parameter(param)
+        return []
+    if not isinstance(raw, list):
+        raise invalid_type(param, "an array", raw)
+    if len(raw) > MAX_ITEMS_PER_REQUEST:
+        raise errors.BadRequest(
+            f"Invalid '{param}': array too long. Expected an array with maximum length "
+            f"{MAX_ITEMS_PER_REQUEST}, but got an array with length {len(raw)} instead.",
+            param=param,
+            code="array_above_max_length",
+        )
+    if required and not raw:
+        raise errors.BadRequest(
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            param=param,
+            code="empty_array",
+        )
+    return [validate_item(item, f"{param}[{i}]") for i, item in enumerate(raw)]
+
+
+def _short_name(name: str) -> str:
+    """OpenAI prints a long property name as its first and last three characters."""
+    return name if len(name) <= 12 else f"{name[:3]}...{name[-3:]}"
+
+
+def validate_metadata(raw: Any, *, param: str = "metadata") -> dict[str, str]:
+    """Up to 16 string pairs, keys ≤ 64 and values ≤ 512 characters; ``null`` clears."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise invalid_type(param, "an object", raw)
+    if len(raw) > METADATA_MAX_PAIRS:
+        raise errors.BadRequest(
+            f"Invalid '{param}': too many properties. Expected an object with at most "
+            f"{METADATA_MAX_PAIRS} properties, but got an object with {len(raw)} properties instead.",
+            param=param,
+            code="object_above_max_properties",
+        )
+    for key, value in raw.items():
+        field = f"{param}.{key}"
+        if len(key) > METADATA_MAX_KEY_LENGTH:
+            raise errors.BadRequest(
+                f"Invalid property name in '{param}': '{_short_name(key)}' is too long. Expected a "
+                f"string with maximum length {METADATA_MAX_KEY_LENGTH}, but got a string with length "
+                f"{len(key)} instead.",
+                param=field,
+                code="property_name_above_max_length",
+            )
+        if not isinstance(value, str):
+            raise invalid_type(field, "a string", value)
+        if len(value) > METADATA_MAX_VALUE_LENGTH:
+            raise errors.BadRequest(
+                f"Invalid '{field}': string too long. Expected a string with maximum length "
+                f"{METADATA_MAX_VALUE_LENGTH}, but got a string with length {len(value)} instead.",
+                param=field,
+                code="string_above_max_length",
+            )
+        if "\x00" in key or "\x00" in value:
+            raise errors.BadRequest(
+                f"Invalid '{field}': string contains U+0000, which this service cannot store.",
+                param=field,
+                code="invalid_value",
+            )
+    return dict(raw)
+
+
+# ---------------------------------------------------------------------------------- list options
+class ItemListParams(BaseModel):
+    after: str | None = None
+    limit: int = LIST_LIMIT_DEFAULT
+    order: Literal["asc", "desc"] = "desc"
+    include: tuple[str, ...] = ()
+
+
+def _integer(param: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.BadRequest(
+            f"Invalid '{param}': expected an integer, but got '{raw}' instead.",
+            param=param,
+            code="invalid_type",
+        ) from None
+
+
+def validate_include(values: list[str]) -> tuple[str, ...]:
+    for value in values:
+        if value not in INCLUDABLE:
+            raise invalid_value("include", value, INCLUDABLE)
+    return tuple(values)
+
+
+def parse_item_list_params(query: Any) -> ItemListParams:
+    """``after``, ``limit`` (1 to 100, default 20), ``order`` (default ``desc``), ``include[]``."""
+    params = ItemListParams()
+    if "limit" in query:
+        limit = _integer("limit", query.get("limit"))
+        if limit < 1:
+            raise errors.BadRequest(
+                f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {limit} instead.",
+                param="limit",
+                code="integer_below_min_value",
+            )
+        if limit > LIST_LIMIT_MAX:
+            raise errors.BadRequest(
+                f"Invalid 'limit': integer above maximum value. Expected a value <= {LIST_LIMIT_MAX}, "
+                f"but got {limit} instead.",
+                param="limit",
+                code="integer_above_max_value",
+            )
+        params.limit = limit
+    if "order" in query:
+        order = query.get("order")
+        if order not in ("asc", "desc"):
+            raise invalid_value("order", order, ("asc", "desc"))
+        params.order = order
+    if query.get("after"):
+        params.after = query.get("after")
+    params.include = validate_include(query_include(query))
+    return params
+
+
+def query_include(query: Any) -> list[str]:
+    """``include`` as the SDK sends it (``include=a&include=b``) or with brackets (``include[]=a``)."""
+    return [*query.getlist("include"), *query.getlist("include[]")]
+
+
+def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An item as the API returns it; members only sent when asked for with ``include``."""
+    if (
+        data.get("type") == "reasoning"
+        and "reasoning.encrypted_content" not in include
+        and "encrypted_content" in data
+    ):
+        data = {k: v for k, v in data.items() if k != "encrypted_content"}
+    if data.get("type") == "message" and "message.output_text.logprobs" not in include:
+        content = data.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and "logprobs" in p for p in content):
+            data = dict(data)
+            data["content"] = [
+                {k: v for k, v in p.items() if k != "logprobs"} if isinstance(p, dict) else p for p in content
+            ]
+    return data
