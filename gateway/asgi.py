@@ -14,13 +14,15 @@ django_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from gateway.fastpath import FastPathApp  # noqa: E402
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 application = GatewayASGIMiddleware(
     ProtocolTypeRouter(
         {
-            "http": ASGIStaticFilesHandler(django_app),
+            # The pure pass-through routes are served below Django (see gateway/fastpath.py).
+            "http": FastPathApp(ASGIStaticFilesHandler(django_app)),
             "websocket": URLRouter(websocket_urlpatterns),
         }
     )

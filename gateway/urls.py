@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
-from gateway import views
+from gateway import models_catalog, views
 
 urlpatterns = [
     path("", views.head_root),
@@ -11,6 +11,11 @@ urlpatterns = [
     path("ready", views.ready),
     path("metrics", views.metrics),
     path("admin/", admin.site.urls),
+    path("v1/models", models_catalog.models_list),
+    # ``path`` matches ids with a slash (``meta-llama/Llama-3.1-8B-Instruct``), encoded or not.
+    path("v1/models/<path:model>", models_catalog.model_retrieve),
+    # The pass-through routes (chat/completions, completions, embeddings, audio, messages) are
+    # served below Django by gateway.fastpath; their CORS preflights still arrive here.
     re_path(r"^v1/.*$", views.unknown_route),
 ]
 

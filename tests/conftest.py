@@ -31,8 +31,9 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
 def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
     """The real ASGI application served by uvicorn on a loopback port (test database attached)."""
     from gateway.asgi import application
+    from inference_app.upstream import close_upstreams
 
-    server = LiveServer(application).start()
+    server = LiveServer(application, on_stop=close_upstreams).start()
     yield server
     server.stop()
 

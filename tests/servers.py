@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,32 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 class LiveServer:
     """An ASGI app served by uvicorn on 127.0.0.1:<port> in a daemon thread."""
 
-    def __init__(self, app: Any, port: int | None = None, **uvicorn_options: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        port: int | None = None,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+        **uvicorn_options: Any,
+    ) -> None:
         self.port = port or free_port()
+        self.on_stop = on_stop
         options = {"log_level": "warning", "lifespan": "off", "access_log": False}
         options.update(uvicorn_options)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.serve())
+            if self.on_stop is not None:
+                # e.g. close pooled upstream clients, which belong to this loop
+                self.loop.run_until_complete(self.on_stop())
+        finally:
+            self.loop.close()
 
     @property
     def url(self) -> str:
