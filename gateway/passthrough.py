@@ -29,6 +29,8 @@ Send = Callable[[Message], Awaitable[None]]
 RawHeaders = list[tuple[bytes, bytes]]
 
 SSE_CONTENT_TYPE = "text/event-stream"
+# How long a relay runs before a task starts watching for the client's disconnect.
+WATCH_AFTER_S = 0.02
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -179,7 +181,14 @@ async def relay(
             return
     task = asyncio.current_task()
     assert task is not None
-    watcher = asyncio.create_task(_watch_disconnect(receive, exchange, task))
+    # Most relays finish in well under WATCH_AFTER_S; the disconnect watcher (a task) is only
+    # started for the ones still running then, which keeps it off the hot path.
+    watcher: list[asyncio.Task[None]] = []
+
+    def start_watcher() -> None:
+        watcher.append(asyncio.ensure_future(_watch_disconnect(receive, exchange, task)))
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
     response: UpstreamResponse | None = None
     try:
         query = scope.get("query_string", b"").decode("latin-1")
@@ -197,7 +206,9 @@ async def relay(
             return  # the client left: the upstream request is closed below, nothing to answer
         raise
     finally:
-        watcher.cancel()
+        timer.cancel()
+        for watch in watcher:
+            watch.cancel()
         if response is not None:
             await response.aclose()
 

@@ -81,12 +81,14 @@ class UpstreamResponse:
         return b"".join(parts)
 
     async def aclose(self) -> None:
-        if self._close is not None:
-            close, self._close = self._close, None
-            close()
+        # The body iterator first: a fully read body hands its connection back to the pool there;
+        # only then is whatever is left (an unread or partly read body) closed for good.
         aclose = getattr(self._chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+        if self._close is not None:
+            close, self._close = self._close, None
+            close()
 
 
 class Upstream(Protocol):
@@ -212,11 +214,18 @@ class HttpUpstream:
 
     async def _chunks(self, resp: aiohttp.ClientResponse, stall: float) -> AsyncIterator[bytes]:
         content = resp.content
+        connection = resp.connection
+        if connection is not None and connection.protocol is not None and not content.is_eof():
+            # The stall clock is aiohttp's own socket read timer (re-armed on every read), which is
+            # far cheaper than a timeout context per chunk; it starts only now, so waiting for the
+            # headers stays bounded by read_timeout_s alone. aiohttp drops the timer at the body's
+            # end, so (hence the is_eof check) it never stays armed on a pooled connection.
+            connection.protocol.read_timeout = stall
+            connection.protocol.start_timeout()
         try:
             while True:
                 try:
-                    async with asyncio.timeout(stall):
-                        chunk = await content.readany()
+                    chunk = await content.readany()
                 except TimeoutError:
                     raise errors.UpstreamTimeout(
                         f"The upstream stream stalled for more than {stall:g}s."

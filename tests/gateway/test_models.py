@@ -177,3 +177,57 @@ def test_models_method_not_allowed(gw: LiveServer) -> None:
     r = httpx.post(f"{gw.url}/v1/models", content=b"{}")
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+def _codex_binary() -> str | None:
+    """The Codex CLI (``npm install @openai/codex@0.171.0``): $CODEX_BIN, PATH, or the scratch install."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    candidates = [
+        os.environ.get("CODEX_BIN", ""),
+        shutil.which("codex") or "",
+        "/work/codex-scratch/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
+    ]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+@pytest.mark.slow
+def test_codex_cli_parses_the_catalog(gw: LiveServer, upstream: ScriptedUpstream, tmp_path: Any) -> None:
+    """Codex itself fetches ``/v1/models?client_version=…`` from the gateway and accepts every entry.
+
+    Codex only asks a custom provider for its catalog when the provider has command auth, so the
+    config gives it one (``[model_providers.gateway.auth]``).
+    """
+    import json
+    import subprocess
+
+    codex = _codex_binary()
+    if codex is None:
+        pytest.skip("Codex CLI not installed (npm install @openai/codex@0.171.0, or set CODEX_BIN)")
+    (tmp_path / "config.toml").write_text(
+        'model = "test-model"\nmodel_provider = "gateway"\n\n'
+        "[model_providers.gateway]\n"
+        f'name = "gateway"\nbase_url = "{gw.url}/v1"\nwire_api = "responses"\nrequires_openai_auth = false\n\n'
+        '[model_providers.gateway.auth]\ncommand = "echo"\nargs = ["sk-codex"]\n'
+    )
+    result = subprocess.run(
+        [codex, "debug", "models"],
+        env={"CODEX_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    catalog = {m["slug"]: m for m in json.loads(result.stdout)["models"]}
+    for slug in ("test-model", SLASH_ID):
+        assert catalog[slug]["context_window"] == MAX_MODEL_LEN
+        assert catalog[slug]["default_reasoning_level"] == "medium"
+        assert [level["effort"] for level in catalog[slug]["supported_reasoning_levels"]] == [
+            "low",
+            "medium",
+            "high",
+        ]
+    rec = upstream.last("/v1/models")
+    assert rec.headers["authorization"] == "Bearer sk-codex"

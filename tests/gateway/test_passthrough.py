@@ -494,3 +494,22 @@ def test_request_id_echoed_on_passthrough(gw: LiveServer) -> None:
         f"{gw.url}/v1/embeddings", json={"model": "m", "input": "x"}, headers={"x-request-id": "abc-1"}
     )
     assert r.headers["x-request-id"] == "abc-1"
+
+
+def test_pooled_connection_outlives_the_stall_timeout(
+    live_gateway: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
+) -> None:
+    # The stall clock runs only while a body is being read: an idle pooled keep-alive connection
+    # must still work after stall_timeout_s has passed.
+    gateway_config(llm_api_base=upstream.url, upstream__stall_timeout_s=0.3)
+    for _ in range(2):
+        r = httpx.post(f"{live_gateway.url}/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 200
+        r = httpx.post(
+            f"{live_gateway.url}/v1/chat/completions", json={"model": "m", "messages": [], "stream": True}
+        )
+        assert r.status_code == 200
+        assert r.content.endswith(DONE)
+        time.sleep(0.6)
+    r = httpx.post(f"{live_gateway.url}/v1/chat/completions", json={"model": "m", "messages": []})
+    assert r.status_code == 200
