@@ -22,7 +22,6 @@ import asyncio
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 CONTENT_MARKER = b'"delta":{"content":"'
 
+HEALTH_REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 JSON_BODY = b'{"model":"bench-model","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'
 SSE_BODY = (
     b'{"model":"bench-model","messages":[{"role":"user","content":"Hello"}],"max_tokens":16,"stream":true}'
@@ -147,9 +147,11 @@ async def _worker(
         conn.transport.close()
 
 
-async def run_cell(port: int, stream: bool, concurrency: int, seconds: float, warmup: float) -> CellResult:
+async def run_cell(
+    port: int, stream: bool, concurrency: int, seconds: float, warmup: float, raw: bytes = b""
+) -> CellResult:
     body = SSE_BODY if stream else JSON_BODY
-    raw = (
+    raw = raw or (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
         b"authorization: Bearer sk-bench\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
@@ -169,7 +171,7 @@ def start_servers(
     args: argparse.Namespace, tmp: Path
 ) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
-    up_port, ours_port, ref_port = free_port(), free_port(), free_port()
+    up_port, ref_port = free_port(), free_port()
     procs.append(
         subprocess.Popen(
             [
@@ -186,30 +188,32 @@ def start_servers(
     )
     wait_http(up_port)
     targets = {"direct": up_port}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-    env.update(
-        {
-            "LLM_API_BASE": f"http://127.0.0.1:{up_port}",
-            "HOST": "127.0.0.1",
-            "PORT": str(ours_port),
-            "LOG_LEVEL": args.log_level,
-            "GATEWAY_SERVER_DATA_DIR": str(tmp / "ours"),
-            "GATEWAY_SERVER_WORKERS": str(args.workers),
-        }
-    )
-    env.pop("DATABASE_URL", None)
-    env.pop("REDIS_URL", None)
-    procs.append(
-        subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+    for workers in [int(w) for w in str(args.workers).split(",")]:
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
+        env.update(
+            {
+                "LLM_API_BASE": f"http://127.0.0.1:{up_port}",
+                "HOST": "127.0.0.1",
+                "PORT": str(port),
+                "LOG_LEVEL": args.log_level,
+                "GATEWAY_SERVER_DATA_DIR": str(tmp / f"ours-{workers}"),
+                "GATEWAY_SERVER_WORKERS": str(workers),
+            }
         )
-    )
-    wait_http(ours_port)
-    targets["ours"] = ours_port
+        env.pop("DATABASE_URL", None)
+        env.pop("REDIS_URL", None)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "manage.py", "serve"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        wait_http(port)
+        targets["ours" if workers == 1 else f"ours-w{workers}"] = port
     reference = args.reference or shutil.which("agentic-server")
     if reference:
         home = tmp / "ref"
@@ -251,7 +255,16 @@ def main() -> None:
     parser.add_argument("--modes", default="json,sse")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
-    parser.add_argument("--workers", type=int, default=1, help="our gateway's server processes")
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="our gateway's server processes; a list (1,2) starts one gateway per value",
+    )
+    parser.add_argument(
+        "--django-floor",
+        action="store_true",
+        help="also time GET /health on our gateway: the cheapest Django view, no upstream call",
+    )
     parser.add_argument(
         "--log-level", default="INFO", help="our gateway's LOG_LEVEL (INFO logs each request)"
     )
@@ -263,6 +276,7 @@ def main() -> None:
         targets, procs = start_servers(args, Path(tmp_name))
         try:
             results: dict[tuple[str, int, str], list[CellResult]] = {}
+            floors: dict[int, list[CellResult]] = {}
             for round_ in range(args.rounds):
                 for mode in modes:
                     for conc in concurrencies:
@@ -274,7 +288,24 @@ def main() -> None:
                                 f"p50 {cell.pct(cell.latencies, 0.5):6.2f} ms errors {cell.errors}",
                                 flush=True,
                             )
+                        if args.django_floor and mode == modes[0]:
+                            cell = uvloop.run(
+                                run_cell(
+                                    targets["ours"], False, conc, args.seconds, args.warmup, HEALTH_REQUEST
+                                )
+                            )
+                            floors.setdefault(conc, []).append(cell)
+                            print(
+                                f"round {round_ + 1} GET /health (Django) c={conc:<3} {cell.rps:8.0f} req/s",
+                                flush=True,
+                            )
             report(results, modes, concurrencies, list(targets))
+            if floors:
+                print("\n| Django floor: GET /health on ours (no upstream call) | req/s | p50 ms |")
+                print("|---|---|---|")
+                for conc, cells in floors.items():
+                    best = max(cells, key=lambda c: c.rps)
+                    print(f"| c={conc} | {best.rps:.0f} | {best.pct(best.latencies, 0.5):.2f} |")
         finally:
             for proc in procs:
                 proc.terminate()
@@ -311,7 +342,6 @@ def report(
                 )
     errors = sum(c.errors for cells in results.values() for c in cells)
     print(f"\nnon-200 or failed requests: {errors}")
-    _ = statistics  # median kept available for ad-hoc analysis
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ RawHeaders = list[tuple[bytes, bytes]]
 
 SSE_CONTENT_TYPE = "text/event-stream"
 # How long a relay runs before a task starts watching for the client's disconnect.
-WATCH_AFTER_S = 0.02
+WATCH_AFTER_S = 0.05
 _DONE = b"data: [DONE]\n\n"
 
 
