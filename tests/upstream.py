@@ -143,6 +143,8 @@ class ScriptedUpstream:
             b"",
             asyncio.Event(),
         )
+        # Which client connection carried the request (tests check connection reuse with it).
+        rec.extra["peer"] = request.transport.get_extra_info("peername") if request.transport else None
         try:
             if not raw:
                 rec.body = await request.read()

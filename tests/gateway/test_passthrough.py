@@ -513,3 +513,56 @@ def test_pooled_connection_outlives_the_stall_timeout(
         time.sleep(0.6)
     r = httpx.post(f"{live_gateway.url}/v1/chat/completions", json={"model": "m", "messages": []})
     assert r.status_code == 200
+
+
+def test_connect_timeout_is_504(live_gateway: LiveServer, gateway_config: Any) -> None:
+    # A listener whose accept queue is full drops new SYNs: the connect hangs until it times out.
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    try:
+        time.sleep(0.2)
+        gateway_config(llm_api_base=f"http://127.0.0.1:{port}", upstream__connect_timeout_s=0.3)
+        started = time.monotonic()
+        r = httpx.post(f"{live_gateway.url}/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 504
+        assert r.json() == {
+            "error": {
+                "message": "Could not connect to the upstream model server within 0.3s.",
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_timeout",
+            }
+        }
+        assert time.monotonic() - started < 3
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+def test_one_pooled_keep_alive_client(gw: LiveServer, upstream: ScriptedUpstream) -> None:
+    # Sequential requests from different clients and routes reuse one upstream connection.
+    for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/chat/completions", "/v1/completions"):
+        body: dict[str, Any] = {"model": "m", "messages": [], "input": "x", "prompt": "x"}
+        assert httpx.post(f"{gw.url}{path}", json=body).status_code == 200
+    with httpx.stream(
+        "POST", f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": [], "stream": True}
+    ) as r:
+        r.read()
+    assert httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 200
+    peers = {rec.extra["peer"] for rec in upstream.requests}
+    assert len(upstream.requests) == 6
+    assert len(peers) == 1, peers
