@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from gateway import errors
 
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 
 
 def allow_methods(*methods: str) -> Callable[[View], View]:

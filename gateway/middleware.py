@@ -43,6 +43,10 @@ WS_CLOSE_TOO_BIG = 1009
 @lru_cache(maxsize=4096)
 def route_label(path: str) -> str:
     """The URL pattern serving ``path`` (bounded label cardinality for metrics)."""
+    from gateway.fastpath import fast_routes
+
+    if path in fast_routes():
+        return path
     try:
         match = resolve(path)
     except Resolver404:
@@ -89,7 +93,7 @@ class GatewayASGIMiddleware:
                 state["started"] = True
                 state["status"] = message["status"]
                 message["headers"] = [*message.get("headers", ()), rid_header]
-            elif state["too_large"] and not state["started"]:
+            elif state["too_large"]:
                 return  # the app answers after we already refused: drop it
             await send(message)
 

@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from gateway import views
+from gateway import models_catalog, views
 
 urlpatterns = [
     path("", views.head_root),
@@ -14,6 +14,11 @@ urlpatterns = [
     path("oidc/", include("mozilla_django_oidc.urls")),  # admin single sign-on
     path("", include("responses_app.urls")),
     path("", include("conversations_app.urls")),
+    path("v1/models", models_catalog.models_list),
+    # ``path`` matches ids with a slash (``meta-llama/Llama-3.1-8B-Instruct``), encoded or not.
+    path("v1/models/<path:model>", models_catalog.model_retrieve),
+    # The pass-through routes (chat/completions, completions, embeddings, audio, messages) are
+    # served below Django by gateway.fastpath; their CORS preflights still arrive here.
     re_path(r"^v1/.*$", views.unknown_route),
 ]
 

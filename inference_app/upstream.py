@@ -13,6 +13,7 @@ response headers within the read timeout, or a stream silent for longer than the
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Protocol
@@ -21,6 +22,8 @@ import aiohttp
 
 from gateway import errors
 from gateway.config import Config, get_config
+
+log = logging.getLogger("gateway.upstream")
 
 HOP_BY_HOP = frozenset(
     {
@@ -38,8 +41,8 @@ HOP_BY_HOP = frozenset(
 )
 # Dropped from upstream responses: the gateway's own server writes these.
 _RESPONSE_SKIP = HOP_BY_HOP | {"server", "date"}
-# Dropped from client requests before forwarding.
-_REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length"}
+# Dropped from client requests before forwarding (``expect`` is answered by our own server).
+_REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length", "expect"}
 
 Body = bytes | AsyncIterable[bytes] | None
 
@@ -78,12 +81,14 @@ class UpstreamResponse:
         return b"".join(parts)
 
     async def aclose(self) -> None:
-        if self._close is not None:
-            close, self._close = self._close, None
-            close()
+        # The body iterator first: a fully read body hands its connection back to the pool there;
+        # only then is whatever is left (an unread or partly read body) closed for good.
         aclose = getattr(self._chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+        if self._close is not None:
+            close, self._close = self._close, None
+            close()
 
 
 class Upstream(Protocol):
@@ -136,6 +141,7 @@ class HttpUpstream:
         self.base = config.upstream_base
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]
         self._sessions = weakref.WeakKeyDictionary()
+        _http_upstreams.add(self)
 
     def _session(self) -> aiohttp.ClientSession:
         """One pooled keep-alive client per event loop (never one per request)."""
@@ -158,6 +164,12 @@ class HttpUpstream:
             )
             self._sessions[loop] = session
         return session
+
+    async def aclose(self) -> None:
+        """Close this loop's pooled client (on server shutdown)."""
+        session = self._sessions.pop(asyncio.get_running_loop(), None)
+        if session is not None:
+            await session.close()
 
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base}{path}" + (f"?{query}" if query else "")
@@ -183,14 +195,18 @@ class HttpUpstream:
                     allow_redirects=False,
                     compress=None,
                 )
+        except aiohttp.ConnectionTimeoutError:
+            raise errors.UpstreamTimeout(
+                f"Could not connect to the upstream model server within {cfg.connect_timeout_s:g}s."
+            ) from None
         except TimeoutError:
             raise errors.UpstreamTimeout(
                 f"The upstream model server did not answer within {cfg.read_timeout_s:g}s."
             ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError, OSError) as exc:
-            raise errors.UpstreamError(
-                f"Could not reach the upstream model server: {_describe(exc)}"
-            ) from None
+            # The detail (host, port, OS error) goes to the log, not to the client.
+            log.warning("upstream %s %s failed: %s", method, path, _describe(exc))
+            raise errors.UpstreamError("Could not reach the upstream model server.") from None
         response_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _RESPONSE_SKIP]
         return UpstreamResponse(
             resp.status, response_headers, self._chunks(resp, cfg.stall_timeout_s), resp.close
@@ -198,19 +214,25 @@ class HttpUpstream:
 
     async def _chunks(self, resp: aiohttp.ClientResponse, stall: float) -> AsyncIterator[bytes]:
         content = resp.content
+        connection = resp.connection
+        if connection is not None and connection.protocol is not None and not content.is_eof():
+            # The stall clock is aiohttp's own socket read timer (re-armed on every read), which is
+            # far cheaper than a timeout context per chunk; it starts only now, so waiting for the
+            # headers stays bounded by read_timeout_s alone. aiohttp drops the timer at the body's
+            # end, so (hence the is_eof check) it never stays armed on a pooled connection.
+            connection.protocol.read_timeout = stall
+            connection.protocol.start_timeout()
         try:
             while True:
                 try:
-                    async with asyncio.timeout(stall):
-                        chunk = await content.readany()
+                    chunk = await content.readany()
                 except TimeoutError:
                     raise errors.UpstreamTimeout(
                         f"The upstream stream stalled for more than {stall:g}s."
                     ) from None
                 except (aiohttp.ClientError, OSError) as exc:
-                    raise errors.UpstreamError(
-                        f"The upstream connection failed mid-response: {_describe(exc)}"
-                    ) from None
+                    log.warning("upstream connection failed mid-response: %s", _describe(exc))
+                    raise errors.UpstreamError("The upstream connection failed mid-response.") from None
                 if not chunk:
                     return
                 yield chunk
@@ -253,6 +275,13 @@ def _describe(exc: BaseException) -> str:
 
 
 _upstreams: dict[int, Upstream] = {}
+_http_upstreams: weakref.WeakSet[HttpUpstream] = weakref.WeakSet()
+
+
+async def close_upstreams() -> None:
+    """Close every pooled upstream client that belongs to the running event loop."""
+    for upstream in list(_http_upstreams):
+        await upstream.aclose()
 
 
 def get_upstream() -> Upstream:

@@ -38,7 +38,7 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     original = config_module.get_config()
 
     def apply(**changes: Any) -> config_module.Config:
-        new = config_module.replace(original, **changes)
+        new = config_module.replace(config_module.get_config(), **changes)  # cumulative
         config_module.set_config(new)
         return new
 
@@ -50,8 +50,9 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
 def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
     """The real ASGI application served by uvicorn on a loopback port (test database attached)."""
     from gateway.asgi import application
+    from inference_app.upstream import close_upstreams
 
-    server = LiveServer(application).start()
+    server = LiveServer(application, on_stop=close_upstreams).start()
     yield server
     server.stop()
 

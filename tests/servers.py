@@ -11,9 +11,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,32 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 class LiveServer:
     """An ASGI app served by uvicorn on 127.0.0.1:<port> in a daemon thread."""
 
-    def __init__(self, app: Any, port: int | None = None, **uvicorn_options: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        port: int | None = None,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+        **uvicorn_options: Any,
+    ) -> None:
         self.port = port or free_port()
+        self.on_stop = on_stop
         options = {"log_level": "warning", "lifespan": "off", "access_log": False}
         options.update(uvicorn_options)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.serve())
+            if self.on_stop is not None:
+                # e.g. close pooled upstream clients, which belong to this loop
+                self.loop.run_until_complete(self.on_stop())
+        finally:
+            self.loop.close()
 
     @property
     def url(self) -> str:
@@ -68,13 +87,24 @@ class LiveServer:
 class GatewayProcess:
     """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does)."""
 
-    def __init__(self, env: Mapping[str, str], port: int | None = None) -> None:
+    def __init__(self, env: Mapping[str, str], port: int | None = None, *, migrate: bool = True) -> None:
         self.port = port or free_port()
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-        full_env.pop("LLM_API_BASE", None)
+        for inherited in ("LLM_API_BASE", "DATABASE_URL", "REDIS_URL"):
+            full_env.pop(inherited, None)  # a process gets only what the test gives it
         full_env.update(env)
         full_env["PORT"] = str(self.port)
         full_env.setdefault("HOST", "127.0.0.1")
+        # Its own embedded database unless the test names one, migrated like `make run` does.
+        full_env.setdefault("GATEWAY_SERVER_DATA_DIR", tempfile.mkdtemp(prefix="gateway-proc-"))
+        if migrate:
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
+                cwd=ROOT,
+                env=full_env,
+                check=True,
+                timeout=120,
+            )
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "serve"],
             cwd=ROOT,

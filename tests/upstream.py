@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,15 +75,37 @@ class ScriptedUpstream:
         return f"http://127.0.0.1:{self.port}"
 
     def script(self, path: str, handler: Handler) -> None:
-        """Answer the next request on ``path`` with ``handler`` (FIFO per path)."""
+        """Answer the next request on ``path`` with ``handler`` (FIFO per path).
+
+        A handler marked with :func:`raw_body` gets the request before its body is read (it reads
+        the body itself, e.g. to watch an upload arrive in pieces); ``Recorded.body`` stays empty.
+        """
         self.scripts[path].append(handler)
+
+    def wait_disconnected(self, rec: Recorded, timeout: float = 5.0) -> bool:
+        """Wait (from the test thread) until the upstream saw the client of ``rec`` go away."""
+        assert rec.disconnected is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if rec.disconnected.is_set():
+                return True
+            time.sleep(0.01)
+        return rec.disconnected.is_set()
+
+    def wait_requests(self, count: int, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.requests) >= count, f"upstream got {len(self.requests)} requests, wanted {count}"
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, access_log=None)
+        # handler_cancellation: a handler sees CancelledError the moment the client goes away,
+        # so tests can watch a disconnect reach the upstream (``Recorded.disconnected``).
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         self.loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self.loop.run_until_complete(site.start())
@@ -109,36 +132,66 @@ class ScriptedUpstream:
         self._thread.join(10)
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+        queue = self.scripts.get(request.path)
+        handler = queue.popleft() if queue else None
+        raw = getattr(handler, "raw_body", False)
         rec = Recorded(
             request.method,
             request.path,
             request.query_string,
             {k.lower(): v for k, v in request.headers.items()},
-            body,
+            b"",
             asyncio.Event(),
         )
-        self.requests.append(rec)
-        queue = self.scripts.get(request.path)
-        if queue:
-            return await queue.popleft()(request, rec)
-        return await self.default(request, rec)
+        # Which client connection carried the request (tests check connection reuse with it).
+        rec.extra["peer"] = request.transport.get_extra_info("peername") if request.transport else None
+        try:
+            if not raw:
+                rec.body = await request.read()
+            self.requests.append(rec)
+            if handler is not None:
+                return await handler(request, rec)
+            return await self.default(request, rec)
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client (the gateway) closed the connection while we were answering.
+            assert rec.disconnected is not None
+            rec.disconnected.set()
+            if rec not in self.requests:
+                self.requests.append(rec)
+            raise
 
     async def default(self, request: web.Request, rec: Recorded) -> web.StreamResponse:
+        """vLLM's behaviour for a tiny model when no script is queued."""
         if request.path == "/health":
             return web.Response(status=200)
         if request.path == "/v1/models":
             return web.json_response(models_body(self.models))
+        if request.path == "/v1/chat/completions":
+            body = rec.json()
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return await sse(chat_chunks(["Hello", "!"], include_usage=include_usage))(request, rec)
+            return await json_answer(chat_completion("Hello!"))(request, rec)
+        if request.path == "/v1/completions":
+            body = rec.json()
+            if body.get("stream"):
+                return await sse(completion_chunks([" world", "!"]))(request, rec)
+            return await json_answer(completion(" world!"))(request, rec)
+        if request.path == "/v1/embeddings":
+            body = rec.json()
+            count = len(body["input"]) if isinstance(body.get("input"), list) else 1
+            return await json_answer(embeddings(count))(request, rec)
+        if request.path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+            return await transcription_answer()(request, rec)
+        if request.path == "/v1/messages":
+            body = rec.json()
+            if body.get("stream"):
+                return await sse(anthropic_events(["Hello", "!"]))(request, rec)
+            return await json_answer(anthropic_message("Hello!"))(request, rec)
+        if request.path == "/v1/messages/count_tokens":
+            return await json_answer({"input_tokens": 13})(request, rec)
         return web.json_response(
-            {
-                "error": {
-                    "message": f"no script for {request.path}",
-                    "type": "NotFoundError",
-                    "param": None,
-                    "code": 404,
-                }
-            },
-            status=404,
+            vllm_error(f"no script for {request.path}", "NotFoundError", 404), status=404
         )
 
     def last(self, path: str | None = None) -> Recorded:
@@ -146,3 +199,462 @@ class ScriptedUpstream:
             if path is None or rec.path == path:
                 return rec
         raise AssertionError(f"the upstream received no request on {path}")
+
+
+# --- vLLM wire formats -----------------------------------------------------------------------
+# Bodies are serialized the way vLLM's pydantic models are: compact JSON, fields in declaration
+# order, ``exclude_unset`` on stream chunks (see spec/vllm-openai-server.txt).
+
+CREATED = 1761140000
+FINGERPRINT = "vllm-0.11.0-3f9c1a2b"
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def vllm_error(
+    message: str, type_: str = "BadRequestError", code: int = 400, param: str | None = None
+) -> dict[str, Any]:
+    """vLLM's ``ErrorResponse``: ``{"error": {message, type, param, code}}`` (code is the status)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def chat_completion(
+    content: str | None = "Hello!",
+    *,
+    model: str = MODEL,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str = "stop",
+    prompt_tokens: int = 13,
+    completion_tokens: int = 3,
+    id_: str = "chatcmpl-3f9c0000000000000000000000000000",
+) -> dict[str, Any]:
+    """A non-streamed vLLM chat completion."""
+    return {
+        "id": id_,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": tool_calls or [],
+                    "reasoning": None,
+                },
+                "logprobs": None,
+                "finish_reason": "tool_calls" if tool_calls else finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": FINGERPRINT,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }
+
+
+def sse_data(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def chat_chunks(
+    pieces: Iterable[str],
+    *,
+    model: str = MODEL,
+    include_usage: bool = False,
+    tool_calls: list[dict[str, Any]] | None = None,
+    prompt_tokens: int = 13,
+    id_: str = "chatcmpl-3f9c0000000000000000000000000000",
+) -> list[bytes]:
+    """vLLM's chat stream: role chunk, content deltas, finish chunk, usage chunk, ``[DONE]``."""
+    head = {"id": id_, "object": "chat.completion.chunk", "created": CREATED, "model": model}
+    events = [
+        sse_data(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "prompt_token_ids": None,
+                "prompt_text": None,
+            }
+        )
+    ]
+    pieces = list(pieces)
+    for piece in pieces:
+        events.append(
+            sse_data(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": piece},
+                            "logprobs": None,
+                            "finish_reason": None,
+                            "token_ids": None,
+                        }
+                    ],
+                }
+            )
+        )
+    for index, call in enumerate(tool_calls or []):
+        events.append(
+            sse_data(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"tool_calls": [{"index": index, **call}]},
+                            "logprobs": None,
+                            "finish_reason": None,
+                            "token_ids": None,
+                        }
+                    ],
+                }
+            )
+        )
+    finish: dict[str, Any] = {
+        **head,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": ""},
+                "logprobs": None,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "stop_reason": None,
+                "token_ids": None,
+                "weight_versions": None,
+            }
+        ],
+    }
+    if not include_usage:
+        finish["system_fingerprint"] = FINGERPRINT
+    events.append(sse_data(finish))
+    if include_usage:
+        completion_tokens = len(pieces) + 1
+        events.append(
+            sse_data(
+                {
+                    **head,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                        "completion_tokens": completion_tokens,
+                    },
+                    "system_fingerprint": FINGERPRINT,
+                }
+            )
+        )
+    events.append(DONE)
+    return events
+
+
+def completion(text: str = " world!", *, model: str = MODEL) -> dict[str, Any]:
+    return {
+        "id": "cmpl-3f9c0000000000000000000000000000",
+        "object": "text_completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": 2,
+            "total_tokens": 5,
+            "completion_tokens": 3,
+            "prompt_tokens_details": None,
+        },
+        "kv_transfer_params": None,
+    }
+
+
+def completion_chunks(pieces: Iterable[str], *, model: str = MODEL) -> list[bytes]:
+    head = {
+        "id": "cmpl-3f9c0000000000000000000000000000",
+        "object": "text_completion",
+        "created": CREATED,
+        "model": model,
+    }
+    events = [
+        sse_data(
+            {
+                **head,
+                "choices": [
+                    {"index": 0, "text": piece, "logprobs": None, "finish_reason": None, "stop_reason": None}
+                ],
+            }
+        )
+        for piece in pieces
+    ]
+    events.append(
+        sse_data(
+            {
+                **head,
+                "choices": [
+                    {"index": 0, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None}
+                ],
+            }
+        )
+    )
+    events.append(DONE)
+    return events
+
+
+def embeddings(count: int = 1, dim: int = 4, *, model: str = MODEL) -> dict[str, Any]:
+    return {
+        "id": "embd-3f9c0000000000000000000000000000",
+        "object": "list",
+        "created": CREATED,
+        "model": model,
+        "data": [
+            {
+                "index": i,
+                "object": "embedding",
+                "embedding": [round(0.125 * (i + 1) * (j + 1), 6) for j in range(dim)],
+            }
+            for i in range(count)
+        ],
+        "usage": {
+            "prompt_tokens": 3 * count,
+            "total_tokens": 3 * count,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+        },
+    }
+
+
+def transcription_chunks(pieces: Iterable[str], *, model: str = MODEL) -> list[bytes]:
+    """vLLM's streamed transcription (``stream=true`` in the form)."""
+    head = {
+        "id": "trsc-3f9c0000000000000000000000000000",
+        "object": "transcription.chunk",
+        "created": CREATED,
+        "model": model,
+    }
+    events = [sse_data({**head, "choices": [{"delta": {"content": piece}}]}) for piece in pieces]
+    events.append(
+        sse_data(
+            {**head, "choices": [{"delta": {"content": ""}, "finish_reason": "stop", "stop_reason": None}]}
+        )
+    )
+    events.append(DONE)
+    return events
+
+
+def anthropic_message(text: str = "Hello!", *, model: str = MODEL) -> dict[str, Any]:
+    """vLLM's ``/v1/messages`` answer (Anthropic Messages shape)."""
+    return {
+        "id": "msg_3f9c0000000000000000000000",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "model": model,
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 13, "output_tokens": 3},
+    }
+
+
+def anthropic_event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+
+def anthropic_events(pieces: Iterable[str], *, model: str = MODEL) -> list[bytes]:
+    """vLLM's streamed ``/v1/messages``: message_start … content deltas … message_stop."""
+    start = anthropic_message("", model=model)
+    start["content"] = []
+    start["stop_reason"] = None
+    start["usage"] = {"input_tokens": 13, "output_tokens": 0}
+    events = [
+        anthropic_event("message_start", {"type": "message_start", "message": start}),
+        anthropic_event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+    ]
+    pieces = list(pieces)
+    for piece in pieces:
+        events.append(
+            anthropic_event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}},
+            )
+        )
+    events.append(anthropic_event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    events.append(
+        anthropic_event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": len(pieces)},
+            },
+        )
+    )
+    events.append(anthropic_event("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def anthropic_error(message: str, type_: str = "invalid_request_error") -> dict[str, Any]:
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+# --- handler factories -------------------------------------------------------------------------
+
+
+class Gate:
+    """A switch a test thread opens to let a scripted handler continue."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def open(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._event.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError("gate never opened")
+            await asyncio.sleep(0.005)
+
+
+def raw_body(handler: Handler) -> Handler:
+    """Mark ``handler`` to get the request before its body is read."""
+    handler.raw_body = True  # type: ignore[attr-defined]
+    return handler
+
+
+def json_answer(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Handler:
+    """Answer with ``body`` (a dict is serialized compactly, bytes are sent as they are)."""
+    payload = body if isinstance(body, bytes) else dumps(body)
+
+    async def handler(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        response = web.Response(body=payload, status=status, content_type="application/json")
+        for key, value in (headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    return handler
+
+
+def sse(
+    events: Iterable[bytes],
+    *,
+    delay: float = 0.0,
+    gate: Gate | None = None,
+    gate_after: int = 1,
+    stall_after: int | None = None,
+    headers: dict[str, str] | None = None,
+    record_finish: bool = True,
+) -> Handler:
+    """Stream ``events`` as vLLM does (``text/event-stream``, chunked), one write per event.
+
+    ``delay`` waits before each event after the first; ``gate`` holds the stream after
+    ``gate_after`` events until the test opens it; ``stall_after`` goes silent for good after that
+    many events. ``rec.extra["finished_at"]`` records when the last event was written.
+    """
+    events = list(events)
+
+    async def handler(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.content_type = "text/event-stream"
+        response.headers["Cache-Control"] = "no-cache"
+        for key, value in (headers or {}).items():
+            response.headers[key] = value
+        await response.prepare(request)
+        for index, event in enumerate(events):
+            if stall_after is not None and index == stall_after:
+                await asyncio.sleep(3600)
+            if gate is not None and index == gate_after:
+                await gate.wait()
+            if delay and index:
+                await asyncio.sleep(delay)
+            await response.write(event)
+        if record_finish:
+            rec.extra["finished_at"] = time.monotonic()
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+def hang() -> Handler:
+    """Never answer (not even headers) until the client goes away."""
+
+    async def handler(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    return handler
+
+
+def transcription_answer() -> Handler:
+    """vLLM's transcription answer for the form's ``response_format`` / ``stream`` fields."""
+
+    async def handler(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        form = await _parse_form(request, rec.body)
+        rec.extra["form"] = form
+        if form.get("stream") == "true":
+            return await sse(transcription_chunks(["Hello", " world"]))(request, rec)
+        fmt = form.get("response_format", "json")
+        if fmt == "text":
+            return web.Response(text="Hello world\n", content_type="text/plain")
+        return web.json_response({"text": "Hello world", "usage": {"type": "duration", "seconds": 1}})
+
+    return handler
+
+
+async def _parse_form(request: web.Request, body: bytes) -> dict[str, Any]:
+    """The multipart form of a recorded body: text fields as str, files as (filename, bytes)."""
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + request.headers["Content-Type"].encode() + b"\r\n\r\n" + body
+    )
+    form: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        filename = part.get_filename()
+        payload = part.get_payload(decode=True)
+        form[name] = (filename, payload) if filename else payload.decode()
+    return form

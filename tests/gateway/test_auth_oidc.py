@@ -359,8 +359,12 @@ def test_anthropic_sdk_sees_authentication_error(live_gateway: Any, idp: Identit
     }
 
 
-def test_openai_sdk_sees_authentication_error(live_gateway: Any, idp: IdentityProvider, oidc: Any) -> None:
+def test_openai_sdk_sees_authentication_error(
+    live_gateway: Any, idp: IdentityProvider, oidc: Any, upstream: Any, gateway_config: Any
+) -> None:
     import openai
+
+    gateway_config(llm_api_base=upstream.url)
 
     client = openai.OpenAI(base_url=f"{live_gateway.url}/v1", api_key="not-a-token", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
@@ -368,10 +372,11 @@ def test_openai_sdk_sees_authentication_error(live_gateway: Any, idp: IdentityPr
     assert info.value.status_code == 401
     assert info.value.code == "invalid_token"
     assert info.value.type == "authentication_error"
-    # A valid token gets past authentication (this branch has no /v1/models route: 404).
-    client = openai.OpenAI(base_url=f"{live_gateway.url}/v1", api_key=idp.mint(), max_retries=0)
-    with pytest.raises(openai.NotFoundError):
-        client.models.list()
+    # A valid token gets past authentication, and the identity token never reaches the upstream.
+    token = idp.mint()
+    client = openai.OpenAI(base_url=f"{live_gateway.url}/v1", api_key=token, max_retries=0)
+    assert [m.id for m in client.models.list()] == ["test-model"]
+    assert token not in upstream.last("/v1/models").headers.get("authorization", "")
 
 
 def test_health_ready_and_metrics_stay_public(live_gateway: Any, oidc: Any, gateway_config: Any) -> None:

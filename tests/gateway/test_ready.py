@@ -60,7 +60,8 @@ def test_ready_503_when_database_down(upstream, tmp_path) -> None:  # type: igno
             "DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/nowhere",
             "LLM_API_BASE": upstream.url,
             "GATEWAY_SERVER_DATA_DIR": str(tmp_path),
-        }
+        },
+        migrate=False,
     ).wait()
     try:
         assert httpx.get(f"{gw.url}/health").status_code == 200

@@ -1,0 +1,105 @@
+"""The ASGI fast path for the pure pass-through routes.
+
+Chat Completions, Completions, Embeddings, Audio and Anthropic Messages are relayed byte for byte;
+going through Django's request/response machinery for them costs more CPU than the relay itself
+(measured in ``docs/performance.md``). This app sits directly under ``GatewayASGIMiddleware`` (so
+the request id, body ceiling, metrics and access log still apply) and serves those paths itself;
+every other request, and every CORS preflight, goes on to Django.
+
+Each route has exactly one implementation (:func:`gateway.passthrough.relay`); this module only
+dispatches, authenticates through the framework-agnostic ``gateway.auth.authenticate`` and adds
+the CORS headers django-cors-headers would add, computed by that library itself.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from gateway import errors
+from gateway.passthrough import ROUTES as PASSTHROUGH_ROUTES
+from gateway.passthrough import RawHeaders, Receive, Route, Scope, Send, relay, send_error
+
+ASGIApp = Any
+
+
+def fast_routes() -> dict[str, Route]:
+    from gateway.messages import ROUTES as MESSAGES_ROUTES
+
+    return {**PASSTHROUGH_ROUTES, **MESSAGES_ROUTES}
+
+
+@lru_cache(maxsize=8)
+def _compiled(pattern: Any) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def cors_headers(scope: Scope, origin: bytes | None) -> RawHeaders:
+    """The headers ``corsheaders.middleware.CorsMiddleware`` adds to a non-preflight response."""
+    from corsheaders.conf import conf
+
+    path = scope["path"]
+    if not _compiled(conf.CORS_URLS_REGEX).match(path):
+        return []
+    if origin is None:
+        return [(b"vary", b"origin")]
+    # A browser request: let the library decide exactly as it does for Django views.
+    from corsheaders.middleware import CorsMiddleware
+    from django.http import HttpRequest, HttpResponse
+
+    request = HttpRequest()
+    request.method = scope["method"]
+    request.path = request.path_info = path
+    request.META = {
+        "HTTP_" + key.decode("latin-1").upper().replace("-", "_"): value.decode("latin-1")
+        for key, value in scope["headers"]
+    }
+    response = HttpResponse()
+    del response["Content-Type"]
+    CorsMiddleware(lambda r: response).add_response_headers(request, response)
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
+
+
+class FastPathApp:
+    """Serve the pass-through routes directly; hand everything else to ``app`` (Django)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.routes = fast_routes()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None or scope["method"] == "OPTIONS":
+            # Everything else, and CORS preflights (answered by django-cors-headers), go to Django.
+            await self.app(scope, receive, send)
+            return
+        await self.serve(route, scope, receive, send)
+
+    async def serve(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        from gateway.auth import authenticate
+
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
+        if scope["method"] not in route.methods:
+            exc = errors.MethodNotAllowed(
+                f"Method {scope['method']} is not allowed on {scope['path']}.",
+                headers={"Allow": ", ".join(sorted(route.methods))},
+            )
+            await send_error(send, scope, exc, extra)
+            return
+        try:
+            auth = await authenticate(scope["path"], headers)
+        except (errors.AuthenticationFailed, errors.ServiceUnavailable) as exc:
+            await send_error(send, scope, exc, extra)
+            return
+        scope["principal"] = auth.principal
+        await relay(
+            route,
+            scope,
+            receive,
+            send,
+            credential_consumed=auth.credential_consumed,
+            extra_headers=extra,
+        )

@@ -1,0 +1,254 @@
+"""The pass-through routes: Chat Completions, Completions, Embeddings and Audio.
+
+These bodies belong to the upstream's contract, not ours: the request is forwarded to
+``{LLM_API_BASE}`` byte for byte and the answer is relayed as it arrives — status, headers (minus
+hop-by-hop) and every body chunk, with no JSON parsing and no per-chunk work. Audio uploads are
+streamed to the upstream while the client is still sending them, so a file is never held in memory.
+
+The routes are served at the ASGI layer by :mod:`gateway.fastpath` (below Django, above nothing but
+``GatewayASGIMiddleware``), because Django's request handling costs more than the relay itself; see
+``docs/performance.md``. :func:`relay` is the one implementation every pass-through route uses; the
+Anthropic routes (:mod:`gateway.messages`) use it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import errors
+from gateway.config import get_config
+from inference_app.upstream import UpstreamResponse, forward_headers, get_upstream
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+RawHeaders = list[tuple[bytes, bytes]]
+
+SSE_CONTENT_TYPE = "text/event-stream"
+# How long a relay runs before a task starts watching for the client's disconnect.
+WATCH_AFTER_S = 0.05
+_DONE = b"data: [DONE]\n\n"
+
+
+def openai_stream_error(exc: errors.GatewayError) -> bytes:
+    """A failed OpenAI-style stream ends as vLLM ends one: an error chunk, then ``[DONE]``."""
+    return errors.openai_sse_error(exc) + _DONE
+
+
+@dataclass(frozen=True)
+class Route:
+    """One pass-through route: where it goes upstream and how a broken stream ends."""
+
+    upstream_path: str
+    # Audio uploads are streamed to the upstream instead of read first.
+    stream_request_body: bool = False
+    # The event that ends an event stream the upstream broke off (stall or connection loss).
+    stream_error: Callable[[errors.GatewayError], bytes] = openai_stream_error
+    methods: frozenset[str] = field(default_factory=lambda: frozenset({"POST"}))
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/chat/completions": Route("/v1/chat/completions"),
+    "/v1/completions": Route("/v1/completions"),
+    "/v1/embeddings": Route("/v1/embeddings"),
+    "/v1/audio/transcriptions": Route("/v1/audio/transcriptions", stream_request_body=True),
+    "/v1/audio/translations": Route("/v1/audio/translations", stream_request_body=True),
+}
+
+
+class ClientDisconnected(Exception):
+    """The client went away (or the body ceiling refused its upload) before the body was read."""
+
+
+class _Exchange:
+    """Per-request state shared by the relay and its disconnect watcher."""
+
+    __slots__ = ("body_done", "client_gone", "finished")
+
+    def __init__(self) -> None:
+        self.client_gone = False
+        self.finished = False
+        self.body_done: asyncio.Event | None = None
+
+
+async def read_body(receive: Receive, exchange: _Exchange) -> bytes:
+    """The whole (small, JSON) request body; the ASGI middleware already enforces the ceiling."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        exchange.client_gone = True
+        raise ClientDisconnected
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    parts = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            exchange.client_gone = True
+            raise ClientDisconnected
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _stream_body(receive: Receive, exchange: _Exchange) -> AsyncIterator[bytes]:
+    """The request body, chunk by chunk as the client sends it (fed straight to the upstream)."""
+    assert exchange.body_done is not None
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # The client left, or the body ceiling cut the upload off (it already answered 413).
+            exchange.client_gone = True
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            exchange.body_done.set()
+            return
+
+
+async def _watch_disconnect(receive: Receive, exchange: _Exchange, relay_task: asyncio.Task[Any]) -> None:
+    """Cancel the relay (and so the upstream request) the moment the client disconnects."""
+    if exchange.body_done is not None:
+        await exchange.body_done.wait()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not exchange.finished:
+                exchange.client_gone = True
+                relay_task.cancel()
+            return
+
+
+def _encode_headers(headers: list[tuple[str, str]]) -> RawHeaders:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+async def send_error(
+    send: Send,
+    scope: Scope,
+    exc: errors.GatewayError,
+    extra_headers: RawHeaders = (),  # type: ignore[assignment]
+) -> None:
+    """Answer with ``exc`` in the envelope of the route (OpenAI, or Anthropic on ``/v1/messages``)."""
+    if not extra_headers:
+        await errors.asgi_send(send, exc, scope)
+        return
+
+    async def with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message["headers"], *extra_headers]
+        await send(message)
+
+    await errors.asgi_send(with_headers, exc, scope)
+
+
+async def relay(
+    route: Route,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    credential_consumed: bool,
+    extra_headers: RawHeaders,
+) -> None:
+    """Forward one request to the upstream and relay its answer as it arrives.
+
+    ``extra_headers`` (CORS) are added to the response. A client disconnect at any point cancels the
+    upstream request at once; upstream failures answer 502/504 in the route's envelope, or — once
+    an event stream has started — end it with the route's error event.
+    """
+    config = get_config()
+    exchange = _Exchange()
+    incoming = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+    headers = forward_headers(incoming, config, caller_credential_consumed=credential_consumed)
+    body: bytes | AsyncIterator[bytes]
+    if route.stream_request_body:
+        exchange.body_done = asyncio.Event()
+        body = _stream_body(receive, exchange)
+        declared = _declared_length(scope)
+        if declared is not None:
+            headers["content-length"] = declared  # same framing upstream as the client used
+    else:
+        try:
+            body = await read_body(receive, exchange)
+        except ClientDisconnected:
+            return
+    task = asyncio.current_task()
+    assert task is not None
+    # Most relays finish in well under WATCH_AFTER_S; the disconnect watcher (a task) is only
+    # started for the ones still running then, which keeps it off the hot path.
+    watcher: list[asyncio.Task[None]] = []
+
+    def start_watcher() -> None:
+        watcher.append(asyncio.ensure_future(_watch_disconnect(receive, exchange, task)))
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
+    response: UpstreamResponse | None = None
+    try:
+        query = scope.get("query_string", b"").decode("latin-1")
+        try:
+            response = await get_upstream().send(
+                scope["method"], route.upstream_path, body=body, headers=headers, query=query
+            )
+        except errors.GatewayError as exc:
+            if not exchange.client_gone:
+                await send_error(send, scope, exc, extra_headers)
+            return
+        await _relay_response(response, send, exchange, route, extra_headers)
+    except asyncio.CancelledError:
+        if exchange.client_gone and task.uncancel() == 0:
+            return  # the client left: the upstream request is closed below, nothing to answer
+        raise
+    finally:
+        timer.cancel()
+        for watch in watcher:
+            watch.cancel()
+        if response is not None:
+            await response.aclose()
+
+
+async def _relay_response(
+    response: UpstreamResponse,
+    send: Send,
+    exchange: _Exchange,
+    route: Route,
+    extra_headers: RawHeaders,
+) -> None:
+    raw_headers = _encode_headers(response.headers)
+    if extra_headers:
+        raw_headers.extend(extra_headers)
+    await send({"type": "http.response.start", "status": response.status, "headers": raw_headers})
+    length = response.header("content-length")
+    remaining = int(length) if length and length.isdigit() else -1
+    try:
+        async for chunk in response:
+            if remaining >= 0:
+                remaining -= len(chunk)
+                if remaining <= 0:
+                    # A sized body's last chunk ends the response in the same message.
+                    exchange.finished = True
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except errors.GatewayError as exc:
+        if response.content_type != SSE_CONTENT_TYPE:
+            raise  # a sized or plain body cannot carry an error: the connection is dropped
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": route.stream_error(exc), "more_body": False})
+        return
+    exchange.finished = True
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _declared_length(scope: Scope) -> str | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            text = value.decode("latin-1").strip()
+            return text if text.isdigit() else None
+    return None
