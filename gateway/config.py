@@ -54,6 +54,7 @@ class ServerConfig:
     debug: bool = False
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+    access_log: bool = True
     metrics_public: bool = True
     data_dir: str = "var"
     sse_keepalive_s: float = 15.0

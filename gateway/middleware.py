@@ -125,14 +125,15 @@ class GatewayASGIMiddleware:
             status = state["status"] or 499  # no response: the client went away first
             HTTP_REQUESTS.labels(route, method, str(status)).inc()
             HTTP_LATENCY.labels(route, method).observe(elapsed)
-            access_log.info(
-                "%s %s %s %.1fms",
-                method,
-                scope.get("path", ""),
-                status,
-                elapsed * 1000,
-                extra={"method": method, "route": route, "status": status, "ms": elapsed * 1000},
-            )
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(
+                    "%s %s %s %.1fms",
+                    method,
+                    scope.get("path", ""),
+                    status,
+                    elapsed * 1000,
+                    extra={"method": method, "route": route, "status": status, "ms": elapsed * 1000},
+                )
             request_id_var.reset(token)
 
     async def _refuse_too_large(self, scope: Scope, send: Send, state: dict[str, Any], limit: int) -> None:

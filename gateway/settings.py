@@ -102,7 +102,13 @@ def _databases() -> dict[str, Any]:
             "default": {
                 "ENGINE": "django.db.backends.sqlite3",
                 "NAME": str(DATA_DIR / "gateway.sqlite3"),
-                "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+                "OPTIONS": {
+                    "timeout": 20,
+                    "transaction_mode": "IMMEDIATE",
+                    # WAL: readers never wait for the writer, and a commit is one append
+                    # (synchronous=NORMAL stays crash-safe in WAL mode).
+                    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                },
             }
         }
     db = dj_database_url.parse(url)
@@ -217,6 +223,7 @@ LOGGING = {
     "loggers": {
         "django.request": {"level": "ERROR"},
         "daphne": {"level": "WARNING"},
+        "gateway.access": {"level": "INFO" if CONFIG.server.access_log else "WARNING"},
     },
 }
 
