@@ -46,6 +46,9 @@ MAX_STREAM_ID = 256
 # Close code when a client stops reading: "policy violation" with a reason naming the cause.
 CLOSE_SLOW_CLIENT = 1008
 SLOW_CLIENT_REASON = "send deadline exceeded: the client is not reading events"
+# How long the close frame itself may wait for the client's buffer to drain before the
+# connection is dropped outright.
+CLOSE_GRACE_S = 10.0
 # Identity and tracing headers that travel upstream with the executor's own body (as over HTTP).
 _UPSTREAM_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "x-request-id")
 
@@ -461,7 +464,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 lane.task.cancel()
         try:
             await asyncio.wait_for(
-                self.close(code=CLOSE_SLOW_CLIENT, reason=SLOW_CLIENT_REASON), self.limits.send_timeout_s
+                self.close(code=CLOSE_SLOW_CLIENT, reason=SLOW_CLIENT_REASON), CLOSE_GRACE_S
             )
         except (TimeoutError, Exception):
             # Not even the close frame can be written: end the connection outright.
