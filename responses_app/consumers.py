@@ -381,7 +381,12 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return False, None
         if prepared.store:
             await _db(services.response_store_final)(
-                prepared=prepared, status="completed", snapshot=completed, output_items=[], usage=None, error=None
+                prepared=prepared,
+                status="completed",
+                snapshot=completed,
+                output_items=[],
+                usage=None,
+                error=None,
             )
         await self._send(created_event.json)
         await self._send(completed_event.json)
@@ -398,7 +403,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if (
             len(items) > limits.max_checkpoint_items
             or size > limits.max_checkpoint_bytes
-            or self.checkpoint_bytes - freed + self.reserved_bytes + size > limits.max_connection_checkpoint_bytes
+            or self.checkpoint_bytes - freed + self.reserved_bytes + size
+            > limits.max_connection_checkpoint_bytes
         ):
             log.warning("response %s is not retained: its checkpoint is over budget", response_id)
             return

@@ -34,11 +34,13 @@ def _upstream_tools(gw: Gateway, body: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_namespace_members_are_flattened_and_restored(gw: Gateway) -> None:
     gw.script(call("crm__lookup", '{"id": 7}', call_id="call_ns"))
-    events = gw.stream({"model": "test-model", "input": "find 7", "tools": [NAMESPACE, {"type": "web_search"}]})
+    events = gw.stream(
+        {"model": "test-model", "input": "find 7", "tools": [NAMESPACE, {"type": "web_search"}]}
+    )
     body = gw.upstream_bodies()[0]
     # Flattened, and web_search withheld: no search provider is configured.
     assert _upstream_tools(gw, body) == [("function", "crm__lookup")]
-    done = [e for e in events if e["type"] == "response.output_item.done"][0]
+    done = next(e for e in events if e["type"] == "response.output_item.done")
     assert done["item"]["type"] == "function_call"
     assert done["item"]["name"] == "lookup" and done["item"]["namespace"] == "crm"
     assert done["item"]["arguments"] == '{"id": 7}'
@@ -64,9 +66,9 @@ def test_custom_tool_is_one_string_argument_upstream(gw: Gateway) -> None:
     assert "response.function_call_arguments.delta" not in kinds
     delta = [e for e in events if e["type"] == "response.custom_tool_call_input.delta"]
     assert "".join(e["delta"] for e in delta) == "*** Begin Patch ***"
-    done = [e for e in events if e["type"] == "response.custom_tool_call_input.done"][0]
+    done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
     assert done["input"] == "*** Begin Patch ***"
-    item = [e for e in events if e["type"] == "response.output_item.done"][0]["item"]
+    item = next(e for e in events if e["type"] == "response.output_item.done")["item"]
     assert item["type"] == "custom_tool_call" and item["input"] == "*** Begin Patch ***"
     assert item["call_id"] == "call_c"
     for event in events:
@@ -85,9 +87,9 @@ def test_custom_tool_is_one_string_argument_upstream(gw: Gateway) -> None:
         assert replay[0]["arguments"] == '{"input":"*** Begin Patch ***"}'
         assert replay[1] == {**replay[1], "type": "function_call_output", "call_id": "call_c", "output": "ok"}
     else:
-        assistant = [m for m in second["messages"] if m["role"] == "assistant"][0]
+        assistant = next(m for m in second["messages"] if m["role"] == "assistant")
         assert assistant["tool_calls"][0]["function"]["arguments"] == '{"input":"*** Begin Patch ***"}'
-        assert [m for m in second["messages"] if m["role"] == "tool"][0]["content"] == "ok"
+        assert next(m for m in second["messages"] if m["role"] == "tool")["content"] == "ok"
 
 
 def test_long_names_are_shortened_stably_and_restored(gw: Gateway) -> None:
@@ -101,7 +103,7 @@ def test_long_names_are_shortened_stably_and_restored(gw: Gateway) -> None:
     gw.script(call(flat, "{}", call_id="call_long"))
     events = gw.stream({"model": "test-model", "input": "go", "tools": [long_ns]})
     assert _upstream_tools(gw, gw.upstream_bodies()[0]) == [("function", flat)]
-    item = [e for e in events if e["type"] == "response.output_item.done"][0]["item"]
+    item = next(e for e in events if e["type"] == "response.output_item.done")["item"]
     assert item["name"] == "b" * 40 and item["namespace"] == "mcp__" + "a" * 40
 
 

@@ -346,7 +346,7 @@ def test_outstanding_request_limit_answers_429_and_keeps_state(
             await c.send(create(stream_id="c", store=False, input="3"))
             events = await c.until_terminal(3)
             # Capacity is back: a new request is admitted, and the lane's checkpoint survived.
-            latest = [e for e in lane(events, "a") if e["type"] == "response.completed"][0]["response"]["id"]
+            latest = next(e for e in lane(events, "a") if e["type"] == "response.completed")["response"]["id"]
             await c.send(create(stream_id="a", store=False, previous_response_id=latest, generate=False))
             return events, await c.until_terminal()
 
@@ -392,7 +392,9 @@ def test_outstanding_bytes_limit_answers_429(
     assert lane(events, "a")[-1]["type"] == "response.completed"
 
 
-def test_lane_limit_counts_the_default_lane(gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]) -> None:
+def test_lane_limit_counts_the_default_lane(
+    gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]
+) -> None:
     gateway_config(llm_api_base=upstream.url, websocket__max_lanes=2)
 
     async def scenario() -> list[dict[str, Any]]:
@@ -451,7 +453,11 @@ def test_checkpoint_item_limit_answers_413_before_writing_state(
 def test_checkpoint_byte_limits_answer_413(
     gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]
 ) -> None:
-    gateway_config(llm_api_base=upstream.url, websocket__max_checkpoint_bytes=4000, websocket__max_connection_checkpoint_bytes=6000)
+    gateway_config(
+        llm_api_base=upstream.url,
+        websocket__max_checkpoint_bytes=4000,
+        websocket__max_connection_checkpoint_bytes=6000,
+    )
 
     async def scenario() -> list[dict[str, Any]]:
         out = []
@@ -465,7 +471,7 @@ def test_checkpoint_byte_limits_answer_413(
             out.append(await c.recv())  # 2.7 kB cached + ~3.7 kB prepared > 6000
         return out
 
-    too_big, created, completed, over_budget = run(scenario())
+    too_big, _created, completed, over_budget = run(scenario())
     assert too_big["status"] == 413 and too_big["error"]["code"] == "checkpoint_too_large"
     assert "at most 4000 bytes are retained per checkpoint" in too_big["error"]["message"]
     assert completed["type"] == "response.completed"
@@ -474,7 +480,9 @@ def test_checkpoint_byte_limits_answer_413(
     assert "checkpoint budget of 6000 bytes" in over_budget["error"]["message"]
 
 
-def test_max_stream_event_bytes_counts_the_stream_id(gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]) -> None:
+def test_max_stream_event_bytes_counts_the_stream_id(
+    gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]
+) -> None:
     async def prewarm(stream_id: str) -> list[dict[str, Any]]:
         async with await connect(gw.url) as ws:
             c = Client(ws)
