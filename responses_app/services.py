@@ -107,6 +107,10 @@ def response_prepare(
         history = [item.data for item in stored]
 
     new_items, to_insert = _resolve_input(translate.normalize_input(request.input), owner)
+    if cached_history is not None and request.stores:
+        # A stored response continuing an in-memory (possibly unstored) parent: its checkpoint must
+        # only reference stored items, so the parent's items are stored with it (duplicates ignored).
+        to_insert = [*history, *to_insert]
     _check_tool_outputs(history, new_items)
     return Prepared(
         request=request,

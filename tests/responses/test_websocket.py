@@ -669,3 +669,22 @@ def test_a_client_that_stops_reading_is_closed_with_1008(
     assert received < total  # the stream was cut off, not buffered for the client
     assert not progress["finished"]  # the gateway stopped pulling the upstream stream
     assert stalled_at < total
+
+
+def test_stored_continuation_of_an_unstored_parent_stores_the_whole_history(
+    gw: LiveServer, upstream: Any
+) -> None:
+    script(upstream, "stored now")
+
+    async def scenario() -> str:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(stream_id="a", store=False, generate=False, input="from memory"))
+            rid = (await c.until_terminal())[0]["response"]["id"]
+            await c.send(create(stream_id="a", store=True, previous_response_id=rid, input="then stored"))
+            return str((await c.until_terminal())[-1]["response"]["id"])
+
+    rid = run(scenario())
+    stored = Response.objects.get(id=rid)
+    items = Item.objects.filter(id__in=stored.history_item_ids)
+    assert items.count() == len(stored.history_item_ids) == 3  # parent input, new input, output
