@@ -89,6 +89,21 @@ class ResponsesConfig:
 
 
 @dataclass(frozen=True)
+class WebSocketConfig:
+    """Per-connection limits of the ``/v1/responses`` WebSocket transport (spec defaults)."""
+
+    max_outstanding_requests: int = 64
+    max_outstanding_request_bytes: int = 12 * MiB
+    max_lanes: int = 128
+    max_checkpoint_items: int = 32_768
+    max_checkpoint_bytes: int = 16 * MiB
+    max_connection_checkpoint_bytes: int = 32 * MiB
+    # Backpressure: events waiting for a slow client, and how long one send may block.
+    outbound_queue_events: int = 256
+    send_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class ToolsConfig:
     max_concurrent_gateway_calls: int = 5
     call_timeout_s: float = 60.0
@@ -189,6 +204,7 @@ class Config:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     web_search: WebSearchConfig = field(default_factory=WebSearchConfig)
     code_interpreter: CodeInterpreterConfig = field(default_factory=CodeInterpreterConfig)
@@ -502,6 +518,14 @@ def _validate(c: Config) -> None:
         "responses.max_upstream_sse_line_bytes": c.responses.max_upstream_sse_line_bytes,
         "responses.max_stream_event_bytes": c.responses.max_stream_event_bytes,
         "responses.max_rounds": c.responses.max_rounds,
+        "websocket.max_outstanding_requests": c.websocket.max_outstanding_requests,
+        "websocket.max_outstanding_request_bytes": c.websocket.max_outstanding_request_bytes,
+        "websocket.max_lanes": c.websocket.max_lanes,
+        "websocket.max_checkpoint_items": c.websocket.max_checkpoint_items,
+        "websocket.max_checkpoint_bytes": c.websocket.max_checkpoint_bytes,
+        "websocket.max_connection_checkpoint_bytes": c.websocket.max_connection_checkpoint_bytes,
+        "websocket.outbound_queue_events": c.websocket.outbound_queue_events,
+        "websocket.send_timeout_s": c.websocket.send_timeout_s,
         "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
         "tools.call_timeout_s": c.tools.call_timeout_s,
         "web_search.max_results": c.web_search.max_results,

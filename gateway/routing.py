@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from gateway.consumers import PlaceholderResponsesConsumer
+from responses_app.consumers import ResponsesConsumer
 
 websocket_urlpatterns = [
-    path("v1/responses", PlaceholderResponsesConsumer.as_asgi()),
+    path("v1/responses", ResponsesConsumer.as_asgi()),
 ]

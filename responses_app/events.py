@@ -102,12 +102,13 @@ class Event:
 class EventSink:
     """Numbers, serializes and size-checks outbound events."""
 
-    def __init__(self, max_event_bytes: int, start: int = 0) -> None:
+    def __init__(self, max_event_bytes: int, start: int = 0, extra: dict[str, Any] | None = None) -> None:
         self.sequence_number = start
         self.max_event_bytes = max_event_bytes
+        self.extra = extra or {}
 
     def make(self, type_: str, **fields: Any) -> Event:
-        data = {"type": type_, **fields, "sequence_number": self.sequence_number}
+        data = {"type": type_, **fields, "sequence_number": self.sequence_number, **self.extra}
         body = orjson.dumps(data)
         if len(body) > self.max_event_bytes:
             raise EventTooLarge(len(body), self.max_event_bytes)

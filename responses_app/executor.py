@@ -60,6 +60,8 @@ class Prepared:
     conversation_revision: int = 0
     prompt_cache_options: dict[str, Any] | None = None
     background: bool = False
+    # The client tools as the upstream sees them (built, and collisions refused, at preparation).
+    tool_map: translate.ToolMap | None = None
 
 
 @dataclass
@@ -182,13 +184,22 @@ def _db(fn: Any) -> Any:
 
 
 class Executor:
-    def __init__(self, prepared: Prepared, config: Config, *, upstream: Any = None) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        config: Config,
+        *,
+        upstream: Any = None,
+        event_fields: dict[str, Any] | None = None,
+    ) -> None:
         from inference_app.upstream import get_upstream
 
         self.p = prepared
         self.config = config
         self.upstream = upstream or get_upstream()
-        self.sink = EventSink(config.responses.max_stream_event_bytes)
+        # ``event_fields`` (the WebSocket ``stream_id``) ride on every event and count toward
+        # max_stream_event_bytes, as the client receives them.
+        self.sink = EventSink(config.responses.max_stream_event_bytes, extra=event_fields)
         self.output: list[dict[str, Any]] = []
         self.open: _Open | None = None
         self.closed_keys: set[Any] = set()
@@ -208,7 +219,9 @@ class Executor:
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
-        self._custom_names = {t["name"] for t in prepared.request.tools or () if t.get("type") == "custom"}
+        self.tools = prepared.tool_map or translate.ToolMap.build(
+            prepared.request.tools, search_available=web_search_available(config)
+        )
 
     # --- the response object -------------------------------------------------------------------
 
@@ -335,6 +348,9 @@ class Executor:
     def _history_items(self) -> list[dict[str, Any]]:
         return [*self.p.history, *self.p.new_items, *self.output]
 
+    def _upstream_items(self) -> list[dict[str, Any]]:
+        return [self.tools.upstream_item(item) for item in self._history_items()]
+
     async def _run_round(self) -> AsyncIterator[Event]:
         chat = self.config.upstream_api == "chat_completions"
         body = self._chat_body() if chat else self._responses_body()
@@ -412,9 +428,17 @@ class Executor:
 
     def _responses_body(self) -> dict[str, Any]:
         body = self._common_forward()
-        body["input"] = [translate.output_to_input(item) for item in self._history_items()]
+        body["input"] = [translate.output_to_input(item) for item in self._upstream_items()]
         if self.p.request.instructions is None:
             body.pop("instructions", None)
+        if "tools" in body:
+            tools = self.tools.responses_tools()
+            if tools:
+                body["tools"] = tools
+            else:
+                body.pop("tools")
+        if "tool_choice" in body:
+            body["tool_choice"] = self.tools.tool_choice(body["tool_choice"])
         body["store"] = False
         body["stream"] = True
         return body
@@ -423,11 +447,11 @@ class Executor:
         r = self.p.request
         forwarded = self._common_forward()
         body: dict[str, Any] = {"model": r.model}
-        body["messages"] = translate.items_to_messages(r.instructions, self._history_items())
-        tools = translate.tools_to_chat(r.tools)
+        body["messages"] = translate.items_to_messages(r.instructions, self._upstream_items())
+        tools = self.tools.chat_tools()
         if tools:
             body["tools"] = tools
-            choice = translate.tool_choice_to_chat(r.tool_choice)
+            choice = translate.tool_choice_to_chat(self.tools.tool_choice(r.tool_choice))
             if choice is not None:
                 body["tool_choice"] = choice
             if r.parallel_tool_calls is not None:
@@ -591,8 +615,9 @@ class Executor:
                 function = call.get("function") or {}
                 if (self.open is None or self.open.key != key) and key not in self.closed_keys:
                     name = _str(function.get("name"))
-                    kind = "custom_tool_call" if name in self._custom_names else "function_call"
-                    out += self._ensure(key, kind, call_id=call.get("id") or new_id("call"), name=name)
+                    out += self._ensure(
+                        key, "function_call", call_id=call.get("id") or new_id("call"), name=name
+                    )
                 if function.get("arguments"):
                     out += self._call_delta(key, _str(function["arguments"]))
             finish = choice.get("finish_reason")
@@ -619,6 +644,13 @@ class Executor:
             return []
         out = self._close()
         index = len(self.output)
+        # The upstream calls the flat function; the client gets back the tool it declared.
+        restored = self.tools.restore(_str(name)) if kind == "function_call" else None
+        namespace = None
+        if restored is not None:
+            name, namespace = restored.name, restored.namespace
+            if restored.kind == "custom":
+                kind = "custom_tool_call"
         item_id = translate.mint_item_id(kind)
         item: dict[str, Any]
         if kind == "message":
@@ -640,6 +672,8 @@ class Executor:
                 "name": _str(name),
                 "input": "",
             }
+            if namespace is not None:
+                item["namespace"] = namespace
         else:
             item = {
                 "id": item_id,
@@ -649,8 +683,11 @@ class Executor:
                 "name": _str(name),
                 "arguments": "",
             }
+            if namespace is not None:
+                item["namespace"] = namespace
         self.open = _Open(key, kind, item, index)
-        if kind == "custom_tool_call" and self.config.upstream_api == "chat_completions":
+        if kind == "custom_tool_call" and restored is not None:
+            # The upstream writes {"input": "…"} as function arguments: decoded when complete.
             self.open.buffered = True
         out.append(self.sink.make("response.output_item.added", output_index=index, item=item))
         if kind == "message":
@@ -808,6 +845,14 @@ class Executor:
         ]
         self.output.append(item)
         return out
+
+
+def web_search_available(config: Config) -> bool:
+    """Whether a search provider is configured; without one ``web_search`` is withheld.
+
+    No provider exists on this branch yet; the gateway-tools work wires its provider check here.
+    """
+    return False
 
 
 def _str(value: Any) -> str:

@@ -19,7 +19,7 @@ from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
 from responses_app import selectors, translate
-from responses_app.executor import Prepared, base_snapshot, strip_credentials
+from responses_app.executor import Prepared, base_snapshot, strip_credentials, web_search_available
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 
@@ -54,8 +54,13 @@ def response_prepare(
     config: Config,
     response_id: str | None = None,
     created_at: int | None = None,
+    cached_history: list[dict[str, Any]] | None = None,
 ) -> Prepared:
-    """Validate against stored state and resolve the history this response continues from."""
+    """Validate against stored state and resolve the history this response continues from.
+
+    ``cached_history`` is the checkpoint of ``previous_response_id`` when the caller holds it
+    (the WebSocket transport's connection-local state); then the database is not consulted for it.
+    """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
             "Mutually exclusive parameters: Ensure you are only providing one of: "
@@ -71,11 +76,15 @@ def response_prepare(
         raise errors.BadRequest(
             "Background mode requires store=true.", param="background", code="invalid_value"
         )
+    # Tool names the upstream will see; colliding names are refused before any lookup or inference.
+    tool_map = translate.ToolMap.build(request.tools, search_available=web_search_available(config))
 
     history: list[dict[str, Any]] = []
     revision = 0
     conversation_id = request.conversation_id
-    if request.previous_response_id is not None:
+    if request.previous_response_id is not None and cached_history is not None:
+        history = list(cached_history)
+    elif request.previous_response_id is not None:
         parent = Response.objects.filter(id=request.previous_response_id, owner=owner).first()
         if parent is None:
             # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
@@ -103,6 +112,10 @@ def response_prepare(
         history = [item.data for item in stored]
 
     new_items, to_insert = _resolve_input(translate.normalize_input(request.input), owner)
+    if cached_history is not None and request.stores:
+        # A stored response continuing an in-memory (possibly unstored) parent: its checkpoint must
+        # only reference stored items, so the parent's items are stored with it (duplicates ignored).
+        to_insert = [*history, *to_insert]
     _check_tool_outputs(history, new_items)
     return Prepared(
         request=request,
@@ -120,6 +133,7 @@ def response_prepare(
         conversation_revision=revision,
         prompt_cache_options=cache_options,
         background=bool(request.background),
+        tool_map=tool_map,
     )
 
 

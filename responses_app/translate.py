@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from gateway import errors
 from gateway.ids import new_id
 
 # Our public id prefix for each stored item type.
@@ -201,39 +203,14 @@ def items_to_messages(instructions: str | None, items: list[dict[str, Any]]) -> 
 
 
 def tools_to_chat(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """Client tools as Chat Completions function tools (a custom tool takes one string ``input``)."""
-    out: list[dict[str, Any]] = []
-    for tool in tools or ():
-        if tool.get("type") == "function":
-            function: dict[str, Any] = {"name": tool["name"]}
-            if tool.get("description") is not None:
-                function["description"] = tool["description"]
-            function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
-            if tool.get("strict") is not None:
-                function["strict"] = tool["strict"]
-            out.append({"type": "function", "function": function})
-        elif tool.get("type") == "custom":
-            out.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": tool["name"],
-                        "description": tool.get("description") or "",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"input": {"type": "string"}},
-                            "required": ["input"],
-                        },
-                    },
-                }
-            )
-    return out
+    """Client tools as Chat Completions function tools (see :class:`ToolMap`)."""
+    return ToolMap.build(tools).chat_tools()
 
 
 def tool_choice_to_chat(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     if choice is None or isinstance(choice, str):
         return choice
-    if choice.get("type") in ("function", "custom") and choice.get("name"):
+    if choice.get("type") == "function" and choice.get("name"):  # already mapped by ToolMap
         return {"type": "function", "function": {"name": choice["name"]}}
     return None
 
@@ -248,3 +225,172 @@ def text_to_response_format(text: dict[str, Any] | None) -> dict[str, Any] | Non
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     return None
+
+
+# --- client tool declarations as the upstream sees them -----------------------------------------
+
+# Longest function name the OpenAI tool schema allows (``^[a-zA-Z0-9_-]{1,64}$``); vLLM's tool
+# parsers and chat templates are written against it.
+MAX_TOOL_NAME = 64
+_SHORT_HASH = 8
+# A namespace member ``ns`` / ``fn`` reaches the model as one flat function ``ns__fn``.
+NAMESPACE_SEPARATOR = "__"
+SEARCH_TOOL_TYPES = frozenset({"web_search", "web_search_preview", "web_search_2025_08_26"})
+
+
+def upstream_tool_name(name: str) -> str:
+    """``name`` if it fits in 64 characters, else a stable shortened form (prefix + hash)."""
+    if len(name) <= MAX_TOOL_NAME:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:_SHORT_HASH]
+    return f"{name[: MAX_TOOL_NAME - _SHORT_HASH - 1]}_{digest}"
+
+
+@dataclass(frozen=True)
+class ClientTool:
+    """One client-executed tool: how the client declared it and the name the upstream sees."""
+
+    kind: str  # function | custom
+    name: str
+    namespace: str | None
+    upstream_name: str
+    declaration: dict[str, Any]
+
+
+@dataclass
+class ToolMap:
+    """The request's tools as the upstream model sees them, and the way back.
+
+    * ``namespace`` tools are flattened: each member becomes a function ``<namespace>__<name>``;
+      the model's call comes back as a ``function_call`` carrying ``namespace`` and the member name.
+    * ``custom`` (freeform) tools become functions taking one string ``input``; the call comes back
+      as a ``custom_tool_call`` with that string as its ``input``.
+    * names over 64 characters get a stable shortened form; two tools that would reach the model
+      under the same name are refused before inference.
+    * ``web_search`` is withheld from the model when no search provider is configured (the request
+      proceeds without it); other tool types are forwarded unchanged.
+    """
+
+    client: list[ClientTool] = field(default_factory=list)
+    forwarded: list[dict[str, Any]] = field(default_factory=list)
+    by_upstream: dict[str, ClientTool] = field(default_factory=dict)
+    by_client: dict[tuple[str | None, str], ClientTool] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, tools: list[dict[str, Any]] | None, *, search_available: bool = False) -> ToolMap:
+        out = cls()
+        for index, tool in enumerate(tools or ()):
+            kind = tool.get("type")
+            if kind in ("function", "custom"):
+                out._add(index, kind, tool, None)
+            elif kind == "namespace":
+                namespace = tool.get("name")
+                if not isinstance(namespace, str) or not namespace:
+                    raise errors.BadRequest(
+                        f"Missing required parameter: 'tools[{index}].name'.",
+                        param=f"tools[{index}].name",
+                        code="missing_required_parameter",
+                    )
+                for member in tool.get("tools") or ():
+                    if isinstance(member, dict) and member.get("type") in ("function", "custom"):
+                        out._add(index, member["type"], member, namespace)
+            elif kind in SEARCH_TOOL_TYPES and not search_available:
+                continue  # withheld: no search provider is configured
+            else:
+                out.forwarded.append(tool)
+        return out
+
+    def _add(self, index: int, kind: str, declaration: dict[str, Any], namespace: str | None) -> None:
+        name = declaration.get("name")
+        if not isinstance(name, str) or not name:
+            raise errors.BadRequest(
+                f"Missing required parameter: 'tools[{index}].name'.",
+                param=f"tools[{index}].name",
+                code="missing_required_parameter",
+            )
+        flat = f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+        upstream = upstream_tool_name(flat)
+        if upstream in self.by_upstream:
+            other = self.by_upstream[upstream]
+            first = f"{other.namespace}.{other.name}" if other.namespace else other.name
+            this = f"{namespace}.{name}" if namespace else name
+            raise errors.BadRequest(
+                f"Invalid 'tools[{index}]': tool '{this}' reaches the model under the same name "
+                f"'{upstream}' as tool '{first}'. Tool names must be unique after namespace "
+                "flattening and shortening to 64 characters.",
+                param=f"tools[{index}]",
+                code="tool_name_collision",
+            )
+        tool = ClientTool(kind, name, namespace, upstream, declaration)
+        self.client.append(tool)
+        self.by_upstream[upstream] = tool
+        self.by_client[(namespace, name)] = tool
+
+    def restore(self, upstream_name: str) -> ClientTool | None:
+        return self.by_upstream.get(upstream_name)
+
+    def _function(self, tool: ClientTool) -> dict[str, Any]:
+        """The flat function declaration (Responses shape) for one client tool."""
+        d = tool.declaration
+        if tool.kind == "custom":
+            description = d.get("description") or ""
+            fmt = d.get("format")
+            if isinstance(fmt, dict) and fmt.get("type") == "grammar" and fmt.get("definition"):
+                description += f"\n\nThe input must match this {fmt.get('syntax', '')} grammar:\n"
+                description += str(fmt["definition"])
+            return {
+                "type": "function",
+                "name": tool.upstream_name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"input": {"type": "string"}},
+                    "required": ["input"],
+                },
+            }
+        out: dict[str, Any] = {"type": "function", "name": tool.upstream_name}
+        if d.get("description") is not None:
+            out["description"] = d["description"]
+        out["parameters"] = d.get("parameters") or {"type": "object", "properties": {}}
+        if d.get("strict") is not None:
+            out["strict"] = d["strict"]
+        return out
+
+    def responses_tools(self) -> list[dict[str, Any]]:
+        return [self._function(tool) for tool in self.client] + list(self.forwarded)
+
+    def chat_tools(self) -> list[dict[str, Any]]:
+        out = []
+        for tool in self.client:
+            flat = self._function(tool)
+            flat.pop("type")
+            out.append({"type": "function", "function": flat})
+        return out
+
+    def upstream_item(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A history item as the upstream sees it (flat names; custom calls as function calls)."""
+        kind = item.get("type")
+        if kind in ("function_call", "custom_tool_call"):
+            tool = self.by_client.get((item.get("namespace"), str(item.get("name", ""))))
+            name = tool.upstream_name if tool else upstream_tool_name(str(item.get("name", "")))
+            out = {k: v for k, v in item.items() if k not in ("namespace", "input")}
+            out["type"] = "function_call"
+            out["name"] = name
+            if kind == "custom_tool_call":
+                out["arguments"] = orjson.dumps({"input": item.get("input", "")}).decode()
+            return out
+        if kind == "custom_tool_call_output":
+            out = dict(item)
+            out["type"] = "function_call_output"
+            return out
+        return item
+
+    def tool_choice(self, choice: Any) -> Any:
+        """A named ``tool_choice`` pointing at a client tool, with the name the upstream sees."""
+        if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+            tool = self.by_client.get((choice.get("namespace"), str(choice.get("name", ""))))
+            if tool is not None:
+                return {"type": "function", "name": tool.upstream_name}
+        return choice

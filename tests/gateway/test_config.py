@@ -167,6 +167,7 @@ def test_example_config_documents_every_key_and_loads() -> None:
             "upstream",
             "database",
             "responses",
+            "websocket",
             "tools",
             "web_search",
             "code_interpreter",

@@ -1,0 +1,472 @@
+"""``WS /v1/responses``: the Responses API over one WebSocket (Codex-style clients).
+
+Each text frame is one client event. ``response.create`` carries the flat Responses fields plus
+``stream_id`` and ``generate``; it is parsed by the same request model as ``POST /v1/responses``,
+prepared by the same service and run by the same :class:`~responses_app.executor.Executor`.
+Replies are the executor's stream events, each echoing the request's ``stream_id``.
+
+Lanes: requests with the same ``stream_id`` (or none: the default lane) run first in, first out;
+different lanes run concurrently. Each lane keeps its latest response as a connection-local
+checkpoint (its whole item history), so ``previous_response_id`` continues ``store: false``
+responses without the database; the checkpoint dies with the connection.
+
+Every limit of the spec is enforced here and configured in ``[websocket]``: outstanding requests
+and their bytes (429), lanes per connection (429), checkpoint items/bytes and the connection's
+checkpoint budget (413, checked before any state is written). Outbound events go through one
+bounded queue and one writer with a send deadline, so a client that stops reading stops the
+producers instead of growing a buffer; a send blocked past the deadline closes the connection
+with 1008.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from gateway import errors
+from gateway.auth.websocket import ensure_not_expired
+from gateway.config import Config, get_config
+from gateway.principal import scope_principal
+from inference_app.upstream import forward_headers
+from responses_app import services
+from responses_app.events import EventSink, EventTooLarge
+from responses_app.executor import Executor, Prepared, _db, base_snapshot
+from responses_app.schemas import ResponseCreateRequest, parse_create_request
+
+log = logging.getLogger("responses.websocket")
+
+MAX_STREAM_ID = 256
+# Close code when a client stops reading: "policy violation" with a reason naming the cause.
+CLOSE_SLOW_CLIENT = 1008
+SLOW_CLIENT_REASON = "send deadline exceeded: the client is not reading events"
+# How long the close frame itself may wait for the client's buffer to drain before the
+# connection is dropped outright.
+CLOSE_GRACE_S = 10.0
+# Identity and tracing headers that travel upstream with the executor's own body (as over HTTP).
+_UPSTREAM_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "x-request-id")
+
+
+@dataclass
+class Checkpoint:
+    """A response's whole item history, held in memory for continuation on this connection."""
+
+    response_id: str
+    items: list[dict[str, Any]]
+    size: int
+
+
+@dataclass
+class Job:
+    stream_id: str | None
+    request: ResponseCreateRequest
+    raw: dict[str, Any]
+    generate: bool
+    size: int  # bytes of the client frame, held against the outstanding-bytes budget
+
+
+@dataclass
+class Lane:
+    key: str | None
+    queue: deque[Job] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+    latest: str | None = None  # response id of this lane's cached checkpoint
+
+
+class _Refused(Exception):
+    """A request that failed before execution; ``evict`` says whether the failure rules apply."""
+
+    def __init__(self, error: errors.GatewayError, *, evict: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.evict = evict
+
+
+def _size(items: list[dict[str, Any]]) -> int:
+    return len(orjson.dumps(items))
+
+
+class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
+    """One connection: admission, lanes, connection-local checkpoints, the bounded writer."""
+
+    config: Config
+
+    async def connect(self) -> None:
+        self.config = get_config()
+        self.limits = self.config.websocket
+        self.owner = scope_principal(self.scope).owner
+        self.lanes: dict[str | None, Lane] = {}
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.checkpoint_bytes = 0  # cached checkpoints
+        self.reserved_bytes = 0  # active parents and prepared checkpoints of running requests
+        self.outstanding = 0
+        self.outstanding_bytes = 0
+        self.outbound: asyncio.Queue[bytes] = asyncio.Queue(self.limits.outbound_queue_events)
+        self.closing = False
+        self.main_task = asyncio.current_task()
+        self.writer = asyncio.create_task(self._write_loop())
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        self.closing = True
+        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        if hasattr(self, "writer"):
+            tasks.append(self.writer)
+        current = asyncio.current_task()
+        for task in tasks:
+            if task is not current:
+                task.cancel()
+        for task in tasks:
+            if task is not current:
+                with contextlib.suppress(BaseException):
+                    await task
+
+    # --- inbound ---------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closing:
+            return
+        if text_data is None:
+            await self._error(
+                errors.BadRequest(
+                    "Binary frames are not supported; send each client event as one JSON text frame.",
+                    code="invalid_json",
+                ),
+                None,
+            )
+            return
+        try:
+            content = orjson.loads(text_data)
+        except orjson.JSONDecodeError as exc:
+            await self._error(
+                errors.BadRequest(
+                    f"We could not parse the JSON of your WebSocket message: {exc}.", code="invalid_json"
+                ),
+                None,
+            )
+            return
+        if not isinstance(content, dict):
+            await self._error(
+                errors.BadRequest("Each WebSocket message must be a JSON object.", code="invalid_json"),
+                None,
+            )
+            return
+        stream_id = content.get("stream_id")
+        echo = stream_id if isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID else None
+        kind = content.get("type")
+        if kind != "response.create":
+            shown = kind if isinstance(kind, str) else orjson.dumps(kind).decode()
+            await self._error(
+                errors.BadRequest(
+                    f"Unsupported WebSocket event type '{shown}'. This endpoint accepts 'response.create'.",
+                    param="type",
+                    code="unknown_event_type",
+                ),
+                echo,
+            )
+            return
+        try:
+            job = self._parse(content, len(text_data.encode("utf-8")))
+            ensure_not_expired(self.scope)
+            self._admit(job)
+        except errors.GatewayError as exc:
+            await self._error(exc, echo)
+            return
+        lane = self.lanes.get(job.stream_id)
+        if lane is None:
+            lane = self.lanes[job.stream_id] = Lane(job.stream_id)
+        lane.queue.append(job)
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.create_task(self._run_lane(lane))
+
+    def _parse(self, content: dict[str, Any], size: int) -> Job:
+        fields = dict(content)
+        fields.pop("type")
+        stream_id = fields.pop("stream_id", None)
+        if stream_id is not None:
+            if not isinstance(stream_id, str):
+                raise errors.BadRequest(
+                    "Invalid type for 'stream_id': expected a string.", param="stream_id", code="invalid_type"
+                )
+            if not 0 < len(stream_id) <= MAX_STREAM_ID:
+                raise errors.BadRequest(
+                    f"Invalid 'stream_id': it must contain between 1 and {MAX_STREAM_ID} characters.",
+                    param="stream_id",
+                    code="invalid_value",
+                )
+        generate = fields.pop("generate", None)
+        if generate is not None and not isinstance(generate, bool):
+            raise errors.BadRequest(
+                "Invalid type for 'generate': expected a boolean.", param="generate", code="invalid_type"
+            )
+        fields.pop("stream", None)  # implicit: every WebSocket response streams
+        request, raw = parse_create_request(orjson.dumps(fields))
+        if request.background:
+            raise errors.BadRequest(
+                "Background responses are not supported over WebSocket; use POST /v1/responses.",
+                param="background",
+                code="unsupported_parameter",
+            )
+        multi_agent = raw.get("multi_agent")
+        if isinstance(multi_agent, dict) and multi_agent.get("enabled"):
+            raise errors.BadRequest(
+                "multi_agent is not supported with WebSocket response sessions; use the HTTP Responses API.",
+                param="multi_agent",
+                code="unsupported_parameter",
+            )
+        raw["stream"] = True
+        request = request.model_copy(update={"stream": True})
+        return Job(stream_id, request, raw, generate is not False, size)
+
+    def _admit(self, job: Job) -> None:
+        """Admission control: nothing is queued, and no state changes, when this refuses."""
+        limits = self.limits
+        if self.outstanding >= limits.max_outstanding_requests:
+            raise errors.RateLimited(
+                f"Too many outstanding requests on this WebSocket connection (at most "
+                f"{limits.max_outstanding_requests}); wait for a response to finish."
+            )
+        if self.outstanding_bytes + job.size > limits.max_outstanding_request_bytes:
+            raise errors.RateLimited(
+                f"Outstanding request data on this WebSocket connection would exceed "
+                f"{limits.max_outstanding_request_bytes} bytes; wait for a response to finish."
+            )
+        if job.stream_id not in self.lanes and len(self.lanes) >= limits.max_lanes:
+            raise errors.RateLimited(
+                f"This WebSocket connection already has {limits.max_lanes} lanes (stream_id values, "
+                "the default lane included); reconnect to start new lanes."
+            )
+        self.outstanding += 1
+        self.outstanding_bytes += job.size
+
+    # --- lanes -----------------------------------------------------------------------------
+
+    async def _run_lane(self, lane: Lane) -> None:
+        while lane.queue and not self.closing:
+            job = lane.queue.popleft()
+            try:
+                await self._execute(lane, job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("WebSocket request on lane %r failed", lane.key)
+                await self._error(
+                    errors.ServerError("The server had an error while processing your request."),
+                    job.stream_id,
+                )
+            finally:
+                self.outstanding -= 1
+                self.outstanding_bytes -= job.size
+
+    async def _execute(self, lane: Lane, job: Job) -> None:
+        parent_id = job.request.previous_response_id
+        # A same-lane continuation of the lane's cached latest response; anything else is a fork.
+        same_lane = parent_id is not None and parent_id == lane.latest
+        try:
+            prepared, reserved = await self._prepare(job)
+        except _Refused as refused:
+            if refused.evict and same_lane:
+                self._evict(lane)
+            await self._error(refused.error, job.stream_id)
+            return
+        try:
+            if job.generate:
+                ok, items = await self._generate(prepared, job)
+            else:
+                ok, items = await self._prewarm(prepared, job)
+        finally:
+            self.reserved_bytes -= reserved
+        if ok and items is not None:
+            self._retain(lane, prepared.response_id, items)
+        elif not ok and same_lane:
+            self._evict(lane)
+
+    async def _prepare(self, job: Job) -> tuple[Prepared, int]:
+        """Re-check identity, look the parent up now, prepare, and reserve checkpoint budget."""
+        try:
+            ensure_not_expired(self.scope)
+        except errors.GatewayError as exc:
+            raise _Refused(exc, evict=False) from None
+        parent_id = job.request.previous_response_id
+        cached = self.checkpoints.get(parent_id) if parent_id is not None else None
+        try:
+            prepared: Prepared = await _db(services.response_prepare)(
+                request=job.request,
+                raw=job.raw,
+                owner=self.owner,
+                headers=self._upstream_headers(),
+                config=self.config,
+                cached_history=cached.items if cached is not None else None,
+            )
+        except errors.GatewayError as exc:
+            if exc.code == "previous_response_not_found":
+                exc.status = 400  # the WebSocket transport answers 400 (spec)
+            raise _Refused(exc, evict=True) from None
+        checkpoint = [*prepared.history, *prepared.new_items]
+        self._check_checkpoint(len(checkpoint), _size(checkpoint))
+        prepared_bytes = _size(checkpoint)
+        parent_bytes = 0 if cached is not None or not prepared.history else _size(prepared.history)
+        reserve = prepared_bytes + parent_bytes
+        budget = self.limits.max_connection_checkpoint_bytes
+        if self.checkpoint_bytes + self.reserved_bytes + reserve > budget:
+            raise _Refused(
+                errors.PayloadTooLarge(
+                    f"This request's checkpoint ({prepared_bytes} bytes) would exceed the "
+                    f"connection's checkpoint budget of {budget} bytes (cached, active-parent and "
+                    "prepared checkpoints); continue on a new connection by replaying the history.",
+                    code="checkpoint_budget_exceeded",
+                ),
+                evict=False,
+            )
+        self.reserved_bytes += reserve
+        return prepared, reserve
+
+    def _check_checkpoint(self, count: int, size: int) -> None:
+        limits = self.limits
+        if count > limits.max_checkpoint_items:
+            raise _Refused(
+                errors.PayloadTooLarge(
+                    f"The response checkpoint would hold {count} items; at most "
+                    f"{limits.max_checkpoint_items} items are retained per checkpoint.",
+                    code="checkpoint_too_large",
+                ),
+                evict=False,
+            )
+        if size > limits.max_checkpoint_bytes:
+            raise _Refused(
+                errors.PayloadTooLarge(
+                    f"The response checkpoint would be {size} bytes; at most "
+                    f"{limits.max_checkpoint_bytes} bytes are retained per checkpoint.",
+                    code="checkpoint_too_large",
+                ),
+                evict=False,
+            )
+
+    async def _generate(self, prepared: Prepared, job: Job) -> tuple[bool, list[dict[str, Any]] | None]:
+        """Run the shared executor; every event goes out with the request's ``stream_id``."""
+        executor = Executor(prepared, self.config, event_fields=self._tag(job))
+        async for event in executor.run():
+            if event is executor.failure_event:
+                await self._execution_error(event.data, job.stream_id)
+            else:
+                await self._send(event.json)
+        final = executor.final
+        if executor.failure_event is not None or final is None or final.get("status") == "failed":
+            return False, None
+        return True, [*prepared.history, *prepared.new_items, *executor.output]
+
+    async def _prewarm(self, prepared: Prepared, job: Job) -> tuple[bool, list[dict[str, Any]] | None]:
+        """``generate: false``: both lifecycle events are built and checked before anything else."""
+        sink = EventSink(self.config.responses.max_stream_event_bytes, extra=self._tag(job))
+        completed = base_snapshot(prepared, "completed")
+        completed["completed_at"] = int(time.time())
+        try:
+            created_event = sink.make("response.created", response=base_snapshot(prepared, "in_progress"))
+            completed_event = sink.make("response.completed", response=completed)
+        except EventTooLarge as exc:
+            await self._error(errors.PayloadTooLarge(exc.message, code="event_too_large"), job.stream_id)
+            return False, None
+        if prepared.store:
+            await _db(services.response_store_final)(
+                prepared=prepared,
+                status="completed",
+                snapshot=completed,
+                output_items=[],
+                usage=None,
+                error=None,
+            )
+        await self._send(created_event.json)
+        await self._send(completed_event.json)
+        return True, [*prepared.history, *prepared.new_items]
+
+    # --- connection-local state -------------------------------------------------------------
+
+    def _retain(self, lane: Lane, response_id: str, items: list[dict[str, Any]]) -> None:
+        """Make ``response_id`` the lane's latest checkpoint, if it fits; else keep the old one."""
+        size = _size(items)
+        old = self.checkpoints.get(lane.latest) if lane.latest is not None else None
+        freed = old.size if old is not None else 0
+        limits = self.limits
+        if (
+            len(items) > limits.max_checkpoint_items
+            or size > limits.max_checkpoint_bytes
+            or self.checkpoint_bytes - freed + self.reserved_bytes + size
+            > limits.max_connection_checkpoint_bytes
+        ):
+            log.warning("response %s is not retained: its checkpoint is over budget", response_id)
+            return
+        self._evict(lane)
+        self.checkpoints[response_id] = Checkpoint(response_id, items, size)
+        self.checkpoint_bytes += size
+        lane.latest = response_id
+
+    def _evict(self, lane: Lane) -> None:
+        if lane.latest is None:
+            return
+        old = self.checkpoints.pop(lane.latest, None)
+        if old is not None:
+            self.checkpoint_bytes -= old.size
+        lane.latest = None
+
+    # --- outbound ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _tag(job: Job) -> dict[str, Any] | None:
+        return {"stream_id": job.stream_id} if job.stream_id is not None else None
+
+    def _upstream_headers(self) -> dict[str, str]:
+        incoming = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope.get("headers", ())]
+        consumed = bool(self.scope.get("credential_consumed", False))
+        headers = forward_headers(incoming, self.config, caller_credential_consumed=consumed)
+        return {k: v for k, v in headers.items() if k in _UPSTREAM_HEADERS}
+
+    async def _error(self, exc: errors.GatewayError, stream_id: str | None) -> None:
+        await self._send(orjson.dumps(errors.ws_error_event(exc, stream_id)))
+
+    async def _execution_error(self, data: dict[str, Any], stream_id: str | None) -> None:
+        """The executor's ``error`` stream event in the WebSocket error shape, tagged with the lane."""
+        code = data.get("code")
+        status = 413 if code == "event_too_large" else 500
+        exc = errors.GatewayError(str(data.get("message")), param=data.get("param"), code=code, status=status)
+        event = errors.ws_error_event(exc, stream_id)
+        event["sequence_number"] = data.get("sequence_number")
+        await self._send(orjson.dumps(event))
+
+    async def _send(self, frame: bytes) -> None:
+        """Queue one event; waits (backpressure to the producer) while the queue is full."""
+        if not self.closing:
+            await self.outbound.put(frame)
+
+    async def _write_loop(self) -> None:
+        deadline = self.limits.send_timeout_s
+        while True:
+            frame = await self.outbound.get()
+            try:
+                await asyncio.wait_for(self.send(text_data=frame.decode("utf-8")), deadline)
+            except TimeoutError:
+                await self._close_slow_client()
+                return
+            except Exception:  # the client went away: disconnect() cleans up
+                return
+
+    async def _close_slow_client(self) -> None:
+        log.warning("closing a WebSocket whose client stopped reading (send_timeout_s exceeded)")
+        self.closing = True
+        for lane in self.lanes.values():
+            if lane.task is not None:
+                lane.task.cancel()
+        try:
+            await asyncio.wait_for(
+                self.close(code=CLOSE_SLOW_CLIENT, reason=SLOW_CLIENT_REASON), CLOSE_GRACE_S
+            )
+        except (TimeoutError, Exception):
+            # Not even the close frame can be written: end the connection outright.
+            if self.main_task is not None:
+                self.main_task.cancel()

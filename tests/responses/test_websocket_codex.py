@@ -1,0 +1,188 @@
+"""The real Codex CLI (0.171.0) against a live gateway in front of the scripted upstream.
+
+Codex is installed from npm into ``tests/.cache/codex`` (git-ignored) on first use and reused
+afterwards. Each run gets a temporary ``CODEX_HOME`` whose ``config.toml`` points a
+``model_providers`` entry at the gateway; a recording ASGI wrapper proves which transport Codex
+used (WebSocket frames vs. HTTP POSTs) and keeps the frames it sent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.responses.scripts import Script, call, handler, text
+from tests.servers import ROOT, LiveServer
+
+pytestmark = pytest.mark.slow
+
+CODEX_VERSION = "0.171.0"
+CACHE = ROOT / "tests" / ".cache" / "codex"
+CODEX_BIN = CACHE / "node_modules" / ".bin" / "codex"
+
+
+def _codex() -> Path:
+    """The cached Codex CLI, installed from npm when missing."""
+    marker = CACHE / "node_modules" / "@openai" / "codex" / "package.json"
+    if marker.exists() and orjson.loads(marker.read_bytes()).get("version") == CODEX_VERSION:
+        return CODEX_BIN
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed; the Codex end-to-end test needs it to install @openai/codex")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", f"@openai/codex@{CODEX_VERSION}"],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    return CODEX_BIN
+
+
+class Recorder:
+    """An ASGI wrapper that records HTTP requests and WebSocket client frames on the way in."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.http: list[tuple[str, str]] = []
+        self.ws_headers: list[dict[str, str]] = []
+        self.ws_frames: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.http.append((scope["method"], scope["path"]))
+        elif scope["type"] == "websocket":
+            self.ws_headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+
+            async def recording_receive() -> Any:
+                message = await receive()
+                if message["type"] == "websocket.receive" and message.get("text"):
+                    self.ws_frames.append(orjson.loads(message["text"]))
+                return message
+
+            await self.app(scope, recording_receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture
+def codex_gateway(
+    transactional_db: None, upstream: Any, gateway_config: Any
+) -> Iterator[tuple[str, Recorder]]:
+    from gateway.asgi import application
+
+    gateway_config(llm_api_base=upstream.url, upstream_api="responses")
+    recorder = Recorder(application)
+    server = LiveServer(recorder).start()
+    yield server.url, recorder
+    server.stop()
+
+
+def _run_codex(
+    url: str, tmp_path: Path, prompt: str, *, websockets: bool
+) -> subprocess.CompletedProcess[str]:
+    binary = _codex()
+    home = tmp_path / "codex-home"
+    work = tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(
+        'model = "test-model"\n'
+        'model_provider = "gateway"\n\n'
+        "[model_providers.gateway]\n"
+        'name = "agentic gateway"\n'
+        f'base_url = "{url}/v1"\n'
+        'wire_api = "responses"\n'
+        f"supports_websockets = {'true' if websockets else 'false'}\n"
+        "requires_openai_auth = false\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    env["CODEX_HOME"] = str(home)
+    return subprocess.run(
+        [str(binary), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access", prompt],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _tool_names(body: dict[str, Any]) -> set[str]:
+    return {t.get("name", "") for t in body.get("tools") or () if t.get("type") == "function"}
+
+
+def test_codex_exec_over_websocket(
+    codex_gateway: tuple[str, Recorder], upstream: Any, tmp_path: Path
+) -> None:
+    url, recorder = codex_gateway
+    upstream.script("/v1/responses", handler(Script([text("PONG", "-", "websocket")])))
+    result = _run_codex(url, tmp_path, "Reply with the word PONG.", websockets=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PONG-websocket" in result.stdout
+
+    # Codex used the WebSocket: a generate:false prewarm, then a continuation of it.
+    assert recorder.ws_headers and recorder.ws_headers[0]["openai-beta"] == "responses_websockets=2026-02-06"
+    assert ("POST", "/v1/responses") not in recorder.http
+    prewarm, turn = recorder.ws_frames[0], recorder.ws_frames[1]
+    assert prewarm["type"] == "response.create" and prewarm["generate"] is False and prewarm["store"] is False
+    assert turn["store"] is False and turn["previous_response_id"]
+    # Only the turn reached the model; it carried the prewarm's history plus the new input.
+    bodies = [r.json() for r in upstream.requests if r.path == "/v1/responses"]
+    assert len(bodies) == 1
+    body = bodies[0]
+    texts = orjson.dumps(body["input"]).decode()
+    assert "Reply with the word PONG." in texts
+    assert "You are a coding agent running in the Codex CLI" in texts  # from the prewarm
+    # Namespace members are flattened, web_search is withheld (no search provider configured).
+    assert "multi_agent_v1__close_agent" in _tool_names(body)
+    assert all(t["type"] == "function" for t in body["tools"])
+    assert [t["type"] for t in prewarm["tools"]].count("web_search") == 1  # Codex did declare it
+
+
+def test_codex_exec_over_http_sse(codex_gateway: tuple[str, Recorder], upstream: Any, tmp_path: Path) -> None:
+    url, recorder = codex_gateway
+    upstream.script("/v1/responses", handler(Script([text("PONG", "-", "sse")])))
+    result = _run_codex(url, tmp_path, "Reply with the word PONG.", websockets=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PONG-sse" in result.stdout
+    assert not recorder.ws_frames
+    assert ("POST", "/v1/responses") in recorder.http
+    body = upstream.last("/v1/responses").json()
+    assert "multi_agent_v1__close_agent" in _tool_names(body)
+    assert not any(t["type"].startswith("web_search") for t in body["tools"])
+
+
+def test_codex_runs_the_shell_tool_and_continues(
+    codex_gateway: tuple[str, Recorder], upstream: Any, tmp_path: Path
+) -> None:
+    url, recorder = codex_gateway
+    upstream.script(
+        "/v1/responses",
+        handler(Script([call("exec_command", '{"cmd": "echo codex-tool-', 'ok"}', call_id="call_shell_1")])),
+    )
+    upstream.script("/v1/responses", handler(Script([text("The command printed codex-tool-ok.")])))
+    result = _run_codex(url, tmp_path, "Run echo codex-tool-ok and tell me what it printed.", websockets=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "The command printed codex-tool-ok." in result.stdout
+
+    bodies = [r.json() for r in upstream.requests if r.path == "/v1/responses"]
+    assert len(bodies) == 2
+    # The second round carries Codex's real tool output for the model's call.
+    outputs = [i for i in bodies[1]["input"] if i.get("type") == "function_call_output"]
+    assert outputs and outputs[0]["call_id"] == "call_shell_1"
+    assert "codex-tool-ok" in orjson.dumps(outputs[0]["output"]).decode()
+    calls = [i for i in bodies[1]["input"] if i.get("type") == "function_call"]
+    assert calls and calls[0]["name"] == "exec_command"
+    # Over the WebSocket the follow-up continued the tool-call response with only the new output.
+    follow_up = recorder.ws_frames[-1]
+    assert follow_up["previous_response_id"]
+    assert [i["type"] for i in follow_up["input"]] == ["function_call_output"]
