@@ -203,6 +203,10 @@ def start_servers(
         )
         env.pop("DATABASE_URL", None)
         env.pop("REDIS_URL", None)
+        # As `make run` does: the auth layer reads the API-key table, so the database is migrated.
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
+        )
         procs.append(
             subprocess.Popen(
                 [sys.executable, "manage.py", "serve"],

@@ -47,18 +47,23 @@ class ApiASGIHandler(ASGIHandler):
         await self.handle(scope, receive, send)
 
 
+# Browser-facing paths that need sessions, CSRF and static files; everything else (the API,
+# /health, /ready, /metrics, HEAD /) takes the lean API handler.
+SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
+
+
 class HttpDispatch:
-    """``/v1/*`` to the API handler; everything else (admin, static, health) to the full stack."""
+    """The admin and its SSO to the full Django stack; the API and probes to the API handler."""
 
     def __init__(self) -> None:
         self.api = ApiASGIHandler()
         self.site = ASGIStaticFilesHandler(django_app)
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["path"].startswith("/v1/"):
-            await self.api(scope, receive, send)
-        else:
+        if scope["path"].startswith(SITE_PREFIXES):
             await self.site(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
 
 
 def websocket_app(patterns: list[Any]) -> Any:

@@ -16,18 +16,23 @@ View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 
 
 def allow_methods(*methods: str) -> Callable[[View], View]:
-    """Refuse other methods with a 405 envelope (and an ``Allow`` header)."""
+    """Refuse other methods with a 405 envelope (and an ``Allow`` header); render refusals."""
     allowed = {m.upper() for m in methods}
 
     def decorate(view: View) -> View:
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method not in allowed:
-                raise errors.MethodNotAllowed(
-                    f"Method {request.method} is not allowed on {request.path}.",
-                    headers={"Allow": ", ".join(sorted(allowed))},
-                )
-            return await view(request, *args, **kwargs)
+            try:
+                if request.method not in allowed:
+                    raise errors.MethodNotAllowed(
+                        f"Method {request.method} is not allowed on {request.path}.",
+                        headers={"Allow": ", ".join(sorted(allowed))},
+                    )
+                return await view(request, *args, **kwargs)
+            except errors.GatewayError as exc:
+                # Rendered here, on the event loop: Django's exception middleware hook is
+                # synchronous and would cost a thread hop for every refusal.
+                return errors.django_response(exc, request)
 
         return csrf_exempt(wrapper)  # type: ignore[return-value]
 

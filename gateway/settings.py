@@ -102,6 +102,8 @@ def _databases() -> dict[str, Any]:
             "default": {
                 "ENGINE": "django.db.backends.sqlite3",
                 "NAME": str(DATA_DIR / "gateway.sqlite3"),
+                # Keep each worker thread's connection: reopening costs the PRAGMAs every time.
+                "CONN_MAX_AGE": None,
                 "OPTIONS": {
                     "timeout": 20,
                     "transaction_mode": "IMMEDIATE",

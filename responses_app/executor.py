@@ -14,6 +14,7 @@ snapshot is written *before* the terminal event, so a write failure reaches the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -387,6 +388,7 @@ class Executor:
                 raise StreamFailure(exc.message, status=exc.status) from None
             if not terminal_seen:
                 raise StreamFailure("The upstream stream ended before the response was complete.")
+            await _drain(response)
         finally:
             await response.aclose()
 
@@ -845,6 +847,20 @@ class Executor:
         ]
         self.output.append(item)
         return out
+
+
+async def _drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) -> None:
+    """Read what follows the terminal event (``[DONE]``, the chunked end) so the pooled upstream
+    connection is handed back for reuse instead of being closed; bounded in bytes and time."""
+    seen = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in response:
+                seen += len(chunk)
+                if seen > limit:
+                    return
+    except (TimeoutError, errors.GatewayError):
+        return
 
 
 def web_search_available(config: Config) -> bool:

@@ -83,8 +83,8 @@ async def test_valid_token_reaches_the_responses_consumer(
     async with connect(ws_url(live_gateway, "/v1/responses"), additional_headers=headers) as ws:
         await ws.send(json.dumps({"type": "response.create", "stream_id": "s"}))
         event = json.loads(await ws.recv())
-    # The placeholder consumer answered: the upgrade was accepted.
-    assert event["type"] == "error" and event["status"] == 501
+    # The real consumer answered (a request without a model is invalid): the upgrade was accepted.
+    assert event["type"] == "error" and event["status"] == 400 and event["stream_id"] == "s"
 
 
 async def test_principal_is_on_the_scope(probe_server: LiveServer, idp: IdentityProvider, oidc: Any) -> None:
