@@ -13,15 +13,7 @@ import httpx
 import orjson
 
 from tests.responses.scripts import call, text
-from tests.responses.tool_fixtures import (  # noqa: F401  (fixtures)
-    ToolsGateway,
-    args,
-    model_input,
-    offered_tools,
-    provider,
-    tools_gw,
-    types_of,
-)
+from tests.responses.tool_fixtures import ToolsGateway, args, model_input, offered_tools, types_of
 
 CODE_TOOL = {"type": "code_interpreter", "container": {"type": "auto"}}
 WEB_SEARCH_EVENTS = [
