@@ -260,15 +260,15 @@ class Executor:
             for _ in range(max_rounds):
                 self._round += 1
                 self._round_client_calls = 0
-                tools.ends_response = False
+                tools.start_round()
                 async for event in self._run_round():
                     yield event
                 for event in self._close():
                     yield event
                 status = self._round_status
                 self.service_tier = self._round_tier
-                if not tools.pending:
-                    break  # a final answer, client calls only, or an approval request
+                if not tools.round_calls:
+                    break  # a final answer or client calls only: nothing for the gateway to run
                 # Gateway calls run even when the round also ends the response (client calls,
                 # approval requests, an incomplete round): they are recorded either way.
                 async for event in tools.execute_round(self):

@@ -111,6 +111,7 @@ class ToolLoop:
     hidden: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
     ends_response: bool = False  # an approval request was emitted this round
+    round_calls: int = 0  # gateway calls the model made this round (run or refused)
 
     # --- before the response starts ------------------------------------------------------------
 
@@ -154,6 +155,10 @@ class ToolLoop:
         return cls(toolset, budget, config, include, listings=listings, approvals=approvals)
 
     # --- what goes upstream --------------------------------------------------------------------
+
+    def start_round(self) -> None:
+        self.ends_response = False
+        self.round_calls = 0
 
     def is_gateway(self, name: str) -> bool:
         return self.toolset.owner(name) == "gateway"
@@ -254,6 +259,7 @@ class ToolLoop:
     def on_gateway_call(self, ex: Executor, call_id: str, name: str, arguments: str) -> list[Event]:
         """The model called gateway function ``name``: approval, budget, then the item's first events."""
         fn = self.toolset.functions[name]
+        self.round_calls += 1
         if fn.kind == "mcp" and call_requires_approval(self.toolset, name):
             self.ends_response = True
             item = {
