@@ -3,6 +3,7 @@ the ``tools`` queue, consumed by a real worker from the real Redis (db 7)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,13 +25,24 @@ def wire() -> str:
     return "responses"
 
 
+def rebind(app: Any, config: Any) -> None:
+    """Configure ``app`` for ``config`` and drop what it cached for an earlier broker (other tests
+    in this process configure the same app for another Redis db)."""
+    configure(app, config)
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    if "amqp" in app.__dict__:
+        app.__dict__["amqp"]._producer_pool = None
+    app._local = threading.local()  # the cached result backend
+
+
 @pytest.fixture
 def tools_worker(tools_gw: ToolsGateway) -> Iterator[None]:
     import inference_app.tool_tasks  # noqa: F401  (registers the tool task)
 
     assert tools_gw.configure is not None
-    config = tools_gw.configure(redis_url=REDIS_URL)
-    configure(celery_app, config)
+    rebind(celery_app, tools_gw.configure(redis_url=REDIS_URL))
     with start_worker(
         celery_app,
         queues=["tools"],
@@ -40,7 +52,7 @@ def tools_worker(tools_gw: ToolsGateway) -> Iterator[None]:
         loglevel="WARNING",
     ):
         yield
-    configure(celery_app, tools_gw.configure(redis_url=""))
+    rebind(celery_app, tools_gw.configure(redis_url=""))
 
 
 def test_gateway_calls_run_on_a_celery_tools_worker(tools_gw: ToolsGateway, tools_worker: Any) -> None:
