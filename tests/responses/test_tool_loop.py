@@ -301,3 +301,99 @@ def test_unknown_and_ambiguous_tools_are_never_executed(tools_gw: ToolsGateway) 
     final = gw.create({"model": "m", "input": "x", "tools": [{"type": "web_search"}, clash]})
     assert [i["type"] for i in final["output"]] == ["function_call"]
     assert gw.provider is not None and gw.provider.requests == []
+
+
+def test_the_sdk_stream_helper_accumulates_the_tool_items(tools_gw: ToolsGateway) -> None:
+    gw = tools_gw
+    gw.script(
+        call("web_search", args(queries=["one"])),
+        call("web_search", args(queries=["two"])),
+        call("code_interpreter", args(code="print(1)")),
+    )
+    gw.script(text("done"))
+    with gw.client.responses.stream(
+        model="m",
+        input="x",
+        tools=[{"type": "web_search"}, CODE_TOOL],
+        max_tool_calls=2,
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert [(o.type, o.status) for o in final.output] == [
+        ("web_search_call", "completed"),
+        ("web_search_call", "completed"),
+        ("code_interpreter_call", "interpreting"),
+        ("message", "completed"),
+    ]
+    assert final.max_tool_calls == 2
+    assert final.output_text == "done"
+
+
+def test_non_streaming_sdk_create_and_retrieve(tools_gw: ToolsGateway) -> None:
+    gw = tools_gw
+    gw.script(call("web_search", args(queries=["sdk"])))
+    gw.script(text("answer"))
+    created = gw.client.responses.create(
+        model="m", input="x", tools=[{"type": "web_search"}], include=["web_search_call.action.sources"]
+    )
+    assert created.output[0].type == "web_search_call"
+    assert created.output[0].action.sources[0].url == "https://example.com/sdk/1"  # type: ignore[union-attr]
+    retrieved = gw.client.responses.retrieve(created.id)
+    assert retrieved.output == created.output
+    items = gw.client.responses.input_items.list(created.id)
+    assert [i.type for i in items.data] == ["message"]
+
+
+def test_background_responses_run_the_tool_loop(tools_gw: ToolsGateway) -> None:
+    gw = tools_gw
+    gw.script(call("web_search", args(queries=["bg"])))
+    gw.script(text("background answer"))
+    created = gw.client.responses.create(
+        model="m", input="x", tools=[{"type": "web_search"}], background=True
+    )
+    deadline = time.monotonic() + 20
+    body: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{gw.url}/v1/responses/{created.id}").json()
+        if body["status"] == "completed":
+            break
+        time.sleep(0.05)
+    assert body["status"] == "completed"
+    assert [i["type"] for i in body["output"]] == ["web_search_call", "message"]  # type: ignore[index]
+    with gw.client.responses.retrieve(created.id, stream=True) as stream:
+        kinds = [e.type for e in stream]
+    assert "response.web_search_call.searching" in kinds and kinds[-1] == "response.completed"
+
+
+def test_the_models_view_is_stored_but_never_returned(tools_gw: ToolsGateway) -> None:
+    gw = tools_gw
+    conv = gw.client.conversations.create()
+    gw.script(call("web_search", args(queries=["kept"]), call_id="call_kept"))
+    gw.script(text("first"))
+    first = gw.create(
+        {"model": "m", "input": "x", "tools": [{"type": "web_search"}], "conversation": conv.id}
+    )
+    # Every route that returns items returns the public item only.
+    raw_items = httpx.get(f"{gw.url}/v1/conversations/{conv.id}/items", params={"order": "asc"}).json()[
+        "data"
+    ]
+    assert [i["type"] for i in raw_items] == ["message", "web_search_call", "message"]
+    assert all("_gateway" not in i for i in raw_items)
+    item_id = raw_items[1]["id"]
+    one = httpx.get(f"{gw.url}/v1/conversations/{conv.id}/items/{item_id}").json()
+    assert one == first["output"][0] and "_gateway" not in one
+    gw.script(text("second"))
+    second = gw.create(
+        {"model": "m", "input": "again", "tools": [{"type": "web_search"}], "conversation": conv.id}
+    )
+    listed = httpx.get(f"{gw.url}/v1/responses/{second['id']}/input_items", params={"order": "asc"}).json()[
+        "data"
+    ]
+    assert [i["type"] for i in listed] == ["message", "web_search_call", "message", "message"]
+    assert all("_gateway" not in i for i in listed)
+    # The model got the stored results text again in the next turn.
+    seen = model_input(gw, 2)
+    assert {"call": ("web_search", args(queries=["kept"]), "call_kept")} in seen
+    output = next(s["output"][1] for s in seen if "output" in s)
+    assert "kept result 1" in output
