@@ -290,7 +290,8 @@ def test_a_sandbox_limit_fails_the_call_not_the_response(tools_gw: ToolsGateway)
     assert final["status"] == "completed"
     assert final["output"][0]["status"] == "failed"
     output = next(s["output"][1] for s in model_input(gw, 1) if "output" in s)
-    assert "CPU time limit of 1 s exceeded" in output
+    # CPU time (1 s) normally; on a starved machine the wall clock (10 s) can come first.
+    assert "time limit of" in output and "program was stopped" in output
 
 
 def test_unknown_and_ambiguous_tools_are_never_executed(tools_gw: ToolsGateway) -> None:
