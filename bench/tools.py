@@ -6,6 +6,13 @@ uses a real worker process (``celery -A gateway.celery worker -Q tools -P thread
 Redis (db 9). Cells are interleaved so machine noise hits both modes alike.
 
     .venv/bin/python bench/tools.py [--rounds 20] [--delay-ms 100] [--calls 200]
+
+``--responses``: end to end through the Responses API instead — a gateway process (``manage.py
+serve``, in-process tool calls, SQLite) in front of a scripted vLLM-format upstream whose first
+round calls ``web_search`` 5 times and whose second round answers; the same request against a
+provider answering at once isolates the tool round.
+
+    .venv/bin/python bench/tools.py --responses [--rounds 20] [--delay-ms 100]
 """
 
 from __future__ import annotations
@@ -155,9 +162,135 @@ async def main(args: argparse.Namespace) -> None:
     print(f"Celery dispatch overhead per call (median difference): {overhead:.1f} ms")
 
 
+# --- end to end through the Responses API -------------------------------------------------------
+
+
+def start_tool_upstream() -> str:
+    """A vLLM-format ``/v1/responses`` upstream: 5 web_search calls, then (given their outputs) text."""
+    import threading
+
+    from aiohttp import web
+
+    from tests.responses.scripts import Script, call, responses_events, text
+    from tests.servers import free_port, wait_port
+
+    calls_round = Script(
+        [call("web_search", orjson.dumps({"queries": [f"q{i}"]}).decode()) for i in range(5)]
+    )
+    answer = Script([text("Five searches done.")])
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        done = any(i.get("type") == "function_call_output" for i in body.get("input") or ())
+        events = responses_events(answer if done else calls_round, body)
+        frames = b"".join(
+            b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n" for kind, data in events
+        )
+        response = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        await response.write(frames)
+        await response.write_eof()
+        return response
+
+    port = free_port()
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/responses", handle)
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    wait_port(port)
+    return f"http://127.0.0.1:{port}"
+
+
+def start_gateway(upstream: str, provider_url: str, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    from tests.servers import free_port, wait_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
+    env.update(
+        LLM_API_BASE=upstream,
+        PORT=str(port),
+        HOST="127.0.0.1",
+        LOG_LEVEL="WARNING",
+        GATEWAY_SERVER_DATA_DIR=data_dir,
+        WEB_SEARCH_PROVIDER="searxng",
+        WEB_SEARCH_BASE_URL=provider_url,
+    )
+    for key in ("REDIS_URL", "DATABASE_URL"):
+        env.pop(key, None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_port(port, 60)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def responses_main(args: argparse.Namespace) -> None:
+    import tempfile
+
+    import httpx
+
+    provider = SearchProvider(delay_s=args.delay_ms / 1000).start()
+    instant = SearchProvider(delay_s=0.0).start()
+    upstream = start_tool_upstream()
+    body = {"model": "m", "input": "search five things", "tools": [{"type": "web_search"}], "store": False}
+    procs = []
+    try:
+        with tempfile.TemporaryDirectory() as slow_dir, tempfile.TemporaryDirectory() as fast_dir:
+            slow, slow_url = start_gateway(upstream, provider.url, slow_dir)
+            procs.append(slow)
+            fast, fast_url = start_gateway(upstream, instant.url, fast_dir)
+            procs.append(fast)
+            async with httpx.AsyncClient(timeout=30) as client:
+
+                async def once(base: str) -> float:
+                    started = time.perf_counter()
+                    r = await client.post(f"{base}/v1/responses", json=body)
+                    elapsed = time.perf_counter() - started
+                    data = r.json()
+                    assert r.status_code == 200 and data["status"] == "completed", r.text
+                    assert [i["status"] for i in data["output"][:5]] == ["completed"] * 5
+                    return elapsed
+
+                for _ in range(3):
+                    await once(slow_url)
+                    await once(fast_url)
+                with_delay: list[float] = []
+                without: list[float] = []
+                for _ in range(args.rounds):
+                    with_delay.append(await once(slow_url))
+                    without.append(await once(fast_url))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        provider.stop()
+        instant.stop()
+    print(f"Responses API, 2 upstream rounds, 5 concurrent web-search calls; {args.rounds} requests each")
+    print(f"provider {args.delay_ms:g} ms: {ms(with_delay)}")
+    print(f"provider 0 ms:   {ms(without)}")
+    extra = (statistics.median(with_delay) - statistics.median(without)) * 1000
+    print(f"the tool round's share (median difference): {extra:.1f} ms")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--delay-ms", type=float, default=100.0)
     parser.add_argument("--calls", type=int, default=200)
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--responses", action="store_true", help="end to end through the Responses API")
+    parsed = parser.parse_args()
+    asyncio.run(responses_main(parsed) if parsed.responses else main(parsed))

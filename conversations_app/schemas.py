@@ -586,6 +586,8 @@ def query_include(query: Any) -> list[str]:
 
 def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str, Any]:
     """An item as the API returns it; members only sent when asked for with ``include``."""
+    if "_gateway" in data:  # the model's private view of a gateway tool item (responses_app.tool_loop)
+        data = {k: v for k, v in data.items() if k != "_gateway"}
     if (
         data.get("type") == "reasoning"
         and "reasoning.encrypted_content" not in include

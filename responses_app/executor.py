@@ -3,8 +3,8 @@
 One response runs as rounds: send the whole history and the tools upstream (``/v1/responses`` or
 ``/v1/chat/completions``, by ``upstream_api``), read the upstream stream, and emit our own events
 with our own item ids. When the model calls client tools (function, custom) the response ends
-with those calls for the client to run; gateway-executed tools (a later issue) would run here and
-loop, at most ``max_rounds`` times.
+with those calls for the client to run; gateway-executed tools (web search, code interpreter, MCP)
+run between rounds and the loop goes on, at most ``max_rounds`` times (``responses_app.tool_loop``).
 
 Nothing fake is ever sent: a truncated or malformed upstream stream, an oversize SSE line or an
 upstream error ends the response ``failed`` (stored as failed when ``store``), and the terminal
@@ -27,9 +27,11 @@ from asgiref.sync import sync_to_async
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
+from inference_app.tools.base import GATEWAY_TOOL_TYPES
 from responses_app import translate
 from responses_app.events import Event, EventSink, EventTooLarge, StreamFailure, error_frame, read_sse
 from responses_app.schemas import NOT_FORWARDED, ResponseCreateRequest
+from responses_app.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
 
 log = logging.getLogger("responses.executor")
 
@@ -118,19 +120,21 @@ class _Open:
     index: int
     parts: list[str] = field(default_factory=list)
     buffered: bool = False  # custom tool over chat: the JSON arguments are decoded at the end
+    hidden: bool = False  # a gateway tool call: nothing streams; the tool loop emits its public item
 
 
 def strip_credentials(raw: dict[str, Any]) -> dict[str, Any]:
     """The request as stored: request-scoped credentials (MCP authorization/headers) removed."""
     out = dict(raw)
     if isinstance(out.get("tools"), list):
-        tools = []
-        for tool in out["tools"]:
-            if isinstance(tool, dict) and ("authorization" in tool or "headers" in tool):
-                tool = {k: v for k, v in tool.items() if k not in ("authorization", "headers")}
-            tools.append(tool)
-        out["tools"] = tools
+        out["tools"] = _stripped_tools(out["tools"])
     return out
+
+
+def _stripped_tools(tools: list[Any]) -> list[Any]:
+    from inference_app.tools import strip_credentials as strip_tool
+
+    return [strip_tool(t) if isinstance(t, dict) else t for t in tools]
 
 
 def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
@@ -163,7 +167,7 @@ def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
         "temperature": 1.0 if r.temperature is None else r.temperature,
         "text": r.text or {"format": {"type": "text"}},
         "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
-        "tools": r.tools or [],
+        "tools": _stripped_tools(r.tools or []),
         "top_logprobs": r.top_logprobs,
         "top_p": 1.0 if r.top_p is None else r.top_p,
         "truncation": r.truncation or "disabled",
@@ -220,9 +224,17 @@ class Executor:
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
-        self.tools = prepared.tool_map or translate.ToolMap.build(
+        # Client tools as the model sees them (namespaces flattened, custom tools as functions).
+        self.client_tools = prepared.tool_map or translate.ToolMap.build(
             prepared.request.tools, search_available=web_search_available(config)
         )
+        self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
+        self._round_client_calls = 0
+
+    async def prepare_tools(self) -> None:
+        """Classify tools, validate, discover MCP tools: every refusal is a 400 before any byte."""
+        if self.tools is None:
+            self.tools = await ToolLoop.prepare(self.p, self.config)
 
     # --- the response object -------------------------------------------------------------------
 
@@ -242,20 +254,46 @@ class Executor:
     async def run(self) -> AsyncIterator[Event]:
         """Every event of the response, in order, ending with exactly one terminal or error event."""
         status = "completed"
+        if self.tools is None:
+            try:
+                await self.prepare_tools()
+            except errors.GatewayError as exc:  # callers that did not prepare (WebSocket, background)
+                self.failure_event = error_frame(
+                    code=exc.code, message=exc.message, param=exc.param, sequence_number=0
+                )
+                yield self.failure_event
+                return
+        tools = self.tools
+        assert tools is not None
         try:
             yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
             yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
+            for event in tools.listing_events(self):
+                yield event
+            async for event in tools.run_approvals(self):
+                yield event
             max_rounds = self.config.responses.max_rounds
             for _ in range(max_rounds):
                 self._round += 1
+                self._round_client_calls = 0
+                tools.start_round()
                 async for event in self._run_round():
                     yield event
                 for event in self._close():
                     yield event
-                # Client tool calls end the response; gateway tools (later issue) would loop here.
                 status = self._round_status
                 self.service_tier = self._round_tier
-                break
+                if not tools.round_calls:
+                    break  # a final answer or client calls only: nothing for the gateway to run
+                # Gateway calls run even when the round also ends the response (client calls,
+                # approval requests, an incomplete round): they are recorded either way.
+                async for event in tools.execute_round(self):
+                    yield event
+                if status != "completed" or self._round_client_calls or tools.ends_response:
+                    break
+            else:
+                status = "incomplete"  # every round ended in gateway calls
+                self.incomplete_details = {"reason": ROUND_CAP_REASON}
         except StreamFailure as failure:
             status = "failed"
             self._fail(failure.message, failure.code, failure.status)
@@ -338,7 +376,7 @@ class Executor:
             prepared=self.p,
             status=status,
             snapshot=snapshot,
-            output_items=self.output,
+            output_items=self.tools.stored_items(self.output) if self.tools else self.output,
             usage=self.usage.as_dict(),
             error=self.error,
             terminal_event=terminal,
@@ -349,8 +387,14 @@ class Executor:
     def _history_items(self) -> list[dict[str, Any]]:
         return [*self.p.history, *self.p.new_items, *self.output]
 
-    def _upstream_items(self) -> list[dict[str, Any]]:
-        return [self.tools.upstream_item(item) for item in self._history_items()]
+    def _model_items(self) -> list[dict[str, Any]]:
+        """The history as the model sees it: built-in tool items in their function-call form, client
+        tool calls under the names the model knows them by."""
+        if self.tools is None:
+            items = self._history_items()
+        else:
+            items = self.tools.model_items([*self.p.history, *self.p.new_items], self.output)
+        return [self.client_tools.upstream_item(item) for item in items]
 
     async def _run_round(self) -> AsyncIterator[Event]:
         chat = self.config.upstream_api == "chat_completions"
@@ -430,17 +474,27 @@ class Executor:
 
     def _responses_body(self) -> dict[str, Any]:
         body = self._common_forward()
-        body["input"] = [translate.output_to_input(item) for item in self._upstream_items()]
+        body["input"] = [translate.output_to_input(item) for item in self._model_items()]
         if self.p.request.instructions is None:
             body.pop("instructions", None)
-        if "tools" in body:
-            tools = self.tools.responses_tools()
-            if tools:
-                body["tools"] = tools
-            else:
-                body.pop("tools")
+        # Client tools (mapped) plus, while max_tool_calls allows, one function per gateway tool.
+        tools = self.client_tools.responses_tools()
+        if self.tools is not None:
+            tools = [t for t in tools if t.get("type") not in GATEWAY_TOOL_TYPES]
+            tools += self.tools.responses_tools(())
+        if tools:
+            body["tools"] = tools
+        else:
+            body.pop("tools", None)
         if "tool_choice" in body:
-            body["tool_choice"] = self.tools.tool_choice(body["tool_choice"])
+            choice = self.client_tools.tool_choice(body["tool_choice"])
+            body["tool_choice"] = self.tools.tool_choice(choice) if self.tools is not None else choice
+        if self.tools is not None and "include" in body:
+            include = self.tools.upstream_include(body["include"])
+            if include is None:
+                body.pop("include")
+            else:
+                body["include"] = include
         body["store"] = False
         body["stream"] = True
         return body
@@ -449,11 +503,15 @@ class Executor:
         r = self.p.request
         forwarded = self._common_forward()
         body: dict[str, Any] = {"model": r.model}
-        body["messages"] = translate.items_to_messages(r.instructions, self._upstream_items())
-        tools = self.tools.chat_tools()
+        body["messages"] = translate.items_to_messages(r.instructions, self._model_items())
+        tools = self.client_tools.chat_tools()
+        tool_choice = self.client_tools.tool_choice(r.tool_choice)
+        if self.tools is not None:
+            tools += self.tools.chat_tools()
+            tool_choice = self.tools.tool_choice(tool_choice)
         if tools:
             body["tools"] = tools
-            choice = translate.tool_choice_to_chat(self.tools.tool_choice(r.tool_choice))
+            choice = translate.tool_choice_to_chat(tool_choice)
             if choice is not None:
                 body["tool_choice"] = choice
             if r.parallel_tool_calls is not None:
@@ -645,9 +703,19 @@ class Executor:
         if self.open is not None and self.open.key == key:
             return []
         out = self._close()
+        if kind == "function_call" and self.tools is not None and self.tools.is_gateway(_str(name)):
+            # A gateway tool call: buffered whole; the tool loop emits the public item when it closes.
+            self.open = _Open(
+                key,
+                kind,
+                {"type": "function_call", "call_id": _str(call_id), "name": _str(name)},
+                -1,
+                hidden=True,
+            )
+            return out
         index = len(self.output)
         # The upstream calls the flat function; the client gets back the tool it declared.
-        restored = self.tools.restore(_str(name)) if kind == "function_call" else None
+        restored = self.client_tools.restore(_str(name)) if kind == "function_call" else None
         namespace = None
         if restored is not None:
             name, namespace = restored.name, restored.namespace
@@ -750,7 +818,7 @@ class Executor:
         assert self.open is not None
         self._retain(len(delta))
         self.open.parts.append(delta)
-        if self.open.buffered:
+        if self.open.buffered or self.open.hidden:
             return out
         type_ = (
             "response.custom_tool_call_input.delta"
@@ -770,6 +838,11 @@ class Executor:
         sink = self.sink
         item = dict(current.item)
         text = "".join(current.parts)
+        if current.hidden:
+            assert self.tools is not None
+            return self.tools.on_gateway_call(self, item["call_id"], item["name"], text)
+        if current.kind in ("function_call", "custom_tool_call"):
+            self._round_client_calls += 1
         item_id, index = item["id"], current.index
         out: list[Event] = []
         self.open = current  # _part_event reads the open item
@@ -861,14 +934,6 @@ async def _drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) ->
                     return
     except (TimeoutError, errors.GatewayError):
         return
-
-
-def web_search_available(config: Config) -> bool:
-    """Whether a search provider is configured; without one ``web_search`` is withheld.
-
-    No provider exists on this branch yet; the gateway-tools work wires its provider check here.
-    """
-    return False
 
 
 def _str(value: Any) -> str:

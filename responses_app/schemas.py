@@ -57,7 +57,8 @@ class ResponseCreateRequest(BaseModel):
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
-    max_tool_calls: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    # Validated before the model by inference_app.tools.validate_max_tool_calls (one implementation).
+    max_tool_calls: int | None = None
     metadata: dict[str, str] | None = None
     model: str
     moderation: dict[str, Any] | None = None
@@ -203,6 +204,9 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
         ) from None
     if not isinstance(raw, dict):
         raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
+    from inference_app.tools import validate_max_tool_calls
+
+    validate_max_tool_calls(raw.get("max_tool_calls"))
     try:
         request = ResponseCreateRequest.model_validate(raw, strict=False)
     except ValidationError as exc:
@@ -213,7 +217,7 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
 
 
 # JSON-level type checks pydantic's lax mode would coerce ("1" → 1, 1 → 1.0 is fine).
-_INT_FIELDS = ("max_output_tokens", "max_tool_calls", "top_logprobs")
+_INT_FIELDS = ("max_output_tokens", "top_logprobs")
 _BOOL_FIELDS = ("background", "parallel_tool_calls", "store", "stream")
 
 

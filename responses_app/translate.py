@@ -18,6 +18,7 @@ import orjson
 
 from gateway import errors
 from gateway.ids import new_id
+from inference_app.tools.base import WEB_SEARCH_TYPES
 
 # Our public id prefix for each stored item type.
 ID_PREFIX = {
@@ -235,7 +236,7 @@ MAX_TOOL_NAME = 64
 _SHORT_HASH = 8
 # A namespace member ``ns`` / ``fn`` reaches the model as one flat function ``ns__fn``.
 NAMESPACE_SEPARATOR = "__"
-SEARCH_TOOL_TYPES = frozenset({"web_search", "web_search_preview", "web_search_2025_08_26"})
+SEARCH_TOOL_TYPES = WEB_SEARCH_TYPES
 
 
 def upstream_tool_name(name: str) -> str:

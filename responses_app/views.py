@@ -18,6 +18,7 @@ from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
 from responses_app import selectors, services, tasks
 from responses_app.executor import Executor, _db
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
+from responses_app.tool_loop import ToolLoop, public_item
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -55,12 +56,16 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
         request=parsed, raw=raw, owner=principal.owner, headers=_upstream_headers(request), config=config
     )
     if prepared.background:
+        # Tool declarations, host policy and approvals are refused (400) before anything is queued;
+        # MCP discovery happens when the work runs.
+        await ToolLoop.prepare(prepared, config, discover=False)
         snapshot = await _db(services.response_create_queued)(prepared=prepared)
         tasks.start_background(prepared, config)
         if parsed.stream:
             return _sse(_tail(prepared.response_id, -1))
         return json_response(snapshot)
     executor = Executor(prepared, config)
+    await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
         return _sse(_frames(executor))
     async for _event in executor.run():
@@ -213,6 +218,7 @@ async def response_input_items(request: HttpRequest, response_id: str) -> HttpRe
         return selectors.response_input_items(response=response, after=after, limit=limit, order=order)
 
     data, has_more = await _db(page)()
+    data = [public_item(item) for item in data]
     return json_response(
         {
             "object": "list",

@@ -171,6 +171,9 @@ class ToolResult:
     server_label: str | None = None
     mcp_tool_name: str | None = None
     duration_s: float = 0.0
+    # MCP only: "tool_execution" when the tool itself reported the error (``isError``); otherwise
+    # the call failed on the way (connection, protocol, timeout, policy).
+    error_type: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -498,7 +498,9 @@ async def call_mcp_tool(call: ToolCall, config: Config) -> ToolResult:
     text = _content_text(result)
     duration = time.monotonic() - started
     if result.is_error:
-        return ToolResult.failure(call, text or "the MCP tool reported an error", duration_s=duration)
+        return ToolResult.failure(
+            call, text or "the MCP tool reported an error", duration_s=duration, error_type="tool_execution"
+        )
     return ToolResult(
         call_id=call.call_id,
         kind="mcp",

@@ -88,3 +88,7 @@ def gw(live_gateway: Any, upstream: Any, gateway_config: Callable[..., Any], wir
     client = OpenAI(base_url=f"{live_gateway.url}/v1", api_key="sk-test", max_retries=0, timeout=30)
     yield Gateway(live_gateway.url, upstream, wire, client)
     client.close()
+
+
+# The tool-loop fixtures (real search provider, MCP server, sandbox config): tests/responses/tool_fixtures.py.
+from tests.responses.tool_fixtures import mcp_server, provider, tools_gw  # noqa: E402, F401

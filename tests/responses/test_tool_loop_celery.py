@@ -1,0 +1,91 @@
+"""The tool loop's distributed path: a Responses request whose gateway calls run as Celery tasks on
+the ``tools`` queue, consumed by a real worker from the real Redis (db 7)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from gateway.celery import app as celery_app
+from gateway.celery import configure
+from tests.responses.scripts import call, text
+from tests.responses.tool_fixtures import ToolsGateway, args, model_input
+
+REDIS_URL = "redis://127.0.0.1:6379/7"
+
+
+@pytest.fixture
+def wire() -> str:
+    return "responses"
+
+
+def rebind(app: Any, config: Any) -> None:
+    """Configure ``app`` for ``config`` and drop what it cached for an earlier broker (other tests
+    in this process configure the same app for another Redis db)."""
+    configure(app, config)
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    if "amqp" in app.__dict__:
+        app.__dict__["amqp"]._producer_pool = None
+    app._local = threading.local()  # the cached result backend
+
+
+@pytest.fixture
+def tools_worker(tools_gw: ToolsGateway) -> Iterator[None]:
+    import inference_app.tool_tasks  # noqa: F401  (registers the tool task)
+
+    assert tools_gw.configure is not None
+    rebind(celery_app, tools_gw.configure(redis_url=REDIS_URL))
+    with start_worker(
+        celery_app,
+        queues=["tools"],
+        pool="threads",
+        concurrency=5,
+        perform_ping_check=False,
+        loglevel="WARNING",
+    ):
+        yield
+    rebind(celery_app, tools_gw.configure(redis_url=""))
+
+
+def test_gateway_calls_run_on_a_celery_tools_worker(tools_gw: ToolsGateway, tools_worker: Any) -> None:
+    gw = tools_gw
+    assert gw.provider is not None
+    client = redis.Redis.from_url(REDIS_URL)
+    before = set(client.keys("celery-task-meta-*"))
+    # Warm the worker so the timing below measures a round, not the first task's start-up.
+    gw.script(call("web_search", args(queries=["warm"])))
+    gw.script(text("warm"))
+    gw.create({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
+
+    gw.provider.delay_s = 0.5
+    queries = ["a", "b", "c", "d", "e"]
+    gw.script(
+        *(call("web_search", args(queries=[q]), call_id=f"call_{q}") for q in queries),
+        call("code_interpreter", args(code="print(2 ** 10)"), call_id="call_code"),
+    )
+    gw.script(text("done"))
+    started = time.monotonic()
+    final = gw.create(
+        {
+            "model": "m",
+            "input": "x",
+            "tools": [{"type": "web_search"}, {"type": "code_interpreter", "container": {"type": "auto"}}],
+        }
+    )
+    elapsed = time.monotonic() - started
+    assert [i["status"] for i in final["output"][:6]] == ["completed"] * 6
+    # Five 0.5 s searches on five worker threads at once (sequentially they would take 2.5 s).
+    assert elapsed < 2.0, elapsed
+    seen = {s["output"][0]: s["output"][1] for s in model_input(gw, 3) if "output" in s}
+    assert seen["call_code"] == "1024\n"
+    assert all(f"{q} result 1" in seen[f"call_{q}"] for q in queries)
+    # Results are deleted from the backend once read.
+    assert set(client.keys("celery-task-meta-*")) == before
