@@ -173,6 +173,12 @@ class EngineHost:
 
         return self.engine is not None and vllm_compat.engine_is_dead(self.engine)
 
+    @property
+    def unfinished_requests(self) -> int:
+        from inference_app import vllm_compat
+
+        return 0 if self.engine is None else vllm_compat.engine_unfinished_requests(self.engine)
+
     def shutdown(self) -> None:
         from inference_app import vllm_compat
 
@@ -191,16 +197,20 @@ class EngineHost:
         query: str,
         headers: Mapping[str, str] | list[tuple[str, str]],
         body: bytes,
+        *,
+        disconnect: asyncio.Event | None = None,
     ) -> Served:
         """Call vLLM's application for one request; must run on the engine loop.
 
-        Returns once vLLM has sent the status line. Set ``Served.disconnect`` to abort the request
-        (vLLM sees an ASGI ``http.disconnect`` and aborts it in the engine).
+        Returns once vLLM has sent the status line. Set ``disconnect`` (also ``Served.disconnect``),
+        at any time, to abort the request: vLLM sees an ASGI ``http.disconnect`` and aborts it in
+        the engine.
         """
         loop = asyncio.get_running_loop()
         head: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
         queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
-        disconnect = asyncio.Event()
+        if disconnect is None:
+            disconnect = asyncio.Event()
         items = headers.items() if isinstance(headers, Mapping) else headers
         raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in items]
         if body and not any(k == b"content-length" for k, _ in raw_headers):
@@ -267,16 +277,20 @@ class EngineHost:
             raise
 
         async def chunks() -> AsyncIterator[bytes]:
+            complete = False
             try:
                 while True:
                     item = await queue.get()
                     if item is None:
+                        complete = True
                         return
                     if isinstance(item, BaseException):
+                        complete = True
                         raise RuntimeError(f"vLLM failed mid-response: {item!r}") from item
                     yield item
             finally:
-                if not task.done():
+                if not complete:
+                    # The reader stopped early: the client is gone; vLLM aborts the request.
                     disconnect.set()
 
         return Served(status, response_headers, chunks(), disconnect)

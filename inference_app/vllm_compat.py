@@ -94,6 +94,11 @@ def engine_max_model_len(engine: EngineClient) -> int:
     return int(engine.model_config.max_model_len)
 
 
+def engine_unfinished_requests(engine: EngineClient) -> int:
+    """Requests the engine is still working on (aborted ones leave at once)."""
+    return int(engine.output_processor.get_num_unfinished_requests())
+
+
 def engine_is_dead(engine: EngineClient) -> bool:
     return bool(engine.errored)
 
