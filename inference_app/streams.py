@@ -7,6 +7,8 @@ Per request (id minted by the gateway):
   ``start`` (``w``: the worker id) → ``head`` (``s``: HTTP status, ``h``: JSON header pairs) →
   ``data`` (``b``: body bytes, exactly as vLLM produced them; adjacent chunks may be merged) … →
   a terminal ``end`` (``s``: ``ok`` | ``error`` | ``cancelled``, ``m``: a message on error).
+  Every record carries its index ``i`` (merged data records also the last one, ``j``), so a reader
+  that fell further behind than the stream's bound notices the gap instead of relaying a hole.
 - ``inference:cancel:<id>``: set by the gateway when the client goes away; the worker polls it and
   aborts the request in the engine.
 - ``inference:claim:<id>``: set once (``SET NX``) by the worker that runs the request, so a message

@@ -49,12 +49,18 @@ class WorkerRuntime:
         self._writes: asyncio.Queue[tuple[str, Record, bool, asyncio.Future[None] | None]] | None = None
         self._inflight: dict[str, asyncio.Event] = {}
         self._loops: list[asyncio.Task[None]] = []
+        self.outcomes: dict[str, int] = {streams.OK: 0, streams.ERROR: 0, streams.CANCELLED: 0}
         self.started = threading.Event()
+        self._stopping = threading.Event()
 
     # -- start / stop ----------------------------------------------------------------------------
     def start(self, timeout: float | None = None) -> None:
         self.host.start_blocking(timeout)
         self.host.run(self._start_loops()).result(timeout)
+        import redis
+
+        self._heartbeat_once(redis.Redis.from_url(self.config.redis_url))
+        threading.Thread(target=self._heartbeat, name="inference-heartbeat", daemon=True).start()
         self.started.set()
         log.info("inference worker %s serves %s on %s", self.worker_id, self.host.served_name, self.queues)
 
@@ -63,11 +69,12 @@ class WorkerRuntime:
 
         self.redis = aioredis.Redis.from_url(self.config.redis_url, max_connections=64)
         self._writes = asyncio.Queue()
-        await self._heartbeat_once()
-        for loop in (self._writer(), self._heartbeat(), self._cancel_watcher()):
+        for loop in (self._writer(), self._cancel_watcher()):
             self._loops.append(asyncio.get_running_loop().create_task(loop))
 
     def stop(self) -> None:
+        self._stopping.set()
+
         async def _stop() -> None:
             for task in self._loops:
                 task.cancel()
@@ -82,7 +89,7 @@ class WorkerRuntime:
             log.warning("inference worker: could not deregister cleanly", exc_info=True)
 
     # -- the loops -------------------------------------------------------------------------------
-    async def _heartbeat_once(self) -> None:
+    def _heartbeat_once(self, client: Any) -> None:
         inf = self.config.inference
         info = {
             "worker": self.worker_id,
@@ -90,24 +97,27 @@ class WorkerRuntime:
             "queues": self.queues,
             "max_model_len": self.host.max_model_len,
             "running": self.host.unfinished_requests,
+            "outcomes": dict(self.outcomes),
             "models_body": orjson.loads(self.host.models_body),
         }
-        ttl_ms = int(inf.worker_lost_after_s * 1000)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(streams.worker_key(self.worker_id), orjson.dumps(info), px=ttl_ms)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(streams.worker_key(self.worker_id), orjson.dumps(info), px=int(inf.worker_lost_after_s * 1000))
         pipe.sadd(streams.WORKERS_SET, self.worker_id)
-        await pipe.execute()
+        pipe.execute()
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.inference.heartbeat_interval_s)
+    def _heartbeat(self) -> None:
+        """A plain thread, not a coroutine: a busy engine loop must not make a live worker look dead."""
+        import redis
+
+        client = redis.Redis.from_url(self.config.redis_url)
+        while not self._stopping.wait(self.config.inference.heartbeat_interval_s):
             if self.host.dead:
                 # A dead engine stops vouching for itself: its requests fail, /ready says so.
                 log.error("inference worker %s: the vLLM engine died", self.worker_id)
-                await self.redis.delete(streams.worker_key(self.worker_id))
+                client.delete(streams.worker_key(self.worker_id))
                 return
             try:
-                await self._heartbeat_once()
+                self._heartbeat_once(client)
             except Exception:  # noqa: BLE001 - Redis blips must not stop the heartbeat
                 log.warning("inference worker: heartbeat failed", exc_info=True)
 
@@ -151,6 +161,7 @@ class WorkerRuntime:
                     and pending[1][b"t"] == streams.DATA
                 ):
                     pending[1][b"b"] += record[b"b"]
+                    pending[1][b"j"] = record[b"i"]
                 else:
                     flush(pending)
                     pending = (key, dict(record))
@@ -192,20 +203,26 @@ class WorkerRuntime:
         if await self.redis.exists(streams.cancel_key(request_id)):
             return streams.CANCELLED
         key = streams.stream_key(request_id)
+        index = 0
+
+        def emit(record: Record, **kwargs: bool) -> Any:
+            # Every record is numbered, so a reader notices records the stream bound trimmed away.
+            nonlocal index
+            record[b"i"] = str(index).encode()
+            index += 1
+            return self._emit(key, record, **kwargs)
+
         disconnect = asyncio.Event()
         self._inflight[request_id] = disconnect
         outcome, message = streams.OK, ""
         try:
-            self._emit(key, {b"t": streams.START, b"w": self.worker_id.encode()}, expire=True)
+            emit({b"t": streams.START, b"w": self.worker_id.encode()}, expire=True)
             served = await self.host.serve(
                 method, path, query, [(k, v) for k, v in headers], body, disconnect=disconnect
             )
-            self._emit(
-                key,
-                {b"t": streams.HEAD, b"s": str(served.status).encode(), b"h": orjson.dumps(served.headers)},
-            )
+            emit({b"t": streams.HEAD, b"s": str(served.status).encode(), b"h": orjson.dumps(served.headers)})
             async for chunk in served.chunks:
-                self._emit(key, {b"t": streams.DATA, b"b": chunk})
+                emit({b"t": streams.DATA, b"b": chunk})
             if disconnect.is_set():
                 outcome = streams.CANCELLED
         except Exception as exc:  # noqa: BLE001 - becomes the terminal record
@@ -215,8 +232,9 @@ class WorkerRuntime:
                 log.exception("inference request %s failed", request_id)
         finally:
             self._inflight.pop(request_id, None)
+        self.outcomes[outcome] += 1
         end = {b"t": streams.END, b"s": outcome.encode(), b"m": message.encode()}
-        await self._emit(key, end, expire=True, wait=True)
+        await emit(end, expire=True, wait=True)
         return outcome
 
 

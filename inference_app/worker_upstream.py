@@ -58,6 +58,9 @@ class WorkerUpstream:
 
         self.config = config
         self.celery = configure(Celery("gateway-inference-client"), config)
+        # Results travel on the request's Redis Stream; a result backend here would make each
+        # publish subscribe to a result channel (and block the event loop doing so).
+        self.celery.conf.update(result_backend=None, task_ignore_result=True)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]
         self._clients = weakref.WeakKeyDictionary()
         self._registry: tuple[float, list[dict[str, Any]]] = (0.0, [])
@@ -204,6 +207,7 @@ class _StreamReader:
         self.pending: list[dict[bytes, bytes]] = []
         self.finished = False
         self.cancelled = False
+        self.expected_index = 0
 
     async def _next_records(self, deadline: float, on_timeout: errors.GatewayError) -> None:
         """Block until at least one record arrives (checking the worker's heartbeat between reads)."""
@@ -228,7 +232,16 @@ class _StreamReader:
                 raise on_timeout
 
     def _take(self) -> dict[bytes, bytes]:
-        return self.pending.pop(0)
+        record = self.pending.pop(0)
+        first = int(record.get(b"i", b"0"))
+        if first != self.expected_index:
+            raise errors.UpstreamError(
+                "The response outran the bound of its Redis stream (inference.stream_maxlen); "
+                "part of it was lost.",
+                code="inference_stream_overrun",
+            )
+        self.expected_index = int(record.get(b"j", record.get(b"i", b"0"))) + 1
+        return record
 
     async def head(self) -> tuple[int, list[tuple[str, str]]]:
         cfg = self.upstream.config.upstream

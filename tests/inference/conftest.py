@@ -9,6 +9,7 @@ it on purpose), small KV cache, short answers.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -164,6 +166,11 @@ def _serve_gateway(config: config_module.Config) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def embedded_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
+    """The gateway hosting the engine in-process (neither LLM_API_BASE nor REDIS_URL)."""
+    yield from embedded_gateway_for(tiny_model_dir)
+
+
+def embedded_gateway_for(tiny_model_dir: Path) -> Iterator[Gateway]:
     from inference_app.engine import shutdown_engine_host
 
     config = engine_config(tiny_model_dir)
@@ -177,6 +184,30 @@ def embedded_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def worker_gateway(worker: WorkerProcess, tiny_model_dir: Path) -> Iterator[Gateway]:
+    """The gateway with a WorkerUpstream over the real Redis, and the session's Celery worker."""
+    yield from worker_gateway_for(worker, tiny_model_dir)
+
+
+def worker_gateway_for(worker: WorkerProcess, tiny_model_dir: Path) -> Iterator[Gateway]:
     config = engine_config(tiny_model_dir, REDIS_URL=INFERENCE_REDIS_URL)
     for url in _serve_gateway(config):
         yield Gateway(url, "worker", worker)
+
+
+def worker_info() -> dict[str, Any]:
+    """What the (single) live worker reports with its heartbeat."""
+    client = redis.Redis.from_url(INFERENCE_REDIS_URL)
+    try:
+        (member,) = client.smembers("inference:workers")
+        return dict(json.loads(client.get(f"inference:worker:{member.decode()}") or b"{}"))
+    finally:
+        client.close()
+
+
+def engine_requests_running(gateway: Gateway) -> int:
+    """Requests the serving engine is working on (a worker reports it with its heartbeat)."""
+    if gateway.mode == "embedded":
+        from inference_app.engine import get_engine_host
+
+        return get_engine_host(config_module.get_config()).unfinished_requests
+    return int(worker_info()["running"])

@@ -8,12 +8,22 @@ worker over the real Redis. What the client gets must be what ``vllm serve`` sen
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.inference.conftest import SERVED, Gateway
+from tests.inference.conftest import (
+    SERVED,
+    Gateway,
+    embedded_gateway_for,
+    engine_requests_running,
+    worker_gateway_for,
+    worker_info,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +32,12 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module", params=["embedded", "worker"])
-def gateway(request: pytest.FixtureRequest) -> Gateway:
-    return request.getfixturevalue(f"{request.param}_gateway")
+def gateway(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[Gateway]:
+    # One engine at a time: the embedded engine stops before the worker's tests start.
+    if request.param == "embedded":
+        yield from embedded_gateway_for(tiny_model_dir)
+    else:
+        yield from worker_gateway_for(request.getfixturevalue("worker"), tiny_model_dir)
 
 
 def post(gw: Gateway, path: str, body: dict[str, object], timeout: float = 120) -> httpx.Response:
@@ -227,3 +241,25 @@ def test_health(gateway: Gateway) -> None:
     engine_health = httpx.get(f"{gateway.url}/upstream-health", timeout=30)
     assert engine_health.status_code == 200  # vLLM's /health: engine alive
     assert engine_health.content == b""
+
+
+def test_client_disconnect_aborts_the_request_in_the_engine(gateway: Gateway) -> None:
+    # 128 sequences of 490 tokens: many seconds of work for this engine, so only an abort
+    # empties it within a second of the disconnect.
+    long = {"model": SERVED, "messages": HI, "max_tokens": 490, "n": 128, "ignore_eos": True, "stream": True}
+    cancelled_before = worker_info()["outcomes"]["cancelled"] if gateway.mode == "worker" else 0
+    with httpx.stream("POST", f"{gateway.url}{CHAT}", json=long, timeout=60) as r:
+        # Keep the iterator referenced: a dropped httpx line iterator closes the connection.
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + 5
+        while engine_requests_running(gateway) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine_requests_running(gateway) >= 1
+        assert next(line for line in lines if line).startswith("data: ")  # still streaming
+    closed = time.monotonic()
+    while engine_requests_running(gateway) != 0:
+        assert time.monotonic() - closed < 1.5, "the engine request was not aborted"
+        time.sleep(0.05)
+    if gateway.mode == "worker":
+        assert worker_info()["outcomes"]["cancelled"] == cancelled_before + 1
