@@ -75,7 +75,7 @@ class EmbeddedUpstream:
                 try:
                     async for chunk in served.chunks:
                         loop.call_soon_threadsafe(inbox.put_nowait, chunk)
-                except BaseException as exc:  # noqa: BLE001 - handed to the reader
+                except BaseException as exc:  # handed to the reader
                     loop.call_soon_threadsafe(inbox.put_nowait, exc)
                 else:
                     loop.call_soon_threadsafe(inbox.put_nowait, _END)

@@ -258,7 +258,7 @@ class EngineHost:
         async def call() -> None:
             try:
                 await self.app(scope, receive, send)
-            except BaseException as exc:  # noqa: BLE001 - reported to the reader, then logged
+            except BaseException as exc:  # reported to the reader, then logged
                 if not disconnect.is_set():
                     log.exception("vLLM application failed on %s %s", method, path)
                 if not head.done():
@@ -270,6 +270,8 @@ class EngineHost:
                 queue.put_nowait(None)
 
         task = loop.create_task(call())
+        _app_calls.add(task)
+        task.add_done_callback(_app_calls.discard)
         try:
             status, response_headers = await head
         except BaseException:
@@ -295,6 +297,9 @@ class EngineHost:
 
         return Served(status, response_headers, chunks(), disconnect)
 
+
+# Strong references to the in-flight application calls (the loop keeps only weak ones).
+_app_calls: set[asyncio.Task[None]] = set()
 
 _host: EngineHost | None = None
 _host_lock = threading.Lock()

@@ -85,7 +85,7 @@ class WorkerRuntime:
 
         try:
             self.host.run(_stop()).result(5)
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:  # best effort on the way out
             log.warning("inference worker: could not deregister cleanly", exc_info=True)
 
     # -- the loops -------------------------------------------------------------------------------
@@ -101,7 +101,9 @@ class WorkerRuntime:
             "models_body": orjson.loads(self.host.models_body),
         }
         pipe = client.pipeline(transaction=False)
-        pipe.set(streams.worker_key(self.worker_id), orjson.dumps(info), px=int(inf.worker_lost_after_s * 1000))
+        pipe.set(
+            streams.worker_key(self.worker_id), orjson.dumps(info), px=int(inf.worker_lost_after_s * 1000)
+        )
         pipe.sadd(streams.WORKERS_SET, self.worker_id)
         pipe.execute()
 
@@ -118,7 +120,7 @@ class WorkerRuntime:
                 return
             try:
                 self._heartbeat_once(client)
-            except Exception:  # noqa: BLE001 - Redis blips must not stop the heartbeat
+            except Exception:  # Redis blips must not stop the heartbeat
                 log.warning("inference worker: heartbeat failed", exc_info=True)
 
     async def _cancel_watcher(self) -> None:
@@ -129,7 +131,7 @@ class WorkerRuntime:
             ids = list(self._inflight)
             try:
                 flags = await self.redis.mget([streams.cancel_key(i) for i in ids])
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("inference worker: cancel poll failed", exc_info=True)
                 continue
             for request_id, flag in zip(ids, flags, strict=True):
@@ -149,7 +151,7 @@ class WorkerRuntime:
             pending: tuple[str, Record] | None = None
             waiters: list[asyncio.Future[None]] = []
 
-            def flush(item: tuple[str, Record] | None) -> None:
+            def flush(item: tuple[str, Record] | None, pipe: Any = pipe) -> None:
                 if item is not None:
                     pipe.xadd(item[0], item[1], maxlen=inf.stream_maxlen, approximate=True)
 
@@ -174,7 +176,7 @@ class WorkerRuntime:
             flush(pending)
             try:
                 await pipe.execute()
-            except Exception as exc:  # noqa: BLE001 - reported to the requests that wait
+            except Exception as exc:  # reported to the requests that wait
                 log.warning("inference worker: stream write failed", exc_info=True)
                 for waiter in waiters:
                     if not waiter.done():
@@ -225,7 +227,7 @@ class WorkerRuntime:
                 emit({b"t": streams.DATA, b"b": chunk})
             if disconnect.is_set():
                 outcome = streams.CANCELLED
-        except Exception as exc:  # noqa: BLE001 - becomes the terminal record
+        except Exception as exc:  # becomes the terminal record
             outcome = streams.CANCELLED if disconnect.is_set() else streams.ERROR
             message = str(exc) or type(exc).__name__
             if outcome == streams.ERROR:
@@ -261,14 +263,21 @@ def generate_task(
     body = base64.b64decode(body_b64)
     started = time.monotonic()
     outcome = runtime.host.run(runtime.handle(request_id, method, path, query, headers, body)).result()
-    log.info("inference request %s %s %s: %s in %.3fs", request_id, method, path, outcome, time.monotonic() - started)
+    log.info(
+        "inference request %s %s %s: %s in %.3fs",
+        request_id,
+        method,
+        path,
+        outcome,
+        time.monotonic() - started,
+    )
     return outcome
 
 
 def _consumes_inference(sender: Any) -> list[str]:
     try:
         names = list(sender.app.amqp.queues.consume_from)
-    except Exception:  # noqa: BLE001 - no queue information: not an inference worker
+    except Exception:  # no queue information: not an inference worker
         return []
     return [n for n in names if n == streams.DEFAULT_QUEUE or n.startswith(streams.DEFAULT_QUEUE + ".")]
 

@@ -222,12 +222,15 @@ class _StreamReader:
                         self.pending.append(fields)
                 return
             now = time.monotonic()
-            if self.worker is not None and now - silent_since >= inf.worker_lost_after_s / 2:
-                if not await self.redis.exists(streams.worker_key(self.worker)):
-                    raise errors.UpstreamError(
-                        "The inference worker serving this request stopped before finishing it.",
-                        code="inference_worker_lost",
-                    )
+            if (
+                self.worker is not None
+                and now - silent_since >= inf.worker_lost_after_s / 2
+                and not await self.redis.exists(streams.worker_key(self.worker))
+            ):
+                raise errors.UpstreamError(
+                    "The inference worker serving this request stopped before finishing it.",
+                    code="inference_worker_lost",
+                )
             if now >= deadline:
                 raise on_timeout
 

@@ -27,9 +27,7 @@ from gateway import config as config_module
 from tests.servers import ROOT, LiveServer
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the venv
-    pytest.skip(
-        "real-vLLM tests need the inference venv: make test-inference", allow_module_level=True
-    )
+    pytest.skip("real-vLLM tests need the inference venv: make test-inference", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
@@ -90,9 +88,26 @@ class WorkerProcess:
         self.log_path = log_path
         self.log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "gateway", "worker", "-Q", "inference", "-P", "threads",
-             "-c", str(concurrency), "-n", "inference-test@%h", "--without-gossip", "--without-mingle",
-             "-l", "INFO"],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "gateway",
+                "worker",
+                "-Q",
+                "inference",
+                "-P",
+                "threads",
+                "-c",
+                str(concurrency),
+                "-n",
+                "inference-test@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "INFO",
+            ],
             cwd=ROOT,
             env=env,
             stdout=self.log,
@@ -107,7 +122,10 @@ class WorkerProcess:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.output()[-4000:]}")
-                if any(client.exists(f"inference:worker:{m.decode()}") for m in client.smembers("inference:workers")):
+                if any(
+                    client.exists(f"inference:worker:{m.decode()}")
+                    for m in client.smembers("inference:workers")
+                ):
                     return
                 time.sleep(0.5)
         finally:

@@ -129,7 +129,11 @@ def test_chat_stream_without_usage_ends_with_finish_chunk_then_done(gateway: Gat
 def test_openai_sdk_streams_through_the_gateway(gateway: Gateway) -> None:
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     stream = client.chat.completions.create(
-        model=SERVED, messages=HI, max_tokens=4, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+        model=SERVED,
+        messages=HI,
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},  # type: ignore[arg-type]
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -137,14 +141,18 @@ def test_openai_sdk_streams_through_the_gateway(gateway: Gateway) -> None:
 
 
 def test_completions(gateway: Gateway) -> None:
-    r = post(gateway, "/v1/completions", {"model": SERVED, "prompt": "def", "max_tokens": 4, "temperature": 0})
+    r = post(
+        gateway, "/v1/completions", {"model": SERVED, "prompt": "def", "max_tokens": 4, "temperature": 0}
+    )
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "text_completion"
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 4
     s = post(
-        gateway, "/v1/completions", {"model": SERVED, "prompt": "def", "max_tokens": 4, "temperature": 0, "stream": True}
+        gateway,
+        "/v1/completions",
+        {"model": SERVED, "prompt": "def", "max_tokens": 4, "temperature": 0, "stream": True},
     )
     events = sse_events(s.text)
     assert events[-1] == "[DONE]"
@@ -180,7 +188,11 @@ def test_max_tokens_over_the_context_is_400(gateway: Gateway) -> None:
 
 def test_prompt_over_the_context_is_400(gateway: Gateway) -> None:
     long_prompt = "word " * 2000
-    r = post(gateway, CHAT, {"model": SERVED, "messages": [{"role": "user", "content": long_prompt}], "max_tokens": 1})
+    r = post(
+        gateway,
+        CHAT,
+        {"model": SERVED, "messages": [{"role": "user", "content": long_prompt}], "max_tokens": 1},
+    )
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "BadRequestError"
@@ -230,7 +242,11 @@ def test_unknown_model_is_vllms_404(gateway: Gateway) -> None:
 def test_tool_call_parser_is_active(gateway: Gateway) -> None:
     """tool_choice "auto" needs --enable-auto-tool-choice and a parser; the engine has both."""
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    r = post(gateway, CHAT, {"model": SERVED, "messages": HI, "tools": tools, "tool_choice": "auto", "max_tokens": 3})
+    r = post(
+        gateway,
+        CHAT,
+        {"model": SERVED, "messages": HI, "tools": tools, "tool_choice": "auto", "max_tokens": 3},
+    )
     # Without the flags vLLM answers 400 ('"auto" tool choice requires --enable-auto-tool-choice …').
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"].get("tool_calls") in (None, [])
