@@ -6,7 +6,7 @@ Run it in the inference venv (``make install-inference``), with Redis on 127.0.0
     .venv-inference/bin/python bench/inference.py [--max-tokens 128] [--requests 32]
 
 For each path it reports streamed chat completions at concurrency 1 and 8: output tokens/s and time to
-first token (first content chunk; p50), with ratios to ``vllm serve``. The paths run one after the
+first token (the first chunk after the role chunk; p50), with ratios to ``vllm serve``. The paths run one after the
 other, interleaved over several rounds (medians reported), with all three engines up and idle
 while another path is measured.
 Until the pass-through routes are merged, the gateway serves these routes through the test relay
@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -104,9 +103,12 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
 async def one(client: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[float, int, float]:
     body = {
         "model": SERVED,
-        "messages": [{"role": "user", "content": "Write some code."}],
+        "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": max_tokens,
         "ignore_eos": True,
+        # Greedy: every path generates the same tokens. (Sampled, the random-weight model sometimes
+        # starts with a run of special tokens that stream no text, which makes TTFT bimodal.)
+        "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -119,7 +121,9 @@ async def one(client: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[flo
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            # The first token's chunk: the first one after the role chunk (the random-weight model
+            # may stream special tokens first, whose text is empty).
+            if ttft is None and chunk["choices"] and "role" not in chunk["choices"][0]["delta"]:
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]

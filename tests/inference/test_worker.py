@@ -14,15 +14,24 @@ import httpx
 import pytest
 
 from gateway import config as config_module
-from tests.inference.conftest import SERVED, Gateway, WorkerProcess, engine_config, worker_info
+from tests.inference.conftest import (
+    INFERENCE_REDIS_URL,
+    SERVED,
+    Gateway,
+    WorkerProcess,
+    engine_config,
+    worker_info,
+)
 
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
+# 128 sequences of 490 tokens: many seconds of work, so the worker is killed mid-generation.
 LONG: dict[str, object] = {
     "model": SERVED,
     "messages": [{"role": "user", "content": "Hi"}],
-    "max_tokens": 400,
+    "max_tokens": 490,
+    "n": 128,
     "ignore_eos": True,
     "stream": True,
 }
@@ -35,30 +44,40 @@ def test_worker_registers_what_it_serves(worker_gateway: Gateway) -> None:
     assert info["max_model_len"] == 512
 
 
-def test_eight_concurrent_requests_are_batched(worker_gateway: Gateway) -> None:
-    """Throughput with 8 requests at once is far above 8 requests one after the other."""
-    body = {"model": SERVED, "prompt": "def", "max_tokens": 256, "ignore_eos": True, "temperature": 0}
+def test_eight_concurrent_requests_are_batched(worker_gateway: Gateway, tiny_model_dir: Path) -> None:
+    """Throughput with 8 requests at once is far above 8 requests one after the other.
 
-    async def one(client: httpx.AsyncClient) -> int:
-        r = await client.post(f"{worker_gateway.url}/v1/completions", json=body)
-        assert r.status_code == 200
-        return int(r.json()["usage"]["completion_tokens"])
+    Measured at the gateway's upstream (``WorkerUpstream``: Celery publish, the real worker, Redis
+    Streams), so the figure is the worker's and not the test machine's HTTP stack.
+    """
+    from inference_app.worker_upstream import WorkerUpstream
+
+    upstream = WorkerUpstream(engine_config(tiny_model_dir, REDIS_URL=INFERENCE_REDIS_URL))
+    body = json.dumps(
+        {"model": SERVED, "prompt": "def", "max_tokens": 256, "ignore_eos": True, "temperature": 0}
+    ).encode()
+
+    async def one() -> int:
+        response = await upstream.send(
+            "POST", "/v1/completions", body=body, headers={"content-type": "application/json"}
+        )
+        assert response.status == 200
+        return int(json.loads(await response.read())["usage"]["completion_tokens"])
 
     async def measure() -> tuple[float, float]:
-        async with httpx.AsyncClient(timeout=120) as client:
-            await one(client)  # warm
-            start = time.perf_counter()
-            tokens = sum([await one(client) for _ in range(8)])
-            sequential = tokens / (time.perf_counter() - start)
-            start = time.perf_counter()
-            tokens = sum(await asyncio.gather(*(one(client) for _ in range(8))))
-            concurrent = tokens / (time.perf_counter() - start)
+        await one()  # warm
+        start = time.perf_counter()
+        tokens = sum([await one() for _ in range(8)])
+        sequential = tokens / (time.perf_counter() - start)
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one() for _ in range(8))))
+        concurrent = tokens / (time.perf_counter() - start)
         return sequential, concurrent
 
     sequential, concurrent = asyncio.run(measure())
     print(f"tokens/s: sequential {sequential:.0f}, 8 concurrent {concurrent:.0f}")
-    # Clearly above: on an idle machine it is 4-5x; a busy shared 2-core CI box still shows > 1.5x.
-    assert concurrent > 1.5 * sequential
+    # Clearly above: 3-5x on a quiet machine; a busy shared 2-core box still shows more than 2x.
+    assert concurrent > 2 * sequential
 
 
 @pytest.mark.django_db(transaction=True)
@@ -127,4 +146,4 @@ def test_killing_the_worker_mid_stream_gives_the_client_an_error_promptly(
             "code": "inference_worker_lost",
         }
     }
-    assert len(lines) < 400  # it did not finish
+    assert "data: [DONE]" not in lines  # it did not finish
