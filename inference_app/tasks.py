@@ -36,6 +36,9 @@ log = logging.getLogger("inference.worker")
 
 Record = dict[bytes, bytes]
 
+# Minimum prefetch multiplier of an inference worker (see _load_engine_at_worker_start).
+PREFETCH_MULTIPLIER = 4
+
 
 class WorkerRuntime:
     """Per worker process: the engine host plus the Redis side of every request it serves."""
@@ -52,6 +55,7 @@ class WorkerRuntime:
         self.outcomes: dict[str, int] = {streams.OK: 0, streams.ERROR: 0, streams.CANCELLED: 0}
         self.started = threading.Event()
         self._stopping = threading.Event()
+        self.prefetch_count = 0
 
     # -- start / stop ----------------------------------------------------------------------------
     def start(self, timeout: float | None = None) -> None:
@@ -97,6 +101,7 @@ class WorkerRuntime:
             "queues": self.queues,
             "max_model_len": self.host.max_model_len,
             "running": self.host.unfinished_requests,
+            "prefetch_count": self.prefetch_count,
             "outcomes": dict(self.outcomes),
             "models_body": orjson.loads(self.host.models_body),
         }
@@ -296,6 +301,11 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
             "the inference worker needs `-P threads` (or solo): vLLM cannot start its engine in a "
             "prefork child. Start it with: celery -A gateway worker -Q inference -P threads -c 32"
         )
+    # With acks_late, Celery's event loop sends a thread-pool task's ack only when it next wakes up,
+    # so unacked deliveries count against the prefetch limit well after their tasks finished; with
+    # prefetch = concurrency the worker then takes new requests one at a time instead of feeding them
+    # to the engine together. Headroom in the prefetch keeps requests flowing into the batch.
+    sender.prefetch_multiplier = max(int(sender.prefetch_multiplier or 1), PREFETCH_MULTIPLIER)
     config = get_config()
     own_queue = streams.model_queue(get_engine_host(config).served_name)
     if own_queue not in queues:
@@ -304,6 +314,7 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
     with _runtime_lock:
         if _runtime is None:
             _runtime = WorkerRuntime(config, queues)
+            _runtime.prefetch_count = int(sender.concurrency or 0) * sender.prefetch_multiplier
             _runtime.start()
 
 

@@ -39,6 +39,7 @@ LONG: dict[str, object] = {
 
 def test_worker_registers_what_it_serves(worker_gateway: Gateway) -> None:
     info = worker_info()
+    assert info["prefetch_count"] == 8 * 4  # concurrency x the inference worker's multiplier
     assert info["models"] == [SERVED]
     assert info["queues"] == ["inference", f"inference.{SERVED}"]
     assert info["max_model_len"] == 512
