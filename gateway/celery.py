@@ -15,7 +15,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
 from gateway.config import Config, get_config
 
-
 QUEUES = ("inference", "tools")
 
 
