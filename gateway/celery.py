@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
 from gateway.config import Config, get_config
+
+QUEUES = ("inference", "tools", "responses")
 
 
 def configure(app: Celery, config: Config) -> Celery:
@@ -23,7 +25,10 @@ def configure(app: Celery, config: Config) -> Celery:
         result_backend=config.redis_url or None,
         task_always_eager=not config.broker_enabled,
         task_eager_propagates=True,
-        task_queues=(Queue("inference"), Queue("tools"), Queue("responses")),
+        # Each queue with its own exchange and routing key: queues declared bare would all bind to
+        # the default exchange with the default routing key, so a task sent to one queue would be
+        # delivered to every queue.
+        task_queues=tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES),
         task_default_queue="tools",
         task_acks_late=True,
         task_reject_on_worker_lost=False,

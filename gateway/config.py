@@ -194,6 +194,32 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class InferenceConfig:
+    """The vLLM engine hosted by inference workers (and by the gateway itself in embedded mode)."""
+
+    served_model_name: str = ""
+    dtype: str = "auto"
+    max_model_len: int = 0
+    tensor_parallel_size: int = 1
+    chat_template: str = ""
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    generation_config: str = "auto"
+    override_generation_config: str = ""
+    kv_cache_memory_bytes: int = 0
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    engine_args: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    stream_maxlen: int = 10_000
+    stream_ttl_s: int = 900
+    heartbeat_interval_s: float = 1.0
+    worker_lost_after_s: float = 5.0
+    cancel_poll_interval_s: float = 0.2
+
+
+@dataclass(frozen=True)
 class Config:
     llm_api_base: str = ""
     database_url: str = ""
@@ -212,6 +238,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     # Operator-configured MCP servers by label: the dynamic ``[mcp_servers.<label>]`` tables.
     mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     # Secrets: environment only.
     openai_api_key: str = field(default="", repr=False)
     secret_key: str = field(default="", repr=False)
@@ -550,6 +577,12 @@ def _validate(c: Config) -> None:
         "upstream.pool_size": c.upstream.pool_size,
         "database.pool_max_size": c.database.pool_max_size,
         "server.workers": c.server.workers,
+        "inference.tensor_parallel_size": c.inference.tensor_parallel_size,
+        "inference.stream_maxlen": c.inference.stream_maxlen,
+        "inference.stream_ttl_s": c.inference.stream_ttl_s,
+        "inference.heartbeat_interval_s": c.inference.heartbeat_interval_s,
+        "inference.worker_lost_after_s": c.inference.worker_lost_after_s,
+        "inference.cancel_poll_interval_s": c.inference.cancel_poll_interval_s,
     }
     for name, value in positive.items():
         if value <= 0:
@@ -562,6 +595,22 @@ def _validate(c: Config) -> None:
         parts = urlsplit(c.web_search.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"WEB_SEARCH_BASE_URL: must be an http(s) URL, got {c.web_search.base_url!r}")
+    if c.inference.worker_lost_after_s <= c.inference.heartbeat_interval_s:
+        raise ConfigError(
+            "inference.worker_lost_after_s: must exceed inference.heartbeat_interval_s "
+            "(a live worker would be declared lost between two heartbeats)"
+        )
+    if c.inference.enable_auto_tool_choice and not c.inference.tool_call_parser:
+        raise ConfigError("inference.enable_auto_tool_choice: needs inference.tool_call_parser")
+    if c.inference.override_generation_config:
+        import json
+
+        try:
+            overrides = json.loads(c.inference.override_generation_config)
+        except ValueError:
+            overrides = None
+        if not isinstance(overrides, dict):
+            raise ConfigError("inference.override_generation_config: must be a JSON object")
     for origin in c.server.cors_allowed_origins:
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):

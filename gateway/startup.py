@@ -16,7 +16,12 @@ def run_checks(config: Config) -> None:
     elif config.broker_enabled:
         log.info("inference: Celery workers via the broker at REDIS_URL")
     else:
-        log.warning("inference: no LLM_API_BASE and no broker; inference routes answer 503")
+        from inference_app.upstream import embedded_engine_available
+
+        if embedded_engine_available():
+            log.info("inference: embedded vLLM engine in this process (starts on first use)")
+        else:
+            log.warning("inference: no LLM_API_BASE, no broker and no vLLM; inference routes answer 503")
     log.info(
         "database: %s; channel layer and Celery: %s",
         "PostgreSQL" if config.database_url.startswith("postgres") else "SQLite (embedded)",

@@ -259,7 +259,8 @@ class UnconfiguredUpstream:
 
     message = (
         "No inference backend is configured: set LLM_API_BASE to an OpenAI-compatible server "
-        "(for example a vLLM server), or REDIS_URL with Celery inference workers."
+        "(for example a vLLM server), or REDIS_URL with Celery inference workers, or install the "
+        "inference dependencies (make install-inference) to host the engine in the gateway."
     )
 
     async def send(self, method: str, path: str, **kwargs: Any) -> UpstreamResponse:
@@ -284,6 +285,13 @@ async def close_upstreams() -> None:
         await upstream.aclose()
 
 
+def embedded_engine_available() -> bool:
+    """vLLM is installed here (``make install-inference``), so the gateway can host the engine."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
 def get_upstream() -> Upstream:
     """The upstream for the current config (cached per config object)."""
     config = get_config()
@@ -293,6 +301,14 @@ def get_upstream() -> Upstream:
         _upstreams.clear()
         if config.llm_api_base:
             upstream = HttpUpstream(config)
+        elif config.broker_enabled:
+            from inference_app.worker_upstream import WorkerUpstream
+
+            upstream = WorkerUpstream(config)
+        elif embedded_engine_available():
+            from inference_app.embedded import EmbeddedUpstream
+
+            upstream = EmbeddedUpstream(config)
         else:
             upstream = UnconfiguredUpstream()
         _upstreams[key] = upstream

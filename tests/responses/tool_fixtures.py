@@ -1,7 +1,7 @@
 """Fixtures for the tool-loop tests: the live gateway, the scripted model, and real tool servers.
 
 ``tools_gw`` is a :class:`Gateway` whose process config points web search at a real
-SearXNG-compatible provider on loopback (``tests.inference.tools_servers.SearchProvider``) and
+SearXNG-compatible provider on loopback (``tests.tools.tools_servers.SearchProvider``) and
 allows MCP servers on 127.0.0.1 (the real MCP server built with the ``mcp`` SDK). The code
 interpreter is the real bubblewrap sandbox. ``configure(**changes)`` applies more config changes
 on top of that base.
@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from gateway.config import Config
-from tests.inference.tools_servers import McpRecord, SearchProvider, start_mcp_server
+from tests.tools.tools_servers import McpRecord, SearchProvider, start_mcp_server
 from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
 from tests.servers import LiveServer
 

@@ -16,7 +16,7 @@ import redis
 
 from gateway.config import Config, load_config, replace
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls
-from tests.inference.tools_servers import SearchProvider
+from tests.tools.tools_servers import SearchProvider
 
 REDIS_URL = "redis://127.0.0.1:6379/9"
 

@@ -13,7 +13,7 @@ import pytest
 from gateway.config import Config, load_config, replace
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls
 from inference_app.tools.web_search import normalize_domain
-from tests.inference.tools_servers import SearchProvider
+from tests.tools.tools_servers import SearchProvider
 
 
 @pytest.fixture

