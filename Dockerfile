@@ -31,16 +31,21 @@ ENTRYPOINT ["/app/docker/entrypoint.sh"]
 CMD ["python", "manage.py", "serve"]
 
 FROM build AS worker-build
-COPY requirements-inference-gpu.tx[t] ./
-RUN if [ -f requirements-inference-gpu.txt ]; then pip install -r requirements-inference-gpu.txt; fi
+COPY requirements-inference-gpu.txt ./
+RUN pip install -r requirements-inference-gpu.txt
 
 FROM base AS worker
+# bubblewrap: the code-interpreter sandbox of `-Q tools` workers (needs user namespaces; Docker's
+# default seccomp profile blocks them, so tool workers run with a profile that allows clone/unshare).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 COPY --from=worker-build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH GATEWAY_SERVER_DATA_DIR=/app/var VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+ENV PATH=/opt/venv/bin:$PATH GATEWAY_SERVER_DATA_DIR=/app/var VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+    VLLM_WORKER_MULTIPROC_METHOD=spawn GATEWAY_SKIP_MIGRATE=1
 COPY --chown=gateway:gateway . /app
 RUN mkdir -p /app/var && chown gateway:gateway /app/var
 USER gateway
-ENV GATEWAY_SKIP_MIGRATE=1
 ENTRYPOINT ["/app/docker/entrypoint.sh"]
-# The vLLM engine spawns processes, so the inference worker uses the threads pool (not prefork).
+# One container per GPU (CUDA_VISIBLE_DEVICES). vLLM spawns processes, so the inference worker uses
+# the threads pool (not prefork). Tool workers: `celery -A gateway worker -Q tools -c 16`;
+# background responses: `celery -A gateway worker -Q responses -c 8`.
 CMD ["celery", "-A", "gateway", "worker", "-Q", "inference", "-P", "threads", "-c", "64", "--loglevel", "INFO"]
