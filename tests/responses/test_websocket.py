@@ -693,3 +693,39 @@ def test_stored_continuation_of_an_unstored_parent_stores_the_whole_history(
     stored = Response.objects.get(id=rid)
     items = Item.objects.filter(id__in=stored.history_item_ids)
     assert items.count() == len(stored.history_item_ids) == 3  # parent input, new input, output
+
+
+def test_conversation_requests_keep_the_conversations_behaviour(gw: LiveServer, upstream: Any) -> None:
+    """Over WebSocket, ``conversation`` reads history from and appends to the durable conversation."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "before"}])
+    script(upstream, "over the socket")
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(stream_id="c", conversation=conv.id, input="now"))
+            return await c.until_terminal()
+
+    events = run(scenario())
+    assert events[-1]["type"] == "response.completed" and events[-1]["stream_id"] == "c"
+    sent = upstream_bodies(upstream)[-1]["input"]
+    assert [part["text"] for item in sent for part in item["content"]] == ["before", "now"]
+    items = client.conversations.items.list(conv.id, order="asc").data
+    texts = [item.content[0].text for item in items]  # type: ignore[union-attr]
+    assert texts == ["before", "now", "over the socket"]
+    # previous_response_id together with conversation is refused here too, before inference.
+    before = len(upstream_bodies(upstream))
+
+    async def refused() -> dict[str, Any]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(stream_id="d", conversation=conv.id, previous_response_id="resp_x"))
+            return await c.recv()
+
+    error = run(refused())
+    assert error["type"] == "error" and error["status"] == 400 and error["stream_id"] == "d"
+    assert len(upstream_bodies(upstream)) == before
+    client.close()

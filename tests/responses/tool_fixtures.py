@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from gateway.config import Config
-from tests.tools.tools_servers import McpRecord, SearchProvider, start_mcp_server
 from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
 from tests.servers import LiveServer
+from tests.tools.tools_servers import McpRecord, SearchProvider, start_mcp_server
 
 
 @dataclass

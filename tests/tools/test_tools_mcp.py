@@ -14,8 +14,8 @@ from gateway.errors import BadRequest
 from inference_app.tools import classify_tools, discover_mcp_tools, run_gateway_calls
 from inference_app.tools.base import McpServer
 from inference_app.tools.mcp import check_server_allowed, listings_from_items
-from tests.tools.tools_servers import McpRecord, start_mcp_server
 from tests.servers import LiveServer, free_port
+from tests.tools.tools_servers import McpRecord, start_mcp_server
 
 
 @pytest.fixture
