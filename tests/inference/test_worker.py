@@ -138,7 +138,9 @@ def test_killing_the_worker_mid_stream_gives_the_client_an_error_promptly(
                 lines.append(line)
         elapsed = time.monotonic() - killed
     assert elapsed < 5, f"the client waited {elapsed:.1f}s"
-    error = json.loads(lines[-1][len("data: ") :])
+    # Like vLLM's own mid-stream failures: an error chunk, then the stream's terminator.
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: ") :])
     assert error == {
         "error": {
             "message": "The inference worker serving this request stopped before finishing it.",
@@ -147,4 +149,5 @@ def test_killing_the_worker_mid_stream_gives_the_client_an_error_promptly(
             "code": "inference_worker_lost",
         }
     }
-    assert "data: [DONE]" not in lines  # it did not finish
+    # It did not finish: no chunk carries a finish_reason.
+    assert not any('"finish_reason":"stop"' in line or '"finish_reason":"length"' in line for line in lines)
