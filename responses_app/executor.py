@@ -579,7 +579,9 @@ class Executor:
             self._take_usage_responses(response.get("usage"))
             tier = response.get("service_tier")
             self._round_tier = tier if isinstance(tier, str) else None
-            if kind == "response.incomplete":
+            # vLLM ends a length-capped response with ``response.completed`` whose status says
+            # ``incomplete``: the status field decides, not only the event name.
+            if kind == "response.incomplete" or response.get("status") == "incomplete":
                 self._round_status = "incomplete"
                 self.incomplete_details = response.get("incomplete_details") or {
                     "reason": "max_output_tokens"

@@ -52,6 +52,9 @@ class Script:
         default_factory=lambda: {"input_tokens": 12, "output_tokens": 7, "total_tokens": 19}
     )
     status: str = "completed"  # completed | incomplete (max_output_tokens)
+    # vLLM 0.32 ends a length-capped response with ``response.completed`` whose status is
+    # ``incomplete`` (seen with real vLLM); OpenAI-style servers send ``response.incomplete``.
+    incomplete_event: str = "response.completed"
     service_tier: str | None = None
     truncate_after: int | None = None  # stop after this many events, without the terminal one
     malformed_at: int | None = None  # replace this event's data with broken JSON
@@ -269,7 +272,7 @@ def responses_events(script: Script, body: dict[str, Any]) -> list[tuple[str, di
         final["usage"] = _vllm_usage(script.usage)
     if script.status == "incomplete":
         final["incomplete_details"] = {"reason": "max_output_tokens"}
-        add("response.incomplete", response=final)
+        add(script.incomplete_event, response=final)
     else:
         add("response.completed", response=final)
     return events

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from conversations_app.models import Item
 from responses_app.models import Response
@@ -194,8 +195,11 @@ def test_function_call_round_trip(gw: Gateway) -> None:
         assert last["tools"][0]["function"]["name"] == "get_weather"
 
 
-def test_incomplete_when_upstream_hits_max_tokens(gw: Gateway) -> None:
-    gw.script(text("cut"), status="incomplete")
+@pytest.mark.parametrize("terminal", ["response.completed", "response.incomplete"])
+def test_incomplete_when_upstream_hits_max_tokens(gw: Gateway, terminal: str) -> None:
+    # vLLM says it with a ``response.completed`` event carrying status incomplete; others with
+    # ``response.incomplete``: both end the response incomplete.
+    gw.script(text("cut"), status="incomplete", incomplete_event=terminal)
     events = gw.stream({"model": "test-model", "input": "Hi", "max_output_tokens": 16})
     assert events[-1]["type"] == "response.incomplete"
     final = events[-1]["response"]

@@ -30,6 +30,14 @@ class Command(BaseCommand):
         port = options["port"] or config.server.port
         server = options["server"] or config.server.asgi_server
         workers = options["workers"] or config.server.workers
+        if workers == 1:
+            # Embedded inference: start loading the engine now, while the server comes up, rather
+            # than on the first request (it takes tens of seconds). /ready says when it serves.
+            from inference_app.upstream import get_upstream
+
+            engine_host = getattr(get_upstream(), "host", None)
+            if engine_host is not None:
+                engine_host.start()
         if server == "daphne":
             from daphne.cli import CommandLineInterface
 
