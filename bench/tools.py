@@ -34,7 +34,7 @@ import orjson  # noqa: E402
 
 from gateway.config import Config, load_config, replace  # noqa: E402
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls  # noqa: E402
-from tests.inference.tools_servers import SearchProvider  # noqa: E402
+from tests.tools.tools_servers import SearchProvider  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/9"
 
