@@ -260,8 +260,9 @@ def test_health(gateway: Gateway) -> None:
 
 
 def test_client_disconnect_aborts_the_request_in_the_engine(gateway: Gateway) -> None:
-    # 128 sequences of 490 tokens: many seconds of work for this engine, so only an abort
-    # empties it within a second of the disconnect.
+    # 128 sequences of 490 tokens: about half a minute of work for this engine, so only an abort
+    # empties it within a few seconds of the disconnect (the bound leaves room for the worker's
+    # cancel poll and a busy 2-core CI machine).
     long = {"model": SERVED, "messages": HI, "max_tokens": 490, "n": 128, "ignore_eos": True, "stream": True}
     cancelled_before = worker_info()["outcomes"]["cancelled"] if gateway.mode == "worker" else 0
     with httpx.stream("POST", f"{gateway.url}{CHAT}", json=long, timeout=60) as r:
@@ -275,7 +276,7 @@ def test_client_disconnect_aborts_the_request_in_the_engine(gateway: Gateway) ->
         assert next(line for line in lines if line).startswith("data: ")  # still streaming
     closed = time.monotonic()
     while engine_requests_running(gateway) != 0:
-        assert time.monotonic() - closed < 1.5, "the engine request was not aborted"
+        assert time.monotonic() - closed < 5.0, "the engine request was not aborted"
         time.sleep(0.05)
     if gateway.mode == "worker":
         assert worker_info()["outcomes"]["cancelled"] == cancelled_before + 1
