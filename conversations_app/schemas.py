@@ -259,21 +259,7 @@ class NewItem(BaseModel):
 
 
 # ------------------------------------------------------------------------------------ validation
-def _kind(value: Any) -> str:
-    """OpenAI's words for a JSON value's type in "got X instead"."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+invalid_type = errors.invalid_type
 
 
 def _quoted_list(values: tuple[str, ...] | list[str]) -> str:
@@ -281,14 +267,6 @@ def _quoted_list(values: tuple[str, ...] | list[str]) -> str:
     if len(quoted) <= 2:
         return " and ".join(quoted)
     return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
-
-
-def invalid_type(param: str, expected: str, value: Any) -> errors.BadRequest:
-    return errors.BadRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
-        param=param,
-        code="invalid_type",
-    )
 
 
 def invalid_value(param: str, value: Any, supported: tuple[str, ...] | list[str]) -> errors.BadRequest:

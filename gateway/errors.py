@@ -156,6 +156,32 @@ class UpstreamTimeout(GatewayError):
     code = "upstream_timeout"
 
 
+def json_type_name(value: Any) -> str:
+    """OpenAI's words for a JSON value's type, as in "expected an integer, but got X instead"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an object"
+
+
+def invalid_type(param: str, expected: str, value: Any) -> BadRequest:
+    """The 400 ``invalid_type`` refusal: ``Invalid type for 'p': expected X, but got Y instead.``"""
+    return BadRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {json_type_name(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
 def is_anthropic_path(path: str) -> bool:
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 

@@ -14,17 +14,9 @@ from collections.abc import AsyncIterator, Mapping
 from gateway import errors
 from gateway.config import Config
 from inference_app.engine import EngineHost, Served, get_engine_host
-from inference_app.upstream import Body, UpstreamResponse
+from inference_app.upstream import Body, UpstreamResponse, read_body
 
 _END = object()
-
-
-async def _read_body(body: Body) -> bytes:
-    if body is None:
-        return b""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    return b"".join([chunk async for chunk in body])
 
 
 class EmbeddedUpstream:
@@ -60,7 +52,7 @@ class EmbeddedUpstream:
         headers: Mapping[str, str] | None = None,
         query: str = "",
     ) -> UpstreamResponse:
-        data = await _read_body(body)
+        data = await read_body(body)
         await self._started()
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[object] = asyncio.Queue()

@@ -47,6 +47,15 @@ _REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length", "expect"}
 Body = bytes | AsyncIterable[bytes] | None
 
 
+async def read_body(body: Body) -> bytes:
+    """A request body in one piece (for upstreams that cannot stream a request body)."""
+    if body is None:
+        return b""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    return b"".join([chunk async for chunk in body])
+
+
 class UpstreamResponse:
     """An upstream answer whose body is read lazily, chunk by chunk, as it arrives."""
 

@@ -31,21 +31,13 @@ import orjson
 from gateway import errors
 from gateway.config import Config
 from inference_app import streams
-from inference_app.upstream import Body, UpstreamResponse
+from inference_app.upstream import Body, UpstreamResponse, read_body
 
 log = logging.getLogger("inference.upstream")
 
 # How long one XREAD blocks before the reader checks on the worker and the deadlines.
 _BLOCK_MS = 500
 _REGISTRY_TTL_S = 1.0
-
-
-async def _read_body(body: Body) -> bytes:
-    if body is None:
-        return b""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    return b"".join([chunk async for chunk in body])
 
 
 class WorkerUpstream:
@@ -168,7 +160,7 @@ class WorkerUpstream:
             response_headers = [("content-length", str(len(payload))), ("content-type", "application/json")]
             return UpstreamResponse(200, response_headers, _once(payload))
 
-        data = await _read_body(body)
+        data = await read_body(body)
         request_id = uuid.uuid4().hex
         queue = self._queue_for(live, data)
         cfg = self.config.upstream

@@ -120,24 +120,6 @@ def _param(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
 def validation_error(exc: ValidationError) -> errors.BadRequest:
     """The first pydantic error as an OpenAI-style 400 (``param`` is the JSON path)."""
     err = exc.errors(include_url=False)[0]
@@ -178,7 +160,7 @@ def validation_error(exc: ValidationError) -> errors.BadRequest:
         )
     if kind in ("int_from_float", "int_parsing_size"):
         return errors.BadRequest(
-            f"Invalid type for '{param}': expected an integer, but got {_json_type(value)} instead.",
+            f"Invalid type for '{param}': expected an integer, but got {errors.json_type_name(value)} instead.",
             param=param,
             code="invalid_type",
         )
@@ -187,7 +169,7 @@ def validation_error(exc: ValidationError) -> errors.BadRequest:
     if kind == "union_tag_invalid" or base not in _EXPECTED:
         expected = "a valid value"
     return errors.BadRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
+        f"Invalid type for '{param}': expected {expected}, but got {errors.json_type_name(value)} instead.",
         param=param,
         code="invalid_type",
     )
@@ -226,7 +208,7 @@ def _check_strict_types(raw: dict[str, Any]) -> None:
         value = raw.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise errors.BadRequest(
-                f"Invalid type for '{name}': expected an integer, but got {_json_type(value)} instead.",
+                f"Invalid type for '{name}': expected an integer, but got {errors.json_type_name(value)} instead.",
                 param=name,
                 code="invalid_type",
             )
@@ -234,7 +216,7 @@ def _check_strict_types(raw: dict[str, Any]) -> None:
         value = raw.get(name)
         if value is not None and not isinstance(value, bool):
             raise errors.BadRequest(
-                f"Invalid type for '{name}': expected a boolean, but got {_json_type(value)} instead.",
+                f"Invalid type for '{name}': expected a boolean, but got {errors.json_type_name(value)} instead.",
                 param=name,
                 code="invalid_type",
             )
@@ -242,7 +224,7 @@ def _check_strict_types(raw: dict[str, Any]) -> None:
         value = raw.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise errors.BadRequest(
-                f"Invalid type for '{name}': expected a decimal, but got {_json_type(value)} instead.",
+                f"Invalid type for '{name}': expected a decimal, but got {errors.json_type_name(value)} instead.",
                 param=name,
                 code="invalid_type",
             )
@@ -250,7 +232,7 @@ def _check_strict_types(raw: dict[str, Any]) -> None:
         value = raw.get(name)
         if value is not None and not isinstance(value, str):
             raise errors.BadRequest(
-                f"Invalid type for '{name}': expected a string, but got {_json_type(value)} instead.",
+                f"Invalid type for '{name}': expected a string, but got {errors.json_type_name(value)} instead.",
                 param=name,
                 code="invalid_type",
             )
@@ -316,7 +298,7 @@ def check_prompt_cache_options(value: Any, *, supported: bool) -> dict[str, Any]
     if not isinstance(value, dict):
         raise errors.BadRequest(
             f"Invalid type for 'prompt_cache_options': expected an object, but got "
-            f"{_json_type(value)} instead.",
+            f"{errors.json_type_name(value)} instead.",
             param="prompt_cache_options",
             code="invalid_type",
         )

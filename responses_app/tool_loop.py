@@ -45,7 +45,7 @@ from inference_app.tools import (
     run_gateway_calls,
     validate_max_tool_calls,
 )
-from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, mcp_function_name
+from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, error_output, mcp_function_name
 from inference_app.tools.mcp import check_server_allowed
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def denied_output(reason: Any) -> str:
     message = "The user denied this tool call; it was not run."
     if isinstance(reason, str) and reason:
         message += f" Reason: {reason}"
-    return _json({"error": message})
+    return error_output(message)
 
 
 def web_search_available(config: Config) -> bool:
@@ -472,7 +472,7 @@ class ToolLoop:
             "call_id": request["id"],
             "name": name,
             "arguments": arguments,
-            "output": _json({"error": message}),
+            "output": error_output(message),
         }
         return out
 
@@ -576,7 +576,7 @@ def _reconstructed(item: dict[str, Any]) -> dict[str, Any] | None:
             output = str(item["output"])
         else:
             error = item.get("error")
-            output = _json({"error": error if error is not None else status})
+            output = error_output(error if error is not None else status)
         return {
             "call_id": call_id,
             "name": mcp_function_name(str(item.get("server_label")), str(item.get("name"))),

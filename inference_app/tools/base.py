@@ -201,7 +201,8 @@ class ToolResult:
         )
 
 
-def error_output(message: str) -> str:
+def error_output(message: Any) -> str:
+    """The tool output the model receives for a failed call: ``{"error": message}``."""
     return orjson.dumps({"error": message}).decode()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, json_type_name
 
 MAX_TOOL_CALLS_MIN = 1
 MAX_TOOL_CALLS_MAX = 9223372036854775807
@@ -23,27 +23,13 @@ PARAM = "max_tool_calls"
 KEPT_REFUSED_KINDS = frozenset({"web_search", "code_interpreter"})
 
 
-def _json_type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, float):
-        return "a decimal number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return "an unsupported value"
-
-
 def validate_max_tool_calls(value: Any) -> int | None:
     """The validated ``max_tool_calls`` (``None`` when absent/null) or :class:`BadRequest`."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(
-            f"Invalid type for '{PARAM}': expected an integer, but got {_json_type_name(value)} instead.",
+            f"Invalid type for '{PARAM}': expected an integer, but got {json_type_name(value)} instead.",
             param=PARAM,
             code="invalid_type",
         )
