@@ -102,4 +102,5 @@ class FastPathApp:
             send,
             credential_consumed=auth.credential_consumed,
             extra_headers=extra,
+            headers=headers,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -23,3 +25,18 @@ HTTP_IN_FLIGHT = Gauge(
     "gateway_http_requests_in_flight", "HTTP requests being served now.", registry=REGISTRY
 )
 WS_OPEN = Gauge("gateway_websocket_connections_open", "Open WebSocket connections.", registry=REGISTRY)
+
+# Label children by (route, method, status): looking one up through ``labels()`` takes a lock and
+# validates the labels on every call. Routes are bounded (``route_label``), so this stays small.
+_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def observe_request(route: str, method: str, status: int, seconds: float) -> None:
+    """Count one answered HTTP request and record its duration."""
+    key = (route, method, status)
+    pair = _children.get(key)
+    if pair is None:
+        pair = (HTTP_REQUESTS.labels(route, method, str(status)), HTTP_LATENCY.labels(route, method))
+        _children[key] = pair
+    pair[0].inc()
+    pair[1].observe(seconds)

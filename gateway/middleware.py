@@ -22,13 +22,11 @@ from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import Resolver404, resolve
 
-from gateway import errors
+from gateway import accesslog, errors
 from gateway.config import get_config
 from gateway.ids import new_request_id, valid_incoming_request_id
 from gateway.logging import request_id_var
-from gateway.metrics import HTTP_IN_FLIGHT, HTTP_LATENCY, HTTP_REQUESTS, WS_OPEN
-
-access_log = logging.getLogger("gateway.access")
+from gateway.metrics import HTTP_IN_FLIGHT, WS_OPEN, observe_request
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -61,6 +59,17 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+class _HttpState:
+    """One HTTP request's bookkeeping in :class:`GatewayASGIMiddleware`."""
+
+    __slots__ = ("received", "status", "too_large")
+
+    def __init__(self) -> None:
+        self.status = 0  # set when the response starts
+        self.too_large = False
+        self.received = 0
+
+
 class GatewayASGIMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -74,7 +83,13 @@ class GatewayASGIMiddleware:
             await self.app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        incoming = _header(scope, b"x-request-id")
+        incoming: bytes | None = None
+        declared: bytes | None = None
+        for key, value in scope["headers"]:
+            if key == b"x-request-id":
+                incoming = value
+            elif key == b"content-length":
+                declared = value
         rid = incoming.decode("latin-1") if incoming else ""
         if not valid_incoming_request_id(rid):
             rid = new_request_id()
@@ -82,37 +97,32 @@ class GatewayASGIMiddleware:
         token = request_id_var.set(rid)
         limit = get_config().server.max_request_body_size_bytes
         started = time.perf_counter()
-        state: dict[str, Any] = {"status": 0, "started": False, "too_large": False}
+        state = _HttpState()
         rid_header = (b"x-request-id", rid.encode("latin-1"))
         HTTP_IN_FLIGHT.inc()
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
-                if state["started"]:
+                if state.status:
                     return
-                state["started"] = True
-                state["status"] = message["status"]
+                state.status = message["status"]
                 message["headers"] = [*message.get("headers", ()), rid_header]
-            elif state["too_large"]:
+            elif state.too_large:
                 return  # the app answers after we already refused: drop it
             await send(message)
 
-        received = 0
-
         async def receive_wrapper() -> Message:
-            nonlocal received
-            if state["too_large"]:
+            if state.too_large:
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
+                state.received += len(message.get("body", b""))
+                if state.received > limit:
                     await self._refuse_too_large(scope, send_wrapper, state, limit)
                     return {"type": "http.disconnect"}
             return message
 
         try:
-            declared = _header(scope, b"content-length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 await self._refuse_too_large(scope, send_wrapper, state, limit)
                 return
@@ -120,31 +130,24 @@ class GatewayASGIMiddleware:
         finally:
             HTTP_IN_FLIGHT.dec()
             elapsed = time.perf_counter() - started
-            route = route_label(scope.get("path", ""))
+            path = scope.get("path", "")
+            route = route_label(path)
             method = scope.get("method", "")
-            status = state["status"] or 499  # no response: the client went away first
-            HTTP_REQUESTS.labels(route, method, str(status)).inc()
-            HTTP_LATENCY.labels(route, method).observe(elapsed)
-            if access_log.isEnabledFor(logging.INFO):
-                access_log.info(
-                    "%s %s %s %.1fms",
-                    method,
-                    scope.get("path", ""),
-                    status,
-                    elapsed * 1000,
-                    extra={"method": method, "route": route, "status": status, "ms": elapsed * 1000},
-                )
+            status = state.status or 499  # no response: the client went away first
+            observe_request(route, method, status, elapsed)
+            if accesslog.enabled():
+                accesslog.log_request(method, path, route, status, elapsed, rid)
             request_id_var.reset(token)
 
-    async def _refuse_too_large(self, scope: Scope, send: Send, state: dict[str, Any], limit: int) -> None:
-        if state["started"]:
+    async def _refuse_too_large(self, scope: Scope, send: Send, state: _HttpState, limit: int) -> None:
+        if state.status:
             return
         exc = errors.PayloadTooLarge(
             f"Request body exceeds the maximum size of {limit} bytes.",
             headers={"Connection": "close"},
         )
         await errors.asgi_send(send, exc, scope)
-        state["too_large"] = True
+        state.too_large = True
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = _header(scope, b"x-request-id")

@@ -156,17 +156,20 @@ async def relay(
     *,
     credential_consumed: bool,
     extra_headers: RawHeaders,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Forward one request to the upstream and relay its answer as it arrives.
 
     ``extra_headers`` (CORS) are added to the response. A client disconnect at any point cancels the
     upstream request at once; upstream failures answer 502/504 in the route's envelope, or — once
-    an event stream has started — end it with the route's error event.
+    an event stream has started — end it with the route's error event. ``headers`` are the request
+    headers already decoded (names lower-cased), when the caller has them.
     """
     config = get_config()
     exchange = _Exchange()
-    incoming = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-    headers = forward_headers(incoming, config, caller_credential_consumed=credential_consumed)
+    if headers is None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    headers = forward_headers(headers, config, caller_credential_consumed=credential_consumed)
     body: bytes | AsyncIterator[bytes]
     if route.stream_request_body:
         exchange.body_done = asyncio.Event()

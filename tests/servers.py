@@ -52,7 +52,15 @@ class LiveServer:
     ) -> None:
         self.port = port or free_port()
         self.on_stop = on_stop
-        options = {"log_level": "warning", "lifespan": "off", "access_log": False}
+        from gateway.server import GatewayHttpProtocol
+
+        # The protocol `manage.py serve` runs, so the tests exercise what production serves.
+        options = {
+            "log_level": "warning",
+            "lifespan": "off",
+            "access_log": False,
+            "http": GatewayHttpProtocol,
+        }
         options.update(uvicorn_options)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

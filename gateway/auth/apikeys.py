@@ -9,11 +9,13 @@ working within that time.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
 import secrets
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,10 @@ class Snapshot:
 
 _snapshot: Snapshot | None = None
 _last_touched: dict[int, float] = {}
+# The reload in progress, per event loop (tests and Celery tasks run several loops).
+_reloads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Snapshot]]
+_reloads = weakref.WeakKeyDictionary()
+_generation = 0  # bumped by reset(): a reload that started before it does not store its result
 
 
 def generate_secret() -> str:
@@ -70,8 +76,10 @@ def display_prefix(secret: str) -> str:
 
 def reset() -> None:
     """Drop the snapshot (after a create or revoke here; between tests)."""
-    global _snapshot
+    global _snapshot, _generation
     _snapshot = None
+    _generation += 1
+    _reloads.clear()  # a reload already running may predate the change: do not join it
     _last_touched.clear()
 
 
@@ -112,22 +120,38 @@ async def snapshot() -> Snapshot:
     """The active keys, at most ``SNAPSHOT_TTL_S`` old.
 
     When the database cannot be read, the last snapshot stays in use; without one, requests are
-    refused with 503 rather than let through (the gateway fails closed).
+    refused with 503 rather than let through (the gateway fails closed). Concurrent requests that
+    find the snapshot stale share one reload instead of each querying the table.
     """
-    global _snapshot
     current = _snapshot
-    if current is None or time.monotonic() - current.taken_at >= SNAPSHOT_TTL_S:
-        try:
-            current = await _in_worker_thread(_load_snapshot)()
-        except DatabaseError as exc:
-            log.warning("cannot read the API keys: %s", exc)
-            if current is None:
-                raise errors.ServiceUnavailable(
-                    "Authentication is unavailable: the API keys cannot be read.", code="auth_unavailable"
-                ) from None
-            return current
-        _snapshot = current
-    return current
+    if current is not None and time.monotonic() - current.taken_at < SNAPSHOT_TTL_S:
+        return current
+    loop = asyncio.get_running_loop()
+    reload = _reloads.get(loop)
+    if reload is None:
+        reload = loop.create_task(_reload(current))
+        _reloads[loop] = reload
+        reload.add_done_callback(
+            lambda task: _reloads.pop(loop, None) if _reloads.get(loop) is task else None
+        )
+    return await asyncio.shield(reload)
+
+
+async def _reload(current: Snapshot | None) -> Snapshot:
+    global _snapshot
+    generation = _generation
+    try:
+        fresh = await _in_worker_thread(_load_snapshot)()
+    except DatabaseError as exc:
+        log.warning("cannot read the API keys: %s", exc)
+        if current is None:
+            raise errors.ServiceUnavailable(
+                "Authentication is unavailable: the API keys cannot be read.", code="auth_unavailable"
+            ) from None
+        return current
+    if generation == _generation:
+        _snapshot = fresh
+    return fresh
 
 
 def match(snap: Snapshot, secret: str) -> ActiveKey | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
+import threading
 from typing import Any
 
 import httpx
@@ -349,3 +351,49 @@ def test_unreadable_key_table_fails_closed(live_gateway: Any) -> None:
             cursor.execute("ALTER TABLE gateway_apikey_away RENAME TO gateway_apikey")
     apikeys.reset()
     assert httpx.get(f"{live_gateway.url}{WHOAMI}").status_code == 200
+
+
+async def test_concurrent_requests_share_one_snapshot_reload(monkeypatch: Any) -> None:
+    """A stale snapshot is reloaded once for all the requests waiting on it, not once each."""
+    from asgiref.sync import sync_to_async
+
+    _, secret = await sync_to_async(create_key)("shared")
+    loads = []
+    original = apikeys._load_snapshot
+
+    def counting_load() -> apikeys.Snapshot:
+        loads.append(1)
+        return original()
+
+    monkeypatch.setattr(apikeys, "_load_snapshot", counting_load)
+    apikeys.reset()
+    snaps = await asyncio.gather(*(apikeys.snapshot() for _ in range(20)))
+    assert len(loads) == 1
+    assert all(s is snaps[0] for s in snaps)
+    assert apikeys.match(snaps[0], secret) is not None
+
+
+async def test_a_reload_started_before_a_reset_does_not_hide_a_new_key(monkeypatch: Any) -> None:
+    """Keys created here drop the snapshot at once, even while an older reload is still running."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(create_key)("first")
+    apikeys.reset()
+    release = threading.Event()
+    original = apikeys._load_snapshot
+
+    def slow_load() -> apikeys.Snapshot:
+        snap = original()
+        release.wait(5)
+        return snap
+
+    monkeypatch.setattr(apikeys, "_load_snapshot", slow_load)
+    old_reload = asyncio.ensure_future(apikeys.snapshot())
+    await asyncio.sleep(0.05)
+    monkeypatch.setattr(apikeys, "_load_snapshot", original)
+    _, secret = await sync_to_async(create_key)("second")  # resets the snapshot
+    fresh = await apikeys.snapshot()
+    assert apikeys.match(fresh, secret) is not None
+    release.set()
+    await old_reload
+    assert apikeys.match(await apikeys.snapshot(), secret) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -141,3 +142,23 @@ def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ign
     with connection.cursor() as cursor:
         cursor.execute("SHOW statement_timeout")
         assert cursor.fetchone()[0] == f"{get_config().database.statement_timeout_ms // 1000}s"
+
+
+def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The default (text) access line: time, level, logger, request id, method, path, status, ms."""
+    gw = GatewayProcess({"LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
+    try:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v0"],
+            cwd=ROOT,
+            check=True,
+            env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_DATA_DIR": str(tmp_path)},
+        )
+        gw.wait()
+        for rid in ("trace-a", "trace-b"):
+            assert httpx.get(f"{gw.url}/v1/nope", headers={"x-request-id": rid}).status_code == 404
+    finally:
+        gw.stop()
+    out = gw.proc.stdout.read() if gw.proc.stdout else ""
+    pattern = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gateway\.access \[trace-(a|b)\] GET /v1/nope 404 \d+\.\dms$"
+    assert len([line for line in out.splitlines() if re.match(pattern, line)]) == 2, out

@@ -45,13 +45,15 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
+        from gateway.server import GatewayHttpProtocol
+
         uvicorn.run(
             "gateway.asgi:application",
             host=host,
             port=port,
             workers=workers,
             loop="uvloop",
-            http="httptools",
+            http=GatewayHttpProtocol,
             ws="websockets",
             lifespan="off",
             log_level="warning",
