@@ -1,10 +1,17 @@
-"""Prometheus metrics of the gateway process."""
+"""Prometheus metrics of the gateway.
+
+With one server process the metrics live in this process. With several (``[server] workers``),
+``manage.py serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before it starts them,
+every process records into its own files there, and ``/metrics`` (answered by any one of them) adds
+them all up: counters and histograms summed over the workers, gauges summed over the live ones.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -22,9 +29,27 @@ HTTP_LATENCY = Histogram(
     registry=REGISTRY,
 )
 HTTP_IN_FLIGHT = Gauge(
-    "gateway_http_requests_in_flight", "HTTP requests being served now.", registry=REGISTRY
+    "gateway_http_requests_in_flight",
+    "HTTP requests being served now.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
-WS_OPEN = Gauge("gateway_websocket_connections_open", "Open WebSocket connections.", registry=REGISTRY)
+WS_OPEN = Gauge(
+    "gateway_websocket_connections_open",
+    "Open WebSocket connections.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+
+
+def exposition() -> bytes:
+    """The text exposition of every metric, over all server processes."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return bytes(generate_latest(registry))
+    return bytes(generate_latest(REGISTRY))
+
 
 # Label children by (route, method, status): looking one up through ``labels()`` takes a lock and
 # validates the labels on every call. Routes are bounded (``route_label``), so this stays small.

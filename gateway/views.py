@@ -8,11 +8,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import errors
 from gateway.config import get_config
-from gateway.metrics import REGISTRY
+from gateway.metrics import exposition
 
 
 async def health(request: HttpRequest) -> HttpResponse:
@@ -53,7 +53,7 @@ async def ready(request: HttpRequest) -> HttpResponse:
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
 
 
 async def head_root(request: HttpRequest) -> HttpResponse:

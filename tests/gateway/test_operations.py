@@ -162,3 +162,40 @@ def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-un
     out = gw.proc.stdout.read() if gw.proc.stdout else ""
     pattern = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gateway\.access \[trace-(a|b)\] GET /v1/nope 404 \d+\.\dms$"
     assert len([line for line in out.splitlines() if re.match(pattern, line)]) == 2, out
+
+
+def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With `[server] workers = 2`, /metrics counts the requests every worker answered."""
+    gw = GatewayProcess(
+        {
+            "LLM_API_BASE": upstream.url,
+            "GATEWAY_SERVER_DATA_DIR": str(tmp_path),
+            "GATEWAY_SERVER_WORKERS": "2",
+        }
+    )
+    try:
+        gw.wait()
+        for _ in range(50):  # both workers answering: /ready needs no upstream work here
+            if httpx.get(f"{gw.url}/health").status_code == 200:
+                break
+            time.sleep(0.1)
+
+        async def hammer() -> None:
+            async def one_connection() -> None:
+                async with httpx.AsyncClient() as client:  # its own connection, so workers share them
+                    for _ in range(5):
+                        assert (await client.get(f"{gw.url}/v1/nope")).status_code == 404
+
+            await asyncio.gather(*(one_connection() for _ in range(8)))
+
+        asyncio.run(hammer())
+        text = httpx.get(f"{gw.url}/metrics").text
+    finally:
+        gw.stop()
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("gateway_http_requests_total{") and 'status="404"' in line
+    ]
+    assert sum(counts) == 40, text
+    assert "gateway_http_requests_in_flight" in text

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -46,6 +50,13 @@ class Command(BaseCommand):
         import uvicorn
 
         from gateway.server import GatewayHttpProtocol
+
+        if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Each worker records its metrics in files here; /metrics adds them up (gateway.metrics).
+            # Set before the workers start, so their prometheus_client sees it at import.
+            metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+            atexit.register(shutil.rmtree, metrics_dir, True)
 
         uvicorn.run(
             "gateway.asgi:application",
