@@ -17,6 +17,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from corsheaders.conf import conf
+
 from gateway import errors
 from gateway.passthrough import ROUTES as PASSTHROUGH_ROUTES
 from gateway.passthrough import RawHeaders, Receive, Route, Scope, Send, relay, send_error
@@ -30,20 +32,25 @@ def fast_routes() -> dict[str, Route]:
     return {**PASSTHROUGH_ROUTES, **MESSAGES_ROUTES}
 
 
-@lru_cache(maxsize=8)
-def _compiled(pattern: Any) -> re.Pattern[str]:
-    return re.compile(pattern)
+@lru_cache(maxsize=256)
+def _cors_applies(pattern: Any, path: str) -> bool:
+    return re.match(pattern, path) is not None
+
+
+_NO_HEADERS: RawHeaders = []
+_VARY_ORIGIN: RawHeaders = [(b"vary", b"origin")]
 
 
 def cors_headers(scope: Scope, origin: bytes | None) -> RawHeaders:
-    """The headers ``corsheaders.middleware.CorsMiddleware`` adds to a non-preflight response."""
-    from corsheaders.conf import conf
+    """The headers ``corsheaders.middleware.CorsMiddleware`` adds to a non-preflight response.
 
+    The list returned is shared: callers copy it, never change it.
+    """
     path = scope["path"]
-    if not _compiled(conf.CORS_URLS_REGEX).match(path):
-        return []
+    if not _cors_applies(conf.CORS_URLS_REGEX, path):
+        return _NO_HEADERS
     if origin is None:
-        return [(b"vary", b"origin")]
+        return _VARY_ORIGIN
     # A browser request: let the library decide exactly as it does for Django views.
     from corsheaders.middleware import CorsMiddleware
     from django.http import HttpRequest, HttpResponse
@@ -65,8 +72,11 @@ class FastPathApp:
     """Serve the pass-through routes directly; hand everything else to ``app`` (Django)."""
 
     def __init__(self, app: ASGIApp) -> None:
+        from gateway.auth import authenticate
+
         self.app = app
         self.routes = fast_routes()
+        self.authenticate = authenticate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -77,8 +87,6 @@ class FastPathApp:
         await self.serve(route, scope, receive, send)
 
     async def serve(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        from gateway.auth import authenticate
-
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         origin = headers.get("origin")
         extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
@@ -90,7 +98,7 @@ class FastPathApp:
             await send_error(send, scope, exc, extra)
             return
         try:
-            auth = await authenticate(scope["path"], headers)
+            auth = await self.authenticate(scope["path"], headers)
         except (errors.AuthenticationFailed, errors.ServiceUnavailable) as exc:
             await send_error(send, scope, exc, extra)
             return

@@ -128,7 +128,7 @@ def forward_headers(
     injected only when the caller supplies none; a credential the gateway consumed (an OIDC token or
     a gateway API key) is removed first, so it never reaches the upstream.
     """
-    items = incoming.items() if isinstance(incoming, Mapping) else incoming
+    items = incoming.items() if isinstance(incoming, dict | Mapping) else incoming
     out: dict[str, str] = {}
     for key, value in items:
         low = key.lower()
