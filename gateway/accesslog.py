@@ -3,14 +3,16 @@
 Building a ``LogRecord``, running the filters and the formatter and flushing the stream once per
 request cost about a tenth of a pass-through request's CPU (``docs/performance.md``). When the
 access logger ends in the gateway's own console handler (the configured default), the line is
-formatted here exactly as that handler would format it (text or JSON) and lines finished in the
-same event-loop iteration are written together, once, at the end of that iteration. Any other
-logging set-up (another handler, a filter, a file) gets ordinary ``logging`` records.
+formatted here exactly as that handler would format it (text or JSON), and the lines of the last
+``FLUSH_AFTER_S`` are written together (and at exit): one write per batch instead of one per
+request. Any other logging set-up (another handler, a filter, a file) gets ordinary ``logging``
+records.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import time
 from typing import IO, Any
@@ -20,6 +22,8 @@ import orjson
 from gateway.logging import JsonFormatter, RequestIdFilter
 
 logger = logging.getLogger("gateway.access")
+# How long a line may wait for the lines after it before the batch is written.
+FLUSH_AFTER_S = 0.05
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
@@ -31,6 +35,7 @@ class _Writer:
         self.stream: IO[str] = handler.stream
         self.json = json
         self.pending: list[str] = []
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
         self._second = -1
         self._stamp = ""
 
@@ -66,13 +71,17 @@ class _Writer:
         except RuntimeError:
             self._emit(text)
             return
-        if not self.pending:
-            loop.call_soon(self.flush)
+        if self._flush_loop is not loop:
+            # No batch waiting on this loop yet (or it waits on a loop that has gone: tests).
+            self._flush_loop = loop
+            loop.call_later(FLUSH_AFTER_S, self.flush)
         self.pending.append(text)
 
     def flush(self) -> None:
-        text, self.pending = "".join(self.pending), []
-        self._emit(text)
+        self._flush_loop = None
+        if self.pending:
+            text, self.pending = "".join(self.pending), []
+            self._emit(text)
 
     def _emit(self, text: str) -> None:
         self.handler.acquire()
@@ -86,6 +95,14 @@ class _Writer:
 
 
 _writer: _Writer | bool | None = False  # False: not resolved yet; None: use logging
+
+
+def _flush_at_exit() -> None:
+    if isinstance(_writer, _Writer):
+        _writer.flush()
+
+
+atexit.register(_flush_at_exit)
 
 
 def _resolve() -> _Writer | None:
@@ -115,6 +132,7 @@ def _resolve() -> _Writer | None:
 def reset() -> None:
     """Look at the logging set-up again (after it changed; tests)."""
     global _writer
+    _flush_at_exit()
     _writer = False
 
 
