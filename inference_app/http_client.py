@@ -397,7 +397,14 @@ class HttpPool:
         if payload and len(payload) <= _JOIN_LIMIT:
             head, payload = head + payload, b""  # one write, one send()
         for attempt in (0, 1):
-            conn = await self._acquire(deadline)
+            idle = self.idle
+            conn = idle.pop() if idle else None
+            if conn is not None and not conn.lost and not conn.transport.is_closing():  # type: ignore[union-attr]
+                conn.reused = True
+            else:
+                if conn is not None:
+                    self._discard(conn)
+                conn = await self._acquire(deadline)
             try:
                 conn.begin(now, deadline, method == "HEAD")
                 transport = conn.transport

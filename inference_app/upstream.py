@@ -150,15 +150,19 @@ class HttpUpstream:
         self.base = config.upstream_base
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpPool]
         self._pools = weakref.WeakKeyDictionary()
+        self._last: HttpPool | None = None  # the last one used: one loop per process is the rule
         _http_upstreams.add(self)
 
     def _pool(self) -> HttpPool:
         """One keep-alive pool per event loop (never one per request, never shared across loops)."""
         loop = asyncio.get_running_loop()
-        pool = self._pools.get(loop)
-        if pool is None or pool.closed:
-            pool = HttpPool(self.base, self.config.upstream, drop_headers=_RESPONSE_SKIP)
-            self._pools[loop] = pool
+        pool = self._last
+        if pool is None or pool.loop is not loop or pool.closed:
+            pool = self._pools.get(loop)
+            if pool is None or pool.closed:
+                pool = HttpPool(self.base, self.config.upstream, drop_headers=_RESPONSE_SKIP)
+                self._pools[loop] = pool
+            self._last = pool
         return pool
 
     async def aclose(self) -> None:
