@@ -23,12 +23,12 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, Mapping
-from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
 
 from gateway import errors
+from gateway.config import UpstreamConfig
 
 log = logging.getLogger("gateway.upstream")
 
@@ -36,6 +36,10 @@ UNREACHABLE = "Could not reach the upstream model server."
 MID_RESPONSE = "The upstream connection failed mid-response."
 # Unread response body buffered per connection before the socket stops being read.
 READ_HIGH_WATER = 256 * 1024
+# An idle connection older than this is closed, not reused: vLLM's server (uvicorn) closes idle
+# keep-alive connections after 5 s, and a request sent as it does so fails (a streamed body cannot
+# be replayed).
+IDLE_REUSE_S = 4.0
 # Larger bytes bodies are written after the head instead of being copied into one buffer with it.
 _JOIN_LIMIT = 64 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -44,19 +48,6 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _IDLE, _HEADERS, _BODY, _DONE = 0, 1, 2, 3
 
 RequestBody = bytes | AsyncIterable[bytes] | None
-
-
-class Timeouts(Protocol):
-    """What the pool needs from ``gateway.config.UpstreamConfig``."""
-
-    @property
-    def connect_timeout_s(self) -> float: ...
-    @property
-    def read_timeout_s(self) -> float: ...
-    @property
-    def stall_timeout_s(self) -> float: ...
-    @property
-    def pool_size(self) -> int: ...
 
 
 def describe(exc: BaseException | None) -> str:
@@ -78,6 +69,7 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.lost_exc: BaseException | None = None
         self.reused = False
+        self.idle_since = 0.0
         self.writing_paused = False
         self.reading_paused = False
         self._timer: asyncio.TimerHandle | None = None
@@ -343,7 +335,7 @@ class HttpPool:
     def __init__(
         self,
         base_url: str,
-        timeouts: Timeouts,
+        timeouts: UpstreamConfig,
         *,
         drop_headers: frozenset[str] = frozenset(),
         ssl_context: ssl.SSLContext | None = None,
@@ -397,13 +389,8 @@ class HttpPool:
         if payload and len(payload) <= _JOIN_LIMIT:
             head, payload = head + payload, b""  # one write, one send()
         for attempt in (0, 1):
-            idle = self.idle
-            conn = idle.pop() if idle else None
-            if conn is not None and not conn.lost and not conn.transport.is_closing():  # type: ignore[union-attr]
-                conn.reused = True
-            else:
-                if conn is not None:
-                    self._discard(conn)
+            conn = self._pop_idle(now)
+            if conn is None:
                 conn = await self._acquire(deadline)
             try:
                 conn.begin(now, deadline, method == "HEAD")
@@ -496,16 +483,29 @@ class HttpPool:
 
     # -- the pool ----------------------------------------------------------------------------
 
+    def _pop_idle(self, now: float) -> _Connection | None:
+        """The most recently used idle connection that is still open, if any."""
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since > IDLE_REUSE_S:
+                # The rest of the stack is older still.
+                stale, self.idle = [conn, *idle], []
+                for old in stale:
+                    self._discard(old)
+                return None
+            transport = conn.transport
+            if conn.lost or transport is None or transport.is_closing():
+                self._discard(conn)
+                continue
+            conn.reused = True
+            return conn
+        return None
+
     async def _acquire(self, deadline: float) -> _Connection:
         while True:
-            idle = self.idle
-            while idle:
-                conn = idle.pop()
-                transport = conn.transport
-                if conn.lost or transport is None or transport.is_closing():
-                    self._discard(conn)
-                    continue
-                conn.reused = True
+            conn = self._pop_idle(self.loop.time())
+            if conn is not None:
                 return conn
             if self.closed:
                 raise errors.UpstreamError(UNREACHABLE)
@@ -596,6 +596,7 @@ class HttpPool:
             return
         conn.reset()
         if not self._hand_over(conn):
+            conn.idle_since = self.loop.time()
             self.idle.append(conn)
 
     def _discard(self, conn: _Connection) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from gateway import errors
 from gateway.config import UpstreamConfig
+from inference_app import http_client
 from inference_app.http_client import HttpPool
 from inference_app.upstream import _RESPONSE_SKIP
 from tests.servers import free_port
@@ -219,6 +220,21 @@ async def test_idle_connection_closed_by_the_server_is_replaced() -> None:
         assert pool.idle == []  # the pool noticed the close while the connection was idle
         assert pool.size == 0
         assert await fetch(pool) == (200, b"1:POST /v1/x 2")
+        pool.close()
+
+
+async def test_connection_idle_near_the_servers_keep_alive_limit_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http_client, "IDLE_REUSE_S", 0.1)
+    async with Server(echo) as server:
+        pool = HttpPool(server.url, timeouts())
+        assert await fetch(pool) == (200, b"0:POST /v1/x 2")
+        assert await fetch(pool) == (200, b"0:POST /v1/x 2")
+        await asyncio.sleep(0.2)
+        assert await fetch(pool) == (200, b"1:POST /v1/x 2")
+        await server.wait_disconnected(0)
+        assert pool.size == 1
         pool.close()
 
 
