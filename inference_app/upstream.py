@@ -5,7 +5,8 @@ status, headers (hop-by-hop removed) and an async iterator over the body bytes e
 upstream sent them. Pass-through routes, the Responses executor and the Messages loop all call it;
 the HTTP and worker implementations behave the same, byte for byte.
 
-Failures map to gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no
+:class:`HttpUpstream` speaks HTTP/1.1 through :mod:`inference_app.http_client` (a keep-alive pool per
+event loop). Failures map to gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no
 response headers within the read timeout, or a stream silent for longer than the stall timeout →
 :class:`UpstreamTimeout` (504).
 """
@@ -18,10 +19,9 @@ import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Protocol
 
-import aiohttp
-
 from gateway import errors
 from gateway.config import Config, get_config
+from inference_app.http_client import HttpPool, ResponseBody
 
 log = logging.getLogger("gateway.upstream")
 
@@ -148,37 +148,28 @@ class HttpUpstream:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.base = config.upstream_base
-        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]
-        self._sessions = weakref.WeakKeyDictionary()
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpPool]
+        self._pools = weakref.WeakKeyDictionary()
+        self._last: HttpPool | None = None  # the last one used: one loop per process is the rule
         _http_upstreams.add(self)
 
-    def _session(self) -> aiohttp.ClientSession:
-        """One pooled keep-alive client per event loop (never one per request)."""
+    def _pool(self) -> HttpPool:
+        """One keep-alive pool per event loop (never one per request, never shared across loops)."""
         loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
-        if session is None or session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self.config.upstream.pool_size,
-                ttl_dns_cache=300,
-                enable_cleanup_closed=False,
-            )
-            session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.config.upstream.connect_timeout_s
-                ),
-                read_bufsize=2**16,
-            )
-            self._sessions[loop] = session
-        return session
+        pool = self._last
+        if pool is None or pool.loop is not loop or pool.closed:
+            pool = self._pools.get(loop)
+            if pool is None or pool.closed:
+                pool = HttpPool(self.base, self.config.upstream, drop_headers=_RESPONSE_SKIP)
+                self._pools[loop] = pool
+            self._last = pool
+        return pool
 
     async def aclose(self) -> None:
-        """Close this loop's pooled client (on server shutdown)."""
-        session = self._sessions.pop(asyncio.get_running_loop(), None)
-        if session is not None:
-            await session.close()
+        """Close this loop's pool (on server shutdown)."""
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            pool.close()
 
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base}{path}" + (f"?{query}" if query else "")
@@ -192,75 +183,34 @@ class HttpUpstream:
         headers: Mapping[str, str] | None = None,
         query: str = "",
     ) -> UpstreamResponse:
-        session = self._session()
-        cfg = self.config.upstream
-        try:
-            async with asyncio.timeout(cfg.read_timeout_s):
-                resp = await session.request(
-                    method,
-                    self.url(path, query),
-                    data=body,
-                    headers=dict(headers or {}),
-                    allow_redirects=False,
-                    compress=None,
-                )
-        except aiohttp.ConnectionTimeoutError:
-            raise errors.UpstreamTimeout(
-                f"Could not connect to the upstream model server within {cfg.connect_timeout_s:g}s."
-            ) from None
-        except TimeoutError:
-            raise errors.UpstreamTimeout(
-                f"The upstream model server did not answer within {cfg.read_timeout_s:g}s."
-            ) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError, OSError) as exc:
-            # The detail (host, port, OS error) goes to the log, not to the client.
-            log.warning("upstream %s %s failed: %s", method, path, _describe(exc))
-            raise errors.UpstreamError("Could not reach the upstream model server.") from None
-        response_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _RESPONSE_SKIP]
-        return UpstreamResponse(
-            resp.status, response_headers, self._chunks(resp, cfg.stall_timeout_s), resp.close
+        status, response_headers, chunks = await self._pool().request(
+            method, f"{path}?{query}" if query else path, headers or {}, body
         )
-
-    async def _chunks(self, resp: aiohttp.ClientResponse, stall: float) -> AsyncIterator[bytes]:
-        content = resp.content
-        connection = resp.connection
-        if connection is not None and connection.protocol is not None and not content.is_eof():
-            # The stall clock is aiohttp's own socket read timer (re-armed on every read), which is
-            # far cheaper than a timeout context per chunk; it starts only now, so waiting for the
-            # headers stays bounded by read_timeout_s alone. aiohttp drops the timer at the body's
-            # end, so (hence the is_eof check) it never stays armed on a pooled connection.
-            connection.protocol.read_timeout = stall
-            connection.protocol.start_timeout()
-        try:
-            while True:
-                try:
-                    chunk = await content.readany()
-                except TimeoutError:
-                    raise errors.UpstreamTimeout(
-                        f"The upstream stream stalled for more than {stall:g}s."
-                    ) from None
-                except (aiohttp.ClientError, OSError) as exc:
-                    log.warning("upstream connection failed mid-response: %s", _describe(exc))
-                    raise errors.UpstreamError("The upstream connection failed mid-response.") from None
-                if not chunk:
-                    return
-                yield chunk
-        finally:
-            resp.release() if content.at_eof() else resp.close()
+        return UpstreamResponse(status, response_headers, chunks)
 
     async def ready(self, timeout: float) -> None:
-        session = self._session()
+        pool = self._pool()
         headers = {}
         if self.config.openai_api_key:
             headers["authorization"] = f"Bearer {self.config.openai_api_key}"
         async with asyncio.timeout(timeout):
-            async with session.get(self.url("/health"), headers=headers) as resp:
-                if resp.status == 200:
-                    return
+            status, _, body = await pool.request("GET", "/health", headers)
+            await _drain(body)
+            if status == 200:
+                return
             # Not every OpenAI-compatible server has /health; its model list proves it serves.
-            async with session.get(self.url("/v1/models"), headers=headers) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"upstream answered {resp.status}")
+            status, _, body = await pool.request("GET", "/v1/models", headers)
+            await _drain(body)
+            if status != 200:
+                raise RuntimeError(f"upstream answered {status}")
+
+
+async def _drain(body: ResponseBody) -> None:
+    try:
+        async for _ in body:
+            pass
+    finally:
+        await body.aclose()
 
 
 class UnconfiguredUpstream:
@@ -277,11 +227,6 @@ class UnconfiguredUpstream:
 
     async def ready(self, timeout: float) -> None:
         raise RuntimeError("no inference backend configured (LLM_API_BASE is not set)")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _upstreams: dict[int, Upstream] = {}

@@ -1,0 +1,630 @@
+"""A lean HTTP/1.1 client for the one upstream: asyncio Protocols, ``httptools`` and a keep-alive pool.
+
+Why not aiohttp: on the pass-through path the upstream round trip is most of the gateway's own work,
+and aiohttp's general-purpose client (sessions, tracing hooks, cookie jars, multidicts, stream
+readers) costs several times what a single-host relay needs. This client does only that: one pool per
+event loop to one base URL, requests framed by hand, responses parsed by ``httptools`` (llhttp), body
+chunks handed on exactly as they arrive.
+
+Pool: at most ``pool_size`` connections; idle ones are reused newest first; when all are busy the
+callers queue first come, first served. A connection is pooled again only when its response arrived
+in full and both sides keep it alive; one the server closed while idle is dropped before reuse, and a
+replayable request (a ``bytes`` body) that finds its reused connection closed before any answer byte
+is retried once on a fresh one.
+
+Timers: each connection has one ``call_at`` handle that is re-armed only when it fires (it checks the
+phase and the time of the last body data then), never per request or per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import deque
+from collections.abc import AsyncIterable, Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from gateway import errors
+from gateway.config import UpstreamConfig
+
+log = logging.getLogger("gateway.upstream")
+
+UNREACHABLE = "Could not reach the upstream model server."
+MID_RESPONSE = "The upstream connection failed mid-response."
+# Unread response body buffered per connection before the socket stops being read.
+READ_HIGH_WATER = 256 * 1024
+# An idle connection older than this is closed, not reused: vLLM's server (uvicorn) closes idle
+# keep-alive connections after 5 s, and a request sent as it does so fails (a streamed body cannot
+# be replayed).
+IDLE_REUSE_S = 4.0
+# Larger bytes bodies are written after the head instead of being copied into one buffer with it.
+_JOIN_LIMIT = 64 * 1024
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+# Where a connection is in its exchange; the timer checks this when it fires.
+_IDLE, _HEADERS, _BODY, _DONE = 0, 1, 2, 3
+
+RequestBody = bytes | AsyncIterable[bytes] | None
+
+
+def describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "connection closed"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection and the state of the exchange on it (one at a time)."""
+
+    def __init__(self, pool: HttpPool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.counted = True  # holds one of the pool's pool_size slots
+        self.lost = False
+        self.lost_exc: BaseException | None = None
+        self.reused = False
+        self.idle_since = 0.0
+        self.writing_paused = False
+        self.reading_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.phase = _IDLE
+        self.deadline = 0.0
+        self.last_data = 0.0
+        self.head_request = False
+        self.request_complete = True
+        self.received = False
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.framed = False
+        self.keep_alive = True
+        self.headers_done = False
+        self.message_done = False
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.error: errors.GatewayError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.phase in (_IDLE, _DONE):
+            # Bytes nobody asked for: the connection's framing can no longer be trusted.
+            self.keep_alive = False
+            self.abort()
+            return
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            log.warning("upstream sent a malformed response: %s", describe(exc))
+            self._fail(errors.UpstreamError(MID_RESPONSE if self.headers_done else UNREACHABLE))
+            return
+        if self.phase == _BODY:
+            self.last_data = self.loop.time()
+            if self.buffered > READ_HIGH_WATER and not self.reading_paused and self.transport is not None:
+                self.reading_paused = True
+                self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None  # let the transport close; connection_lost settles the exchange
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.lost_exc = exc
+        self.keep_alive = False
+        self._stop_timer()
+        phase = self.phase
+        if phase == _IDLE:
+            self.pool._forget(self)
+            return
+        if phase == _BODY and self.error is None:
+            if self.framed or exc is not None:
+                log.warning("upstream connection failed mid-response: %s", describe(exc))
+                self.error = errors.UpstreamError(MID_RESPONSE)
+            else:
+                self.message_done = True  # a body without length ends with the connection
+                self.phase = _DONE
+        elif phase == _HEADERS and self.error is None:
+            self.error = errors.UpstreamError(UNREACHABLE)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._wake()
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1")
+        low = key.lower()
+        if low == "content-length":
+            self.framed = True
+        elif low in self.pool.drop_headers:
+            if low == "transfer-encoding" and b"chunked" in value.lower():
+                self.framed = True
+            return
+        self.headers.append((key, value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            return  # an interim answer (100 Continue): the real one follows
+        self.status = status
+        self.headers_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        if status == 204 or status == 304:
+            self.framed = True
+        if self.head_request:
+            # llhttp would wait for the body the headers describe; a HEAD answer has none.
+            self.framed = True
+            self.keep_alive = False
+            self.message_done = True
+            self.phase = _DONE
+        else:
+            self.phase = _BODY
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if not self.headers_done:
+            self.headers = []  # the end of an interim answer
+            self.framed = False
+            return
+        self.message_done = True
+        self.phase = _DONE
+
+    # -- the exchange ------------------------------------------------------------------------
+
+    def begin(self, now: float, deadline: float, head_request: bool) -> None:
+        self.phase = _HEADERS
+        self.deadline = deadline
+        self.head_request = head_request
+        # The timer must fire no later than the header deadline, nor later than one stall period
+        # after the body could start (now, at the earliest); it is re-armed only when it fires.
+        self._arm(min(deadline, now + self.pool.stall_timeout))
+
+    def wait(self) -> asyncio.Future[None]:
+        waiter = self.loop.create_future()
+        self.waiter = waiter
+        return waiter
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fail(self, error: errors.GatewayError) -> None:
+        if self.error is None:
+            self.error = error
+        self.keep_alive = False
+        self.abort()
+        self._wake()
+
+    def abort(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused:
+            self.reading_paused = False
+            if self.transport is not None and not self.lost:
+                self.transport.resume_reading()
+
+    # -- the one timer -----------------------------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= when:
+                return  # it fires early enough; it re-arms itself then
+            timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        phase = self.phase
+        if phase in (_IDLE, _DONE) or self.lost:
+            return
+        now = self.loop.time()
+        stall = self.pool.stall_timeout
+        if phase == _HEADERS:
+            if now >= self.deadline:
+                read = self.pool.read_timeout
+                self._fail(
+                    errors.UpstreamTimeout(f"The upstream model server did not answer within {read:g}s.")
+                )
+            else:
+                self._arm(min(self.deadline, now + stall))
+            return
+        if self.body or self.reading_paused:
+            self.last_data = now  # the reader is behind, not the upstream
+        due = self.last_data + stall
+        if now >= due:
+            self._fail(errors.UpstreamTimeout(f"The upstream stream stalled for more than {stall:g}s."))
+        else:
+            self._arm(due)
+
+
+class ResponseBody:
+    """The body of one response: an async iterator of the bytes as they arrive.
+
+    Exhausting it, or closing it once the whole response has arrived, hands the connection back to
+    the pool; closing it earlier closes the connection.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn: _Connection | None = conn
+
+    def __aiter__(self) -> ResponseBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        if conn is None:
+            raise StopAsyncIteration
+        while True:
+            body = conn.body
+            if body:
+                # Everything buffered since the last read, in one piece (usually one socket read).
+                data = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                conn.buffered = 0
+                if conn.reading_paused:
+                    conn.resume_reading()
+                return data
+            if conn.message_done:
+                self._conn = None
+                conn.pool._release(conn)
+                raise StopAsyncIteration
+            error = conn.error
+            if error is not None:
+                self._conn = None
+                conn.pool._discard(conn)
+                raise error
+            try:
+                await conn.wait()
+            except BaseException:
+                self._conn = None
+                conn.pool._discard(conn)
+                raise
+
+    async def aclose(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        if conn.message_done:
+            conn.pool._release(conn)  # fully received: what was left unread is dropped with it
+        else:
+            conn.pool._discard(conn)
+
+
+class HttpPool:
+    """Keep-alive connections from one event loop to one base URL (``http`` or ``https``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeouts: UpstreamConfig,
+        *,
+        drop_headers: frozenset[str] = frozenset(),
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.host = parts.hostname
+        self.https = parts.scheme == "https"
+        self.port = parts.port or (443 if self.https else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if parts.port is None else f"{host}:{parts.port}"
+        self.prefix = parts.path.rstrip("/")
+        self.ssl: ssl.SSLContext | None = None
+        if self.https:
+            self.ssl = ssl_context or ssl.create_default_context()
+        self.connect_timeout = timeouts.connect_timeout_s
+        self.read_timeout = timeouts.read_timeout_s
+        self.stall_timeout = timeouts.stall_timeout_s
+        self.limit = max(1, timeouts.pool_size)
+        self.drop_headers = drop_headers
+        self.size = 0  # open or opening connections, idle ones included
+        self.idle: list[_Connection] = []
+        self.waiters: deque[asyncio.Future[_Connection | None]] = deque()
+        self.closed = False
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: RequestBody = None,
+    ) -> tuple[int, list[tuple[str, str]], ResponseBody]:
+        """Send one request; return status, headers and the body iterator once the headers arrived.
+
+        ``target`` is the path and query below the base URL; ``headers`` are lower-cased.
+        """
+        now = self.loop.time()
+        deadline = now + self.read_timeout
+        stream: AsyncIterable[bytes] | None = None
+        payload = b""
+        if isinstance(body, bytes | bytearray | memoryview):
+            payload = bytes(body) if not isinstance(body, bytes) else body
+        elif body is not None:
+            stream = body
+        streamed = stream is not None
+        head = self._head(method, target, headers, len(payload), streamed)
+        if payload and len(payload) <= _JOIN_LIMIT:
+            head, payload = head + payload, b""  # one write, one send()
+        for attempt in (0, 1):
+            conn = self._pop_idle(now)
+            if conn is None:
+                conn = await self._acquire(deadline)
+            try:
+                conn.begin(now, deadline, method == "HEAD")
+                transport = conn.transport
+                assert transport is not None
+                if stream is not None:
+                    await self._write_stream(conn, head, stream, "content-length" not in headers)
+                else:
+                    transport.write(head)
+                    if payload:
+                        transport.write(payload)
+                while not conn.headers_done:
+                    error = conn.error
+                    if error is not None:
+                        self._discard(conn)
+                        if (
+                            attempt == 0
+                            and conn.reused
+                            and not conn.received
+                            and not streamed
+                            and isinstance(error, errors.UpstreamError)
+                        ):
+                            # The server closed the idle connection as we sent: replay once.
+                            log.debug("reused upstream connection was closed; retrying")
+                            break
+                        if isinstance(error, errors.UpstreamError) and not conn.headers_done:
+                            log.warning("upstream %s %s failed: %s", method, target, describe(conn.lost_exc))
+                        raise error
+                    await conn.wait()
+                else:
+                    return conn.status, conn.headers, ResponseBody(conn)
+            except BaseException:
+                self._discard(conn)
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _head(
+        self, method: str, target: str, headers: Mapping[str, str], length: int, streamed: bool
+    ) -> bytes:
+        if not streamed and ("content-length" in headers or "transfer-encoding" in headers):
+            headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
+        lines = [f"{k}: {v}\r\n" for k, v in headers.items()]
+        if streamed:
+            if "content-length" not in headers:
+                lines.append("transfer-encoding: chunked\r\n")
+        elif length:
+            lines.append(f"content-length: {length}\r\n")
+        elif method in _BODY_METHODS:
+            lines.append("content-length: 0\r\n")
+        text = f"{method} {self.prefix}{target} HTTP/1.1\r\nhost: {self.host_header}\r\n{''.join(lines)}\r\n"
+        # A line break inside a name or value would let a caller smuggle a second request.
+        breaks = len(lines) + 3
+        if text.count("\n") != breaks or text.count("\r") != breaks:
+            raise errors.BadRequest("A request header contains a line break.")
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            return text.encode()
+
+    async def _write_stream(
+        self, conn: _Connection, head: bytes, body: AsyncIterable[bytes], chunked: bool
+    ) -> None:
+        """Stream a request body as it is produced, waiting while the socket's buffer is full."""
+        transport = conn.transport
+        assert transport is not None
+        transport.write(head)
+        try:
+            async for chunk in body:
+                if conn.lost or conn.headers_done or conn.error is not None:
+                    # The upstream answered (or failed) before the body was done: this request's
+                    # framing is incomplete, so the connection cannot be reused.
+                    conn.request_complete = False
+                    return
+                if not chunk:
+                    continue
+                if chunked:
+                    transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                else:
+                    transport.write(chunk)
+                while conn.writing_paused and not (conn.lost or conn.headers_done or conn.error is not None):
+                    await conn.wait()
+        except (errors.GatewayError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            # The body's producer failed (the client went away mid-upload, or was cut off).
+            log.info("request body to the upstream ended early: %s", describe(exc))
+            raise errors.UpstreamError(UNREACHABLE) from None
+        if chunked and not conn.lost:
+            transport.write(b"0\r\n\r\n")
+
+    # -- the pool ----------------------------------------------------------------------------
+
+    def _pop_idle(self, now: float) -> _Connection | None:
+        """The most recently used idle connection that is still open, if any."""
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since > IDLE_REUSE_S:
+                # The rest of the stack is older still.
+                stale, self.idle = [conn, *idle], []
+                for old in stale:
+                    self._discard(old)
+                return None
+            transport = conn.transport
+            if conn.lost or transport is None or transport.is_closing():
+                self._discard(conn)
+                continue
+            conn.reused = True
+            return conn
+        return None
+
+    async def _acquire(self, deadline: float) -> _Connection:
+        while True:
+            conn = self._pop_idle(self.loop.time())
+            if conn is not None:
+                return conn
+            if self.closed:
+                raise errors.UpstreamError(UNREACHABLE)
+            if self.size < self.limit:
+                self.size += 1
+                return await self._connect()
+            handed = await self._wait_turn(deadline)
+            if handed is None:
+                return await self._connect()  # a freed slot, already counted for us
+            if not handed.lost:
+                handed.reused = True
+                return handed
+            # It closed on the way to us; connection_lost already gave its slot back.
+
+    async def _wait_turn(self, deadline: float) -> _Connection | None:
+        waiter: asyncio.Future[_Connection | None] = self.loop.create_future()
+        self.waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                handed = waiter.result()  # handed to us as we gave up: pass it on
+                if handed is None:
+                    self._free_slot()
+                else:
+                    self._release(handed)
+            else:
+                waiter.cancel()
+            if isinstance(exc, TimeoutError):
+                raise errors.UpstreamTimeout(
+                    f"The upstream model server did not answer within {self.read_timeout:g}s."
+                ) from None
+            raise
+
+    async def _connect(self) -> _Connection:
+        conn = _Connection(self)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                transport, _ = await self.loop.create_connection(
+                    lambda: conn,
+                    self.host,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl is not None else None,
+                )
+        except TimeoutError:
+            self._discard(conn)
+            raise errors.UpstreamTimeout(
+                f"Could not connect to the upstream model server within {self.connect_timeout:g}s."
+            ) from None
+        except OSError as exc:
+            self._discard(conn)
+            # The detail (host, port, OS error) goes to the log, not to the client.
+            log.warning("upstream %s:%s unreachable: %s", self.host, self.port, describe(exc))
+            raise errors.UpstreamError(UNREACHABLE) from None
+        except BaseException:
+            self._discard(conn)
+            raise
+        # uvloop may call connection_made only after create_connection returned.
+        conn.transport = transport
+        return conn
+
+    def _hand_over(self, conn: _Connection | None) -> bool:
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return True
+        return False
+
+    def _free_slot(self) -> None:
+        if not self._hand_over(None):
+            self.size -= 1
+
+    def _release(self, conn: _Connection) -> None:
+        """Pool ``conn`` again if its exchange ended cleanly, else close it."""
+        if (
+            not conn.keep_alive
+            or conn.lost
+            or not conn.message_done
+            or not conn.request_complete
+            or conn.reading_paused
+            or self.closed
+        ):
+            self._discard(conn)
+            return
+        conn.reset()
+        if not self._hand_over(conn):
+            conn.idle_since = self.loop.time()
+            self.idle.append(conn)
+
+    def _discard(self, conn: _Connection) -> None:
+        """Close ``conn`` for good and give its slot to the next waiter."""
+        if not conn.lost:
+            conn.abort()
+        conn._stop_timer()
+        if conn.counted:
+            conn.counted = False
+            self._free_slot()
+
+    def _forget(self, conn: _Connection) -> None:
+        """An idle connection the server closed."""
+        try:
+            self.idle.remove(conn)
+        except ValueError:
+            pass  # on its way to a waiter, which sees it is lost
+        if conn.counted:
+            conn.counted = False
+            self._free_slot()
+
+    def close(self) -> None:
+        """Close the idle connections; the busy ones close when their responses are done."""
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            self._discard(conn)
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(errors.UpstreamError(UNREACHABLE))
