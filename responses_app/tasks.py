@@ -90,7 +90,18 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
 @shared_task(name="responses.run_background", queue="responses")
 def run_background_task(response_id: str) -> None:
     """Celery entry point: rebuild the prepared request from the stored record and run it."""
-    asyncio.run(_run_stored(response_id))
+    asyncio.run(_run_stored_and_close(response_id))
+
+
+async def _run_stored_and_close(response_id: str) -> None:
+    from inference_app.upstream import close_upstreams
+
+    try:
+        await _run_stored(response_id)
+    finally:
+        # This task's event loop ends here: close its upstream connections with it, or every
+        # task would leave a pool of open sockets (and its loop) behind in the worker.
+        await close_upstreams()
 
 
 async def _run_stored(response_id: str) -> None:

@@ -50,3 +50,25 @@ def test_background_runs_on_a_celery_worker(gw: Gateway, broker: None) -> None:
     with gw.client.responses.retrieve(created.id, stream=True) as stream:
         types = [e.type for e in stream]
     assert types[0] == "response.created" and types[-1] == "response.completed"
+
+
+def test_a_worker_task_closes_its_upstream_connections(gw: Gateway, broker: None) -> None:
+    """Each Celery task runs on its own event loop; its upstream pool must not outlive it."""
+    from inference_app.upstream import _http_upstreams
+
+    def pools() -> int:
+        return sum(len(upstream._pools) for upstream in list(_http_upstreams))
+
+    before = pools()
+    for n in range(3):
+        gw.script(text(f"run {n}"))
+        created = gw.client.responses.create(model="m", input="x", background=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if httpx.get(f"{gw.url}/v1/responses/{created.id}").json()["status"] == "completed":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the background response did not complete")
+    time.sleep(0.2)  # the task's finally block runs after its last database write
+    assert pools() <= before
