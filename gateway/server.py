@@ -1,4 +1,8 @@
-"""uvicorn's httptools protocol, with one change: a sized response goes out in one write.
+"""uvicorn's httptools protocol, tuned for the gateway.
+
+:class:`GatewayServerProtocol` (what ``manage.py serve`` runs) relays the pass-through routes
+without the ASGI round trip (:mod:`gateway.direct`); for everything else, and in
+:class:`GatewayHttpProtocol`, there is one change to uvicorn: a sized response goes out in one write.
 
 uvicorn writes the status line and headers to the socket as soon as the application sends
 ``http.response.start``, and the body with a second write. For a response with a
@@ -94,4 +98,36 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         cycle.__class__ = CoalescingCycle
+        super()._start_asgi_task(cycle, app)
+
+
+def _direct() -> Any:
+    from gateway import direct  # imported on first use: it needs Django's settings
+
+    return direct
+
+
+class GatewayServerProtocol(GatewayHttpProtocol):
+    """The protocol ``manage.py serve`` runs the gateway with.
+
+    Pass-through requests that :func:`gateway.direct.eligible` accepts are relayed by
+    :func:`gateway.direct.serve` in the task uvicorn would have run the ASGI app in; every other
+    request goes to the ASGI app.
+    """
+
+    _routes: dict[str, Any] | None = None
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        routes = GatewayServerProtocol._routes
+        if routes is None:
+            from gateway.fastpath import fast_routes
+
+            routes = GatewayServerProtocol._routes = fast_routes()
+        scope = cycle.scope
+        route = routes.get(scope["path"])
+        if route is not None and _direct().eligible(scope, route):
+            task = self.loop.create_task(_direct().serve(self, cycle, route))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            return
         super()._start_asgi_task(cycle, app)

@@ -46,15 +46,27 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     config_module.set_config(original)
 
 
-@pytest.fixture
-def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
-    """The real ASGI application served by uvicorn on a loopback port (test database attached)."""
+def serve_gateway(kind: str = "direct") -> Iterator[LiveServer]:
+    """The real ASGI application served by uvicorn on a loopback port.
+
+    ``direct``: with the protocol ``manage.py serve`` runs (pass-through routes relayed directly by
+    ``gateway.direct``); ``asgi``: every request through the ASGI app (``gateway.fastpath`` for the
+    pass-through routes), as daphne and other servers serve it.
+    """
     from gateway.asgi import application
+    from gateway.server import GatewayHttpProtocol, GatewayServerProtocol
     from inference_app.upstream import close_upstreams
 
-    server = LiveServer(application, on_stop=close_upstreams).start()
+    protocol = GatewayHttpProtocol if kind == "asgi" else GatewayServerProtocol
+    server = LiveServer(application, on_stop=close_upstreams, http=protocol).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
+    """The gateway as ``manage.py serve`` runs it, on a loopback port (test database attached)."""
+    yield from serve_gateway()
 
 
 @pytest.fixture

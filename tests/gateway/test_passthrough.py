@@ -9,6 +9,7 @@ and headers are preserved."
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import orjson
 import pytest
 
 from inference_app.upstream import forward_headers
+from tests.conftest import serve_gateway
 from tests.servers import LiveServer, free_port
 from tests.upstream import (
     DONE,
@@ -34,6 +36,13 @@ from tests.upstream import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["direct", "asgi"])
+def live_gateway(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveServer]:
+    """Every test here both ways: relayed by the server protocol directly, and through ASGI."""
+    yield from serve_gateway(request.param)
+
 
 TOOLS = [
     {

@@ -49,7 +49,7 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
-        from gateway.server import GatewayHttpProtocol
+        from gateway.server import GatewayServerProtocol
 
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Each worker records its metrics in files here; /metrics adds them up (gateway.metrics).
@@ -64,7 +64,7 @@ class Command(BaseCommand):
             port=port,
             workers=workers,
             loop="uvloop",
-            http=GatewayHttpProtocol,
+            http=GatewayServerProtocol,
             ws="websockets",
             lifespan="off",
             log_level="warning",
