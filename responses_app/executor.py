@@ -371,16 +371,23 @@ class Executor:
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         from responses_app import services
+        from responses_app.history_cache import history_cache
 
+        output_items = self.tools.stored_items(self.output) if self.tools else self.output
         self.stored = await _db(services.response_store_final)(
             prepared=self.p,
             status=status,
             snapshot=snapshot,
-            output_items=self.tools.stored_items(self.output) if self.tools else self.output,
+            output_items=output_items,
             usage=self.usage.as_dict(),
             error=self.error,
             terminal_event=terminal,
         )
+        if self.stored:
+            # The checkpoint just committed, ready for a continuation on this process.
+            history_cache.put(
+                self.p.response_id, self.p.owner, [*self.p.history, *self.p.new_items, *output_items]
+            )
 
     # --- one upstream round --------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ from conversations_app.models import Item
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
-from responses_app import selectors, translate
+from responses_app import rawsql, selectors, translate
 from responses_app.executor import Prepared, base_snapshot, strip_credentials, web_search_available
+from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 
@@ -43,6 +44,16 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
     return isinstance(request.input, list) and any(
         item.get("type") in COMPACTION_TYPES or bool(item.get("async")) for item in request.input
     )
+
+
+def prepare_reads_database(request: ResponseCreateRequest) -> bool:
+    """Whether :func:`response_prepare` consults stored state for ``request`` (else it can run on
+    the event loop: nothing but validation and fresh ids)."""
+    if request.previous_response_id is not None or request.conversation is not None:
+        return True
+    if not isinstance(request.input, list):
+        return False
+    return any(isinstance(item, dict) and isinstance(item.get("id"), str) for item in request.input)
 
 
 def response_prepare(
@@ -85,22 +96,7 @@ def response_prepare(
     if request.previous_response_id is not None and cached_history is not None:
         history = list(cached_history)
     elif request.previous_response_id is not None:
-        parent = Response.objects.filter(id=request.previous_response_id, owner=owner).first()
-        if parent is None:
-            # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
-            raise errors.BadRequest(
-                f"Previous response with id '{request.previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        if not parent.is_terminal:
-            raise errors.BadRequest(
-                f"Previous response with id '{parent.id}' is still {parent.status}; "
-                "wait for it to finish before continuing it.",
-                param="previous_response_id",
-                code="previous_response_in_progress",
-            )
-        history = [item.data for item in selectors.items_in_order(ids=parent.history_item_ids, owner=owner)]
+        history = _previous_history(request.previous_response_id, owner)
     elif conversation_id is not None:
         try:
             stored, revision = conversation_selectors.conversation_history(
@@ -135,6 +131,39 @@ def response_prepare(
         background=bool(request.background),
         tool_map=tool_map,
     )
+
+
+def _previous_history(previous_id: str, owner: str) -> list[dict[str, Any]]:
+    """The checkpoint items of the owner's finished response ``previous_id``.
+
+    The parent's row is always read (existence, owner, status: one indexed query), so deletes on
+    any process and other owners' ids are honoured; only the items come from the in-process
+    cache when it holds them.
+    """
+    cached = history_cache.get(previous_id, owner)
+    found = rawsql.parent_row(previous_id, owner, with_item_ids=cached is None)
+    status, item_ids = found if found is not None else (None, None)
+    if status is None:
+        # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
+        if cached is not None:
+            history_cache.discard(previous_id)  # deleted by another process
+        raise errors.BadRequest(
+            f"Previous response with id '{previous_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    if status in (Response.Status.QUEUED, Response.Status.IN_PROGRESS):
+        raise errors.BadRequest(
+            f"Previous response with id '{previous_id}' is still {status}; "
+            "wait for it to finish before continuing it.",
+            param="previous_response_id",
+            code="previous_response_in_progress",
+        )
+    if cached is not None:
+        return cached
+    history = [item.data for item in selectors.items_in_order(ids=item_ids or [], owner=owner)]
+    history_cache.put(previous_id, owner, history)
+    return history
 
 
 def _resolve_input(
@@ -191,7 +220,6 @@ def _check_tool_outputs(history: list[dict[str, Any]], new_items: list[dict[str,
             raise errors.BadRequest(f"No tool output found for function call {call_id}.", param="input")
 
 
-@transaction.atomic
 def response_store_final(
     *,
     prepared: Prepared,
@@ -203,6 +231,56 @@ def response_store_final(
     terminal_event: tuple[int, bytes] | None = None,
 ) -> bool:
     """Store the items once and the response with its checkpoint; False when it was cancelled."""
+    p = prepared
+    if p.background or p.conversation_id:
+        return _store_final_orm(
+            prepared=p,
+            status=status,
+            snapshot=snapshot,
+            output_items=output_items,
+            usage=usage,
+            error=error,
+            terminal_event=terminal_event,
+        )
+    # A plain stored response (the hot path): one atomic insert of its new items and its row.
+    dumps = rawsql.dumps
+    rawsql.insert_response(
+        items=[
+            (item["id"], p.owner, item["type"], dumps(item) or "null")
+            for item in (*p.items_to_insert, *output_items)
+        ],
+        response={
+            "id": p.response_id,
+            "owner": p.owner,
+            "status": status,
+            "model": p.request.model,
+            "background": False,
+            "previous_response_id": p.previous_response_id,
+            "conversation_id": "",
+            "request": dumps(strip_credentials(p.raw)),
+            "snapshot": dumps(snapshot),
+            "usage": dumps(usage),
+            "error": dumps(error),
+            "history_item_ids": dumps([item["id"] for item in (*p.history, *p.new_items, *output_items)]),
+            "input_item_count": len(p.history) + len(p.new_items),
+            "completed_at": timezone.now(),
+        },
+    )
+    return True
+
+
+@transaction.atomic
+def _store_final_orm(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    terminal_event: tuple[int, bytes] | None,
+) -> bool:
+    """Background responses (an update of the queued row) and conversation turns (locked append)."""
     p = prepared
     new_rows = [
         Item(id=item["id"], owner=p.owner, type=item["type"], data=item)
@@ -326,3 +404,4 @@ def response_delete(*, id: str, owner: str) -> None:
     """Delete the response record; its items stay (later responses' checkpoints share them)."""
     response = selectors.response_get(id=id, owner=owner)
     response.delete()
+    history_cache.discard(id)
