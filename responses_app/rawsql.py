@@ -39,21 +39,30 @@ def loads(value: Any) -> Any:
     return value  # a driver that already decoded it
 
 
-def _q(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
 @cache
-def _response_columns() -> tuple[str, ...]:
-    return tuple(str(field.column) for field in Response._meta.concrete_fields)
+def _sql(vendor: str) -> dict[str, Any]:
+    """The statements for one database backend, built once from the models' metadata."""
+    q = connection.ops.quote_name
+    responses, items = q(Response._meta.db_table), q(Item._meta.db_table)
+    columns = tuple(str(field.column) for field in Response._meta.concrete_fields)
+    where = "WHERE id = %s AND owner = %s"
+    return {
+        "status": f"SELECT status FROM {responses} {where}",
+        "status_ids": f"SELECT status, history_item_ids FROM {responses} {where}",
+        "items": f"INSERT INTO {items} (id, owner, {q('type')}, data, created_at) VALUES ",
+        "columns": columns,
+        "response": (
+            f"INSERT INTO {responses} ({', '.join(q(c) for c in columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(columns))})"
+        ),
+    }
 
 
 def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> tuple[str, list[str] | None] | None:
     """``(status, history_item_ids or None)`` of the owner's response, or None when there is none."""
-    table = _q(Response._meta.db_table)
-    columns = "status, history_item_ids" if with_item_ids else "status"
+    sql = _sql(connection.vendor)["status_ids" if with_item_ids else "status"]
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {columns} FROM {table} WHERE id = %s AND owner = %s", [response_id, owner])
+        cursor.execute(sql, [response_id, owner])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -64,24 +73,21 @@ def insert_response(*, items: list[tuple[str, str, str, str]], response: dict[st
     """Insert ``items`` (id, owner, type, data JSON; existing ids are left alone) and the response
     row ``response`` (column → value, JSON columns already serialized) atomically."""
     ops = connection.ops
-    now = ops.adapt_datetimefield_value(timezone.now())
-    item_table = _q(Item._meta.db_table)
-    item_sql = f"INSERT INTO {item_table} (id, owner, {_q('type')}, data, created_at) VALUES "
+    statements = _sql(connection.vendor)
+    now = timezone.now()
+    created = ops.adapt_datetimefield_value(now)
+    item_sql = statements["items"]
     item_params: list[Any] = []
     for item in items:
         item_params.extend(item)
-        item_params.append(now)
+        item_params.append(created)
     values = dict(response)
-    values.setdefault("created_at", timezone.now())
+    values.setdefault("created_at", now)
     for name in ("created_at", "completed_at"):
         if values.get(name) is not None:
             values[name] = ops.adapt_datetimefield_value(values[name])
-    columns = _response_columns()
-    response_params = [values[column] for column in columns]
-    response_sql = (
-        f"INSERT INTO {_q(Response._meta.db_table)} ({', '.join(_q(c) for c in columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))})"
-    )
+    response_sql = statements["response"]
+    response_params = [values[column] for column in statements["columns"]]
     batches = [item_params[i : i + _BATCH * 5] for i in range(0, len(item_params), _BATCH * 5)]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and len(batches) <= 1:
