@@ -9,10 +9,19 @@ responses, conversations, reads of snapshots) stays on the ORM.
 
 On PostgreSQL the items and the response go in one statement (a data-modifying CTE: atomic by
 itself, one round trip); on SQLite in one short transaction.
+
+On a SQLite file database the parent check may also run on the event loop itself
+(:func:`loop_reads_available`): in WAL mode a reader never waits for a writer, the query takes
+microseconds, and a worker-thread round trip costs ten times that. The event loop's thread has its
+own read-only connection (``query_only``, no busy wait); if SQLite ever answers busy or locked the
+caller gets :class:`LoopReadUnavailable` and does the read on a worker thread instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import threading
 from functools import cache
 from typing import Any
 
@@ -58,12 +67,54 @@ def _sql(vendor: str) -> dict[str, Any]:
     }
 
 
+class LoopReadUnavailable(Exception):
+    """The event loop's read could not run (SQLite busy or locked): do it on a worker thread."""
+
+
+_loop_local = threading.local()
+
+
+def loop_reads_available() -> bool:
+    """True when the parent check can run on the event loop: a SQLite database in a file."""
+    if connection.vendor != "sqlite":
+        return False
+    in_memory = getattr(connection, "is_in_memory_db", None)
+    return in_memory is not None and not in_memory()
+
+
+def _on_event_loop() -> bool:
+    return asyncio._get_running_loop() is not None
+
+
+def _loop_connection() -> sqlite3.Connection:
+    name = str(connection.settings_dict["NAME"])
+    held = getattr(_loop_local, "connection", None)
+    if held is not None and held[0] == name:
+        return held[1]  # type: ignore[no-any-return]
+    conn = sqlite3.connect(name, timeout=0, isolation_level=None, check_same_thread=True)
+    conn.execute("PRAGMA query_only = ON")
+    _loop_local.connection = (name, conn)
+    return conn
+
+
 def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> tuple[str, list[str] | None] | None:
-    """``(status, history_item_ids or None)`` of the owner's response, or None when there is none."""
+    """``(status, history_item_ids or None)`` of the owner's response, or None when there is none.
+
+    Called on the event loop (only when :func:`loop_reads_available`), it reads through the loop's
+    own SQLite connection; :class:`LoopReadUnavailable` when SQLite cannot answer at once.
+    """
     sql = _sql(connection.vendor)["status_ids" if with_item_ids else "status"]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [response_id, owner])
-        row = cursor.fetchone()
+    if _on_event_loop():
+        try:
+            found = _loop_connection().execute(sql.replace("%s", "?"), (response_id, owner))
+            row = found.fetchone()
+            found.close()
+        except sqlite3.OperationalError as exc:
+            raise LoopReadUnavailable(str(exc)) from None
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [response_id, owner])
+            row = cursor.fetchone()
     if row is None:
         return None
     return row[0], (loads(row[1]) if with_item_ids else None)

@@ -51,9 +51,24 @@ def prepare_reads_database(request: ResponseCreateRequest) -> bool:
     the event loop: nothing but validation and fresh ids)."""
     if request.previous_response_id is not None or request.conversation is not None:
         return True
+    return _references_items(request)
+
+
+def _references_items(request: ResponseCreateRequest) -> bool:
     if not isinstance(request.input, list):
         return False
     return any(isinstance(item, dict) and isinstance(item.get("id"), str) for item in request.input)
+
+
+def parent_history_for_loop(request: ResponseCreateRequest, owner: str) -> list[dict[str, Any]] | None:
+    """The parent's cached checkpoint when :func:`response_prepare` can run on the event loop with
+    it (a ``previous_response_id`` continuation, nothing else stored referenced, the parent's
+    checkpoint cached here, the parent's row readable on the loop); else None."""
+    if request.previous_response_id is None or request.conversation is not None:
+        return None
+    if _references_items(request) or not rawsql.loop_reads_available():
+        return None
+    return history_cache.get(request.previous_response_id, owner)
 
 
 def response_prepare(
@@ -66,11 +81,14 @@ def response_prepare(
     response_id: str | None = None,
     created_at: int | None = None,
     cached_history: list[dict[str, Any]] | None = None,
+    parent_history: list[dict[str, Any]] | None = None,
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
     ``cached_history`` is the checkpoint of ``previous_response_id`` when the caller holds it
     (the WebSocket transport's connection-local state); then the database is not consulted for it.
+    ``parent_history`` is the stored parent's checkpoint taken from the history cache (see
+    :func:`parent_history_for_loop`); the parent's row is still checked.
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -96,7 +114,7 @@ def response_prepare(
     if request.previous_response_id is not None and cached_history is not None:
         history = list(cached_history)
     elif request.previous_response_id is not None:
-        history = _previous_history(request.previous_response_id, owner)
+        history = _previous_history(request.previous_response_id, owner, parent_history)
     elif conversation_id is not None:
         try:
             stored, revision = conversation_selectors.conversation_history(
@@ -133,14 +151,17 @@ def response_prepare(
     )
 
 
-def _previous_history(previous_id: str, owner: str) -> list[dict[str, Any]]:
+def _previous_history(
+    previous_id: str, owner: str, cached: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """The checkpoint items of the owner's finished response ``previous_id``.
 
     The parent's row is always read (existence, owner, status: one indexed query), so deletes on
     any process and other owners' ids are honoured; only the items come from the in-process
     cache when it holds them.
     """
-    cached = history_cache.get(previous_id, owner)
+    if cached is None:
+        cached = history_cache.get(previous_id, owner)
     found = rawsql.parent_row(previous_id, owner, with_item_ids=cached is None)
     status, item_ids = found if found is not None else (None, None)
     if status is None:

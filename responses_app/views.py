@@ -16,7 +16,7 @@ from gateway.config import get_config
 from gateway.http import allow_methods, json_response
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
-from responses_app import selectors, services, tasks
+from responses_app import rawsql, selectors, services, tasks
 from responses_app.executor import Executor, Prepared, _db
 from responses_app.history_cache import history_cache
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
@@ -87,18 +87,26 @@ async def create(call: Call) -> Outcome:
     config = get_config()
     if not services.needs_executor(parsed, raw, config):
         return await _direct(call)
-    prepare: Callable[..., Awaitable[Prepared]]
-    if services.prepare_reads_database(parsed):
-        prepare = _db(services.response_prepare)
-    else:
-        prepare = _on_loop(services.response_prepare)  # nothing stored referenced: no thread hop
-    prepared = await prepare(
-        request=parsed,
-        raw=raw,
-        owner=call.principal.owner,
-        headers=_upstream_headers(call.headers, call.credential_consumed),
-        config=config,
-    )
+    arguments: dict[str, Any] = {
+        "request": parsed,
+        "raw": raw,
+        "owner": call.principal.owner,
+        "headers": _upstream_headers(call.headers, call.credential_consumed),
+        "config": config,
+    }
+    prepared: Prepared | None = None
+    parent_history = services.parent_history_for_loop(parsed, call.principal.owner)
+    if parent_history is not None:
+        # A continuation whose checkpoint is cached: only the parent's row is read, on the loop.
+        try:
+            prepared = services.response_prepare(**arguments, parent_history=parent_history)
+        except rawsql.LoopReadUnavailable:
+            prepared = None
+    if prepared is None:
+        if services.prepare_reads_database(parsed):
+            prepared = await _db(services.response_prepare)(**arguments)
+        else:
+            prepared = services.response_prepare(**arguments)  # nothing stored referenced
     if prepared.background:
         # Tool declarations, host policy and approvals are refused (400) before anything is queued;
         # MCP discovery happens when the work runs.
@@ -127,13 +135,6 @@ async def create(call: Call) -> Outcome:
     ):
         raise executor.http_error
     return _json(final)
-
-
-def _on_loop(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return call
 
 
 @allow_methods("POST")

@@ -231,3 +231,23 @@ def test_an_unexpected_error_is_a_server_error_envelope(gw: Gateway, monkeypatch
         "code": "internal_error",
     }
     assert views.create is not broken
+
+
+def test_a_busy_loop_read_falls_back_to_a_worker_thread(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from responses_app import rawsql
+
+    first = _turn(gw, None, "one").json()
+    tried: list[str] = []
+
+    def busy() -> Any:
+        tried.append("loop")
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(rawsql, "loop_reads_available", lambda: True)
+    monkeypatch.setattr(rawsql, "_loop_connection", busy)
+    second = _turn(gw, first["id"], "two")
+    assert second.status_code == 200, second.text
+    assert tried == ["loop"]
+    assert len(gw.upstream_bodies()[-1]["input"]) == 3
