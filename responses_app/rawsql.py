@@ -10,16 +10,20 @@ responses, conversations, reads of snapshots) stays on the ORM.
 On PostgreSQL the items and the response go in one statement (a data-modifying CTE: atomic by
 itself, one round trip); on SQLite in one short transaction.
 
-On a SQLite file database the parent check may also run on the event loop itself
-(:func:`loop_reads_available`): in WAL mode a reader never waits for a writer, the query takes
-microseconds, and a worker-thread round trip costs ten times that. The event loop's thread has its
-own read-only connection (``query_only``, no busy wait); if SQLite ever answers busy or locked the
-caller gets :class:`LoopReadUnavailable` and does the read on a worker thread instead.
+On a SQLite file database both may also run on the event loop itself (:func:`loop_reads_available`):
+the statements take tens of microseconds, a worker-thread round trip costs several times that. The
+event loop's thread has its own connection that never waits: in WAL mode a reader never waits for
+a writer, and the insert only runs when ``BEGIN IMMEDIATE`` gets the write lock at once. A busy or
+locked database sends the work to a worker thread instead (:class:`LoopReadUnavailable`, or False
+from :func:`insert_response_on_loop`), which waits for the lock as before. The loop's connection
+never checkpoints the WAL (that fsyncs); a worker thread runs a passive checkpoint every
+``_CHECKPOINT_EVERY`` loop commits, and every other connection keeps SQLite's automatic ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from functools import cache
@@ -71,6 +75,10 @@ class LoopReadUnavailable(Exception):
     """The event loop's read could not run (SQLite busy or locked): do it on a worker thread."""
 
 
+# A passive WAL checkpoint on a worker thread after this many commits from the event loop.
+_CHECKPOINT_EVERY = 200
+
+
 _loop_local = threading.local()
 
 
@@ -92,7 +100,9 @@ def _loop_connection() -> sqlite3.Connection:
     if held is not None and held[0] == name:
         return held[1]  # type: ignore[no-any-return]
     conn = sqlite3.connect(name, timeout=0, isolation_level=None, check_same_thread=True)
-    conn.execute("PRAGMA query_only = ON")
+    conn.execute("PRAGMA synchronous = NORMAL")  # as Django's connections (WAL: crash-safe)
+    # Checkpoints (which fsync) never run on the event loop: worker threads run them.
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
     _loop_local.connection = (name, conn)
     return conn
 
@@ -120,14 +130,12 @@ def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> tuple[st
     return row[0], (loads(row[1]) if with_item_ids else None)
 
 
-def insert_response(*, items: list[tuple[str, str, str, str]], response: dict[str, Any]) -> None:
-    """Insert ``items`` (id, owner, type, data JSON; existing ids are left alone) and the response
-    row ``response`` (column → value, JSON columns already serialized) atomically."""
+def _insert_params(
+    items: list[tuple[str, str, str, str]], response: dict[str, Any]
+) -> tuple[list[list[Any]], list[Any]]:
     ops = connection.ops
-    statements = _sql(connection.vendor)
     now = timezone.now()
     created = ops.adapt_datetimefield_value(now)
-    item_sql = statements["items"]
     item_params: list[Any] = []
     for item in items:
         item_params.extend(item)
@@ -137,20 +145,64 @@ def insert_response(*, items: list[tuple[str, str, str, str]], response: dict[st
     for name in ("created_at", "completed_at"):
         if values.get(name) is not None:
             values[name] = ops.adapt_datetimefield_value(values[name])
-    response_sql = statements["response"]
-    response_params = [values[column] for column in statements["columns"]]
     batches = [item_params[i : i + _BATCH * 5] for i in range(0, len(item_params), _BATCH * 5)]
+    return batches, [values[column] for column in _sql(connection.vendor)["columns"]]
+
+
+def _item_rows_sql(batch: list[Any]) -> str:
+    rows = ", ".join(["(%s, %s, %s, %s, %s)"] * (len(batch) // 5))
+    return f"{_sql(connection.vendor)['items']}{rows} ON CONFLICT DO NOTHING"
+
+
+def insert_response(*, items: list[tuple[str, str, str, str]], response: dict[str, Any]) -> None:
+    """Insert ``items`` (id, owner, type, data JSON; existing ids are left alone) and the response
+    row ``response`` (column → value, JSON columns already serialized) atomically."""
+    batches, response_params = _insert_params(items, response)
+    response_sql = _sql(connection.vendor)["response"]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and len(batches) <= 1:
             if batches:
-                rows = ", ".join(["(%s, %s, %s, %s, %s)"] * (len(batches[0]) // 5))
-                sql = f"WITH new_items AS ({item_sql}{rows} ON CONFLICT DO NOTHING) {response_sql}"
+                sql = f"WITH new_items AS ({_item_rows_sql(batches[0])}) {response_sql}"
                 cursor.execute(sql, [*batches[0], *response_params])
             else:
                 cursor.execute(response_sql, response_params)
             return
         with transaction.atomic():
             for batch in batches:
-                rows = ", ".join(["(%s, %s, %s, %s, %s)"] * (len(batch) // 5))
-                cursor.execute(f"{item_sql}{rows} ON CONFLICT DO NOTHING", batch)
+                cursor.execute(_item_rows_sql(batch), batch)
             cursor.execute(response_sql, response_params)
+
+
+def insert_response_on_loop(*, items: list[tuple[str, str, str, str]], response: dict[str, Any]) -> bool:
+    """:func:`insert_response` on the event loop (only when :func:`loop_reads_available`), when
+    SQLite grants the write lock at once; False (nothing written) when it does not."""
+    batches, response_params = _insert_params(items, response)
+    try:
+        conn = _loop_connection()
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        return False  # another writer holds the lock: a worker thread waits for it instead
+    try:
+        for batch in batches:
+            conn.execute(_item_rows_sql(batch).replace("%s", "?"), batch)
+        conn.execute(_sql("sqlite")["response"].replace("%s", "?"), response_params)
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    commits = getattr(_loop_local, "commits", 0) + 1
+    _loop_local.commits = commits
+    if commits % _CHECKPOINT_EVERY == 0:
+        asyncio.get_running_loop().run_in_executor(None, _checkpoint)
+    return True
+
+
+def _checkpoint() -> None:
+    from django.db import close_old_connections
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        close_old_connections()

@@ -264,8 +264,49 @@ def response_store_final(
             terminal_event=terminal_event,
         )
     # A plain stored response (the hot path): one atomic insert of its new items and its row.
-    dumps = rawsql.dumps
     rawsql.insert_response(
+        **_plain_rows(
+            prepared=p, status=status, snapshot=snapshot, output_items=output_items, usage=usage, error=error
+        )
+    )
+    return True
+
+
+def response_store_on_loop(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    terminal_event: tuple[int, bytes] | None = None,
+) -> bool | None:
+    """:func:`response_store_final` on the event loop where that cannot wait (a plain response on
+    a SQLite file database whose write lock is free); None: call ``response_store_final`` on a
+    worker thread instead."""
+    p = prepared
+    if p.background or p.conversation_id or not rawsql.loop_reads_available():
+        return None
+    rows = _plain_rows(
+        prepared=p, status=status, snapshot=snapshot, output_items=output_items, usage=usage, error=error
+    )
+    return True if rawsql.insert_response_on_loop(**rows) else None
+
+
+def _plain_rows(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The item rows and the response row of a plain (not background, no conversation) response."""
+    p = prepared
+    dumps = rawsql.dumps
+    return dict(
         items=[
             (item["id"], p.owner, item["type"], dumps(item) or "null")
             for item in (*p.items_to_insert, *output_items)
@@ -287,7 +328,6 @@ def response_store_final(
             "completed_at": timezone.now(),
         },
     )
-    return True
 
 
 @transaction.atomic

@@ -233,7 +233,7 @@ def test_an_unexpected_error_is_a_server_error_envelope(gw: Gateway, monkeypatch
     assert views.create is not broken
 
 
-def test_a_busy_loop_read_falls_back_to_a_worker_thread(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_busy_database_sends_loop_work_to_a_worker_thread(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     import sqlite3
 
     from responses_app import rawsql
@@ -249,5 +249,6 @@ def test_a_busy_loop_read_falls_back_to_a_worker_thread(gw: Gateway, monkeypatch
     monkeypatch.setattr(rawsql, "_loop_connection", busy)
     second = _turn(gw, first["id"], "two")
     assert second.status_code == 200, second.text
-    assert tried == ["loop"]
+    assert tried == ["loop", "loop"]  # the parent check, then the insert
     assert len(gw.upstream_bodies()[-1]["input"]) == 3
+    assert Response.objects.filter(id=second.json()["id"]).exists()
