@@ -233,7 +233,9 @@ def test_an_unexpected_error_is_a_server_error_envelope(gw: Gateway, monkeypatch
     assert views.create is not broken
 
 
-def test_a_busy_database_sends_loop_work_to_a_worker_thread(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_busy_database_sends_loop_work_to_a_worker_thread(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sqlite3
 
     from responses_app import rawsql
