@@ -82,12 +82,25 @@ _CHECKPOINT_EVERY = 200
 _loop_local = threading.local()
 
 
+_database: tuple[str, str | None] | None = None
+
+
+def _db_info() -> tuple[str, str | None]:
+    """``(vendor, SQLite file or None)`` of the default database, looked up once per process
+    (``connection``'s thread-local proxy costs more than the statements on this path)."""
+    global _database
+    if _database is None:
+        in_memory = getattr(connection, "is_in_memory_db", None)
+        sqlite_file = None
+        if connection.vendor == "sqlite" and in_memory is not None and not in_memory():
+            sqlite_file = str(connection.settings_dict["NAME"])
+        _database = (connection.vendor, sqlite_file)
+    return _database
+
+
 def loop_reads_available() -> bool:
-    """True when the parent check can run on the event loop: a SQLite database in a file."""
-    if connection.vendor != "sqlite":
-        return False
-    in_memory = getattr(connection, "is_in_memory_db", None)
-    return in_memory is not None and not in_memory()
+    """True when the parent check and the insert can run on the event loop: a SQLite file."""
+    return _db_info()[1] is not None
 
 
 def _on_event_loop() -> bool:
@@ -95,7 +108,8 @@ def _on_event_loop() -> bool:
 
 
 def _loop_connection() -> sqlite3.Connection:
-    name = str(connection.settings_dict["NAME"])
+    name = _db_info()[1]
+    assert name is not None
     held = getattr(_loop_local, "connection", None)
     if held is not None and held[0] == name:
         return held[1]  # type: ignore[no-any-return]
@@ -113,7 +127,7 @@ def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> tuple[st
     Called on the event loop (only when :func:`loop_reads_available`), it reads through the loop's
     own SQLite connection; :class:`LoopReadUnavailable` when SQLite cannot answer at once.
     """
-    sql = _sql(connection.vendor)["status_ids" if with_item_ids else "status"]
+    sql = _sql(_db_info()[0])["status_ids" if with_item_ids else "status"]
     if _on_event_loop():
         try:
             found = _loop_connection().execute(sql.replace("%s", "?"), (response_id, owner))
@@ -146,21 +160,21 @@ def _insert_params(
         if values.get(name) is not None:
             values[name] = ops.adapt_datetimefield_value(values[name])
     batches = [item_params[i : i + _BATCH * 5] for i in range(0, len(item_params), _BATCH * 5)]
-    return batches, [values[column] for column in _sql(connection.vendor)["columns"]]
+    return batches, [values[column] for column in _sql(_db_info()[0])["columns"]]
 
 
 def _item_rows_sql(batch: list[Any]) -> str:
     rows = ", ".join(["(%s, %s, %s, %s, %s)"] * (len(batch) // 5))
-    return f"{_sql(connection.vendor)['items']}{rows} ON CONFLICT DO NOTHING"
+    return f"{_sql(_db_info()[0])['items']}{rows} ON CONFLICT DO NOTHING"
 
 
 def insert_response(*, items: list[tuple[str, str, str, str]], response: dict[str, Any]) -> None:
     """Insert ``items`` (id, owner, type, data JSON; existing ids are left alone) and the response
     row ``response`` (column → value, JSON columns already serialized) atomically."""
     batches, response_params = _insert_params(items, response)
-    response_sql = _sql(connection.vendor)["response"]
+    response_sql = _sql(_db_info()[0])["response"]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql" and len(batches) <= 1:
+        if _db_info()[0] == "postgresql" and len(batches) <= 1:
             if batches:
                 sql = f"WITH new_items AS ({_item_rows_sql(batches[0])}) {response_sql}"
                 cursor.execute(sql, [*batches[0], *response_params])
