@@ -12,9 +12,9 @@ path did, in the same order, and then runs the one implementation, :func:`respon
 4. only ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
 5. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
    (what ``GatewayErrorMiddleware`` does on ``/v1``);
-6. a streamed answer is sent frame by frame; a client that disconnects cancels the work (as
-   Django does), watched by a task started only for requests still running after
-   ``WATCH_AFTER_S``.
+6. a streamed answer is sent as it is produced (frames produced together in one write, see
+   :func:`responses_app.events.coalesce`); a client that disconnects cancels the work (as Django
+   does), watched by a task started only for requests still running after ``WATCH_AFTER_S``.
 
 Other paths under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
 """
@@ -22,6 +22,7 @@ Other paths under ``/v1/responses/…`` (retrieve, delete, input items, cancel) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -38,6 +39,7 @@ from gateway.passthrough import (
     read_body,
     send_error,
 )
+from responses_app.events import coalesce
 from responses_app.views import Call, Outcome, create
 
 log = logging.getLogger("gateway")
@@ -121,9 +123,12 @@ async def _send(outcome: Outcome, send: Send, exchange: _Exchange, extra: RawHea
         await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
         return
     await send({"type": "http.response.start", "status": outcome.status, "headers": raw})
-    async for frame in outcome.frames:
-        if frame:
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
+    # Events produced together (one upstream chunk carries many) go out in one write; the
+    # coalescer is closed first on every exit, so it unwinds a source it left waiting.
+    async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
+        async for frame in frames:
+            if frame:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
     exchange.finished = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -254,3 +254,20 @@ def test_a_busy_database_sends_loop_work_to_a_worker_thread(
     assert tried == ["loop", "loop"]  # the parent check, then the insert
     assert len(gw.upstream_bodies()[-1]["input"]) == 3
     assert Response.objects.filter(id=second.json()["id"]).exists()
+
+
+def test_a_client_leaving_a_stream_cancels_the_upstream_request(gw: Gateway) -> None:
+    from tests.responses.scripts import Script, handler, path_for
+
+    slow = Script([text(*["word "] * 200)], delay_s=0.05)
+    gw.upstream.script(path_for("responses"), handler(slow, "responses"))
+    with httpx.stream(
+        "POST", f"{gw.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}, timeout=30
+    ) as r:
+        assert r.status_code == 200
+        first = next(r.iter_raw())
+        assert first.startswith(b"event: response.created\n")
+    # The gateway saw the disconnect, cancelled the work and closed the upstream request.
+    assert gw.upstream.wait_disconnected(gw.upstream.last(path_for("responses")))
+    gw.script(text("still serving"))
+    assert gw.post({"model": "m", "input": "again"}).status_code == 200
