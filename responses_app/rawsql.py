@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import threading
 from functools import cache
@@ -35,6 +36,8 @@ from django.utils import timezone
 
 from conversations_app.models import Item
 from responses_app.models import Response
+
+log = logging.getLogger("responses.rawsql")
 
 _OPTS = orjson.OPT_NON_STR_KEYS
 # Item rows per INSERT statement (5 parameters each: within SQLite's 999-parameter limit).
@@ -218,5 +221,7 @@ def _checkpoint() -> None:
     try:
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    except Exception:  # nobody awaits this; the next one (or any connection's own) catches up
+        log.warning("WAL checkpoint failed", exc_info=True)
     finally:
         close_old_connections()
