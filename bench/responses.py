@@ -5,10 +5,13 @@ the figures are the gateways' own overhead: stored JSON and SSE responses at con
 and a 50-turn ``previous_response_id`` chain (per-turn latency must stay flat).
 
     .venv/bin/python bench/responses.py [--reference /work/ref-venv/bin/agentic-server]
-        [--database-url postgres://postgres@127.0.0.1:5432/bench_responses] [--quick]
+        [--database-url postgres://postgres@127.0.0.1:5432/bench_responses] [--quick] [--chain-runs N]
 
 The gateway runs as ``manage.py serve`` (uvicorn, one worker); the reference as
 ``agentic-server --llm-api-base … --skip-llm-ready-check``.
+
+``--chain-runs N`` runs the chain N times per target, alternating targets, and reports each turn's
+median over the runs (a 2-core machine shared with other work makes single chains noisy).
 """
 
 from __future__ import annotations
@@ -207,6 +210,7 @@ def main() -> None:
     parser.add_argument("--reference", default="/work/ref-venv/bin/agentic-server")
     parser.add_argument("--database-url", default="")
     parser.add_argument("--quick", action="store_true", help="fewer requests (CI smoke)")
+    parser.add_argument("--chain-runs", type=int, default=1, help="chains per target (per-turn median)")
     args = parser.parse_args()
 
     upstream = start_upstream()
@@ -243,10 +247,14 @@ def main() -> None:
         print()
         print("| target | turns 1-10 mean ms | turns 21-30 mean ms | turns 41-50 mean ms |")
         print("|---|---|---|---|")
-        for name, base in targets.items():
-            if name == "direct":
-                continue
-            per_turn = asyncio.run(chain(base, turns, {"model": "test-model", "store": True}))
+        runs: dict[str, list[list[float]]] = {name: [] for name in targets if name != "direct"}
+        for _ in range(max(1, args.chain_runs)):
+            for name in runs:  # alternating, so both see the same machine
+                runs[name].append(
+                    asyncio.run(chain(targets[name], turns, {"model": "test-model", "store": True}))
+                )
+        for name, chains in runs.items():
+            per_turn = [statistics.median(run[t] for run in chains) for t in range(turns)]
             means = [statistics.mean(per_turn[a:b]) for a, b in ((0, 10), (20, 30), (40, 50))]
             print(f"| {name} | {means[0]:.1f} | {means[1]:.1f} | {means[2]:.1f} |", flush=True)
     finally:

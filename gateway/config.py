@@ -86,6 +86,9 @@ class ResponsesConfig:
     max_stream_event_bytes: int = 16 * MiB
     prompt_cache_options_supported: bool = False
     max_rounds: int = 10
+    # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
+    # continuations on the same process; 0 disables it.
+    history_cache_bytes: int = 64 * MiB
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,13 @@ def fast_routes() -> dict[str, Route]:
     return {**PASSTHROUGH_ROUTES, **MESSAGES_ROUTES}
 
 
+def app_routes() -> dict[str, ASGIApp]:
+    """Routes an app serves with its own ASGI handler (auth, CORS and errors done there)."""
+    from responses_app.fastpath import ROUTES as RESPONSES_ROUTES
+
+    return dict(RESPONSES_ROUTES)
+
+
 @lru_cache(maxsize=256)
 def _cors_applies(pattern: Any, path: str) -> bool:
     return re.match(pattern, path) is not None
@@ -77,8 +84,14 @@ class FastPathApp:
         self.app = app
         self.routes = fast_routes()
         self.authenticate = authenticate
+        self.apps = app_routes()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":
+            handler = self.apps.get(scope["path"])
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if route is None or scope["method"] == "OPTIONS":
             # Everything else, and CORS preflights (answered by django-cors-headers), go to Django.

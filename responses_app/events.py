@@ -7,7 +7,8 @@ we send (``sequence_number`` strictly increasing from 0) and enforces ``max_stre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,3 +123,86 @@ def error_frame(*, code: str | None, message: str, param: str | None, sequence_n
     frame = errors.responses_sse_error(exc, sequence_number)
     data = orjson.loads(frame[frame.index(b"data: ") + 6 : -2])
     return Event("error", data, frame)
+
+
+class _Resume:
+    """Await the rest of ``step``, a coroutine that already ran up to its first suspension (where it
+    yielded ``pending`` for the task to wait on). Cancellation and other exceptions thrown into the
+    waiting task are forwarded into ``step``, exactly as if the task had awaited it from the start."""
+
+    __slots__ = ("pending", "step")
+
+    def __init__(self, step: Any, pending: Any) -> None:
+        self.step = step
+        self.pending = pending
+
+    def __await__(self) -> Any:
+        pending = self.pending
+        while True:
+            try:
+                yield pending
+            except BaseException as exc:  # thrown into the task while it waited
+                try:
+                    pending = self.step.throw(exc)
+                except StopIteration as done:
+                    return done.value
+                continue
+            break
+        return (yield from self.step.__await__())
+
+
+def _abandon(step: Any, exc: BaseException) -> None:
+    """Unwind a source step left waiting: ``exc`` is raised where it waits (its cleanup runs)."""
+    try:
+        step.throw(exc)
+    except BaseException:
+        return
+    with contextlib.suppress(BaseException):  # it swallowed the exception and went on waiting
+        step.close()
+
+
+async def coalesce(frames: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """``frames`` joined into as few writes as possible without delaying any of them.
+
+    Frames the source produces without waiting (one upstream chunk usually carries many events)
+    go out as one write; the buffer is flushed whenever the source would wait. Each step of the
+    source starts synchronously: if it completes, its frame is buffered; if it suspends, what is
+    buffered is sent first and then the step is awaited to its end (:class:`_Resume`).
+    """
+    iterator = frames.__aiter__()
+    buffer: list[bytes] = []
+    try:
+        while True:
+            step: Any = iterator.__anext__()
+            try:
+                pending = step.send(None)
+            except StopIteration as done:
+                buffer.append(done.value)
+                continue
+            except StopAsyncIteration:
+                break
+            if buffer:
+                joined = b"".join(buffer)
+                buffer.clear()
+                try:
+                    yield joined
+                except BaseException as exc:  # closed (or thrown into) while the step waits
+                    _abandon(step, exc)
+                    raise
+            try:
+                frame = await _Resume(step, pending)
+            except StopAsyncIteration:
+                break
+            buffer.append(frame)
+    except Exception:
+        if buffer:  # what the source produced before it failed still goes out first
+            joined = b"".join(buffer)
+            buffer.clear()
+            yield joined
+        raise
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if buffer:
+        yield b"".join(buffer)

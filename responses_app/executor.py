@@ -15,6 +15,7 @@ snapshot is written *before* the terminal event, so a write failure reaches the 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
+from django.db import close_old_connections
 
 from gateway import errors
 from gateway.config import Config
@@ -177,15 +178,26 @@ def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
 
 
 def _db(fn: Any) -> Any:
-    from django.db import close_old_connections
+    """``fn`` (synchronous ORM work) as a coroutine function run on the loop's worker pool.
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    What ``sync_to_async(thread_sensitive=False)`` did, without its per-call setup (measured at a
+    tenth of a stored response's CPU): the caller's context variables travel with the call, and
+    the thread's connections are tidied afterwards (``close_old_connections``: a pooled
+    PostgreSQL connection goes back to the pool). A cancelled caller stops waiting at once; the
+    work already started finishes on its thread, as before.
+    """
+
+    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
             close_old_connections()
 
-    return sync_to_async(call, thread_sensitive=False)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(None, context.run, run, args, kwargs)
+
+    return call
 
 
 class Executor:
@@ -371,16 +383,27 @@ class Executor:
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         from responses_app import services
+        from responses_app.history_cache import history_cache
 
-        self.stored = await _db(services.response_store_final)(
-            prepared=self.p,
-            status=status,
-            snapshot=snapshot,
-            output_items=self.tools.stored_items(self.output) if self.tools else self.output,
-            usage=self.usage.as_dict(),
-            error=self.error,
-            terminal_event=terminal,
-        )
+        output_items = self.tools.stored_items(self.output) if self.tools else self.output
+        arguments: dict[str, Any] = {
+            "prepared": self.p,
+            "status": status,
+            "snapshot": snapshot,
+            "output_items": output_items,
+            "usage": self.usage.as_dict(),
+            "error": self.error,
+            "terminal_event": terminal,
+        }
+        stored = services.response_store_on_loop(**arguments)  # SQLite, lock free: no thread hop
+        if stored is None:
+            stored = await _db(services.response_store_final)(**arguments)
+        self.stored = stored
+        if self.stored:
+            # The checkpoint just committed, ready for a continuation on this process.
+            history_cache.put(
+                self.p.response_id, self.p.owner, [*self.p.history, *self.p.new_items, *output_items]
+            )
 
     # --- one upstream round --------------------------------------------------------------------
 

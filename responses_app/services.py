@@ -18,8 +18,9 @@ from conversations_app.models import Item
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
-from responses_app import selectors, translate
+from responses_app import rawsql, selectors, translate
 from responses_app.executor import Prepared, base_snapshot, strip_credentials, web_search_available
+from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 
@@ -45,6 +46,31 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
     )
 
 
+def prepare_reads_database(request: ResponseCreateRequest) -> bool:
+    """Whether :func:`response_prepare` consults stored state for ``request`` (else it can run on
+    the event loop: nothing but validation and fresh ids)."""
+    if request.previous_response_id is not None or request.conversation is not None:
+        return True
+    return _references_items(request)
+
+
+def _references_items(request: ResponseCreateRequest) -> bool:
+    if not isinstance(request.input, list):
+        return False
+    return any(isinstance(item, dict) and isinstance(item.get("id"), str) for item in request.input)
+
+
+def parent_history_for_loop(request: ResponseCreateRequest, owner: str) -> list[dict[str, Any]] | None:
+    """The parent's cached checkpoint when :func:`response_prepare` can run on the event loop with
+    it (a ``previous_response_id`` continuation, nothing else stored referenced, the parent's
+    checkpoint cached here, the parent's row readable on the loop); else None."""
+    if request.previous_response_id is None or request.conversation is not None:
+        return None
+    if _references_items(request) or not rawsql.loop_reads_available():
+        return None
+    return history_cache.get(request.previous_response_id, owner)
+
+
 def response_prepare(
     *,
     request: ResponseCreateRequest,
@@ -55,11 +81,14 @@ def response_prepare(
     response_id: str | None = None,
     created_at: int | None = None,
     cached_history: list[dict[str, Any]] | None = None,
+    parent_history: list[dict[str, Any]] | None = None,
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
     ``cached_history`` is the checkpoint of ``previous_response_id`` when the caller holds it
     (the WebSocket transport's connection-local state); then the database is not consulted for it.
+    ``parent_history`` is the stored parent's checkpoint taken from the history cache (see
+    :func:`parent_history_for_loop`); the parent's row is still checked.
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -85,22 +114,7 @@ def response_prepare(
     if request.previous_response_id is not None and cached_history is not None:
         history = list(cached_history)
     elif request.previous_response_id is not None:
-        parent = Response.objects.filter(id=request.previous_response_id, owner=owner).first()
-        if parent is None:
-            # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
-            raise errors.BadRequest(
-                f"Previous response with id '{request.previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        if not parent.is_terminal:
-            raise errors.BadRequest(
-                f"Previous response with id '{parent.id}' is still {parent.status}; "
-                "wait for it to finish before continuing it.",
-                param="previous_response_id",
-                code="previous_response_in_progress",
-            )
-        history = [item.data for item in selectors.items_in_order(ids=parent.history_item_ids, owner=owner)]
+        history = _previous_history(request.previous_response_id, owner, parent_history)
     elif conversation_id is not None:
         try:
             stored, revision = conversation_selectors.conversation_history(
@@ -135,6 +149,42 @@ def response_prepare(
         background=bool(request.background),
         tool_map=tool_map,
     )
+
+
+def _previous_history(
+    previous_id: str, owner: str, cached: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The checkpoint items of the owner's finished response ``previous_id``.
+
+    The parent's row is always read (existence, owner, status: one indexed query), so deletes on
+    any process and other owners' ids are honoured; only the items come from the in-process
+    cache when it holds them.
+    """
+    if cached is None:
+        cached = history_cache.get(previous_id, owner)
+    found = rawsql.parent_row(previous_id, owner, with_item_ids=cached is None)
+    status, item_ids = found if found is not None else (None, None)
+    if status is None:
+        # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
+        if cached is not None:
+            history_cache.discard(previous_id)  # deleted by another process
+        raise errors.BadRequest(
+            f"Previous response with id '{previous_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    if status in (Response.Status.QUEUED, Response.Status.IN_PROGRESS):
+        raise errors.BadRequest(
+            f"Previous response with id '{previous_id}' is still {status}; "
+            "wait for it to finish before continuing it.",
+            param="previous_response_id",
+            code="previous_response_in_progress",
+        )
+    if cached is not None:
+        return cached
+    history = [item.data for item in selectors.items_in_order(ids=item_ids or [], owner=owner)]
+    history_cache.put(previous_id, owner, history)
+    return history
 
 
 def _resolve_input(
@@ -191,7 +241,6 @@ def _check_tool_outputs(history: list[dict[str, Any]], new_items: list[dict[str,
             raise errors.BadRequest(f"No tool output found for function call {call_id}.", param="input")
 
 
-@transaction.atomic
 def response_store_final(
     *,
     prepared: Prepared,
@@ -203,6 +252,96 @@ def response_store_final(
     terminal_event: tuple[int, bytes] | None = None,
 ) -> bool:
     """Store the items once and the response with its checkpoint; False when it was cancelled."""
+    p = prepared
+    if p.background or p.conversation_id:
+        return _store_final_orm(
+            prepared=p,
+            status=status,
+            snapshot=snapshot,
+            output_items=output_items,
+            usage=usage,
+            error=error,
+            terminal_event=terminal_event,
+        )
+    # A plain stored response (the hot path): one atomic insert of its new items and its row.
+    rawsql.insert_response(
+        **_plain_rows(
+            prepared=p, status=status, snapshot=snapshot, output_items=output_items, usage=usage, error=error
+        )
+    )
+    return True
+
+
+def response_store_on_loop(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    terminal_event: tuple[int, bytes] | None = None,
+) -> bool | None:
+    """:func:`response_store_final` on the event loop where that cannot wait (a plain response on
+    a SQLite file database whose write lock is free); None: call ``response_store_final`` on a
+    worker thread instead."""
+    p = prepared
+    if p.background or p.conversation_id or not rawsql.loop_reads_available():
+        return None
+    rows = _plain_rows(
+        prepared=p, status=status, snapshot=snapshot, output_items=output_items, usage=usage, error=error
+    )
+    return True if rawsql.insert_response_on_loop(**rows) else None
+
+
+def _plain_rows(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The item rows and the response row of a plain (not background, no conversation) response."""
+    p = prepared
+    dumps = rawsql.dumps
+    return dict(
+        items=[
+            (item["id"], p.owner, item["type"], dumps(item) or "null")
+            for item in (*p.items_to_insert, *output_items)
+        ],
+        response={
+            "id": p.response_id,
+            "owner": p.owner,
+            "status": status,
+            "model": p.request.model,
+            "background": False,
+            "previous_response_id": p.previous_response_id,
+            "conversation_id": "",
+            "request": dumps(strip_credentials(p.raw)),
+            "snapshot": dumps(snapshot),
+            "usage": dumps(usage),
+            "error": dumps(error),
+            "history_item_ids": dumps([item["id"] for item in (*p.history, *p.new_items, *output_items)]),
+            "input_item_count": len(p.history) + len(p.new_items),
+            "completed_at": timezone.now(),
+        },
+    )
+
+
+@transaction.atomic
+def _store_final_orm(
+    *,
+    prepared: Prepared,
+    status: str,
+    snapshot: dict[str, Any],
+    output_items: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    terminal_event: tuple[int, bytes] | None,
+) -> bool:
+    """Background responses (an update of the queued row) and conversation turns (locked append)."""
     p = prepared
     new_rows = [
         Item(id=item["id"], owner=p.owner, type=item["type"], data=item)
@@ -326,3 +465,4 @@ def response_delete(*, id: str, owner: str) -> None:
     """Delete the response record; its items stay (later responses' checkpoints share them)."""
     response = selectors.response_get(id=id, owner=owner)
     response.delete()
+    history_cache.discard(id)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
@@ -13,10 +14,11 @@ from gateway import errors
 from gateway.auth import require_stored_state_access
 from gateway.config import get_config
 from gateway.http import allow_methods, json_response
-from gateway.principal import credential_consumed, request_principal
+from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
-from responses_app import selectors, services, tasks
-from responses_app.executor import Executor, _db
+from responses_app import rawsql, selectors, services, tasks
+from responses_app.executor import Executor, Prepared, _db
+from responses_app.history_cache import history_cache
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.tool_loop import ToolLoop, public_item
 
@@ -25,8 +27,7 @@ _TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed
 _TAIL_POLL_S = 0.05
 
 
-def _check_json(request: HttpRequest) -> None:
-    content_type = request.content_type or ""
+def _check_json(content_type: str) -> None:
     if content_type != "application/json" and not content_type.endswith("+json"):
         raise errors.BadRequest(
             f"Invalid Content-Type header ({content_type or 'none'}), expected application/json.",
@@ -34,27 +35,78 @@ def _check_json(request: HttpRequest) -> None:
         )
 
 
-def _upstream_headers(request: HttpRequest) -> dict[str, str]:
-    headers = forward_headers(
-        dict(request.headers), get_config(), caller_credential_consumed=credential_consumed(request)
-    )
+def _upstream_headers(headers: Mapping[str, str], credential_consumed: bool) -> dict[str, str]:
+    headers = forward_headers(headers, get_config(), caller_credential_consumed=credential_consumed)
     # The executor writes its own body: only identity and tracing headers travel with it.
     keep = ("authorization", "x-api-key", "openai-organization", "openai-project", "x-request-id")
     return {k: v for k, v in headers.items() if k in keep}
 
 
-@allow_methods("POST")
-async def responses_create(request: HttpRequest) -> HttpResponse:
-    _check_json(request)
-    body = request.body
-    parsed, raw = parse_create_request(body)
+def _request_headers(request: HttpRequest) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+@dataclass
+class Call:
+    """``POST /v1/responses`` as both transports see it (Django below, the ASGI fast path)."""
+
+    content_type: str  # the media type, lower-case, without parameters
+    body: bytes
+    headers: Mapping[str, str]  # lower-case names
+    principal: Principal
+    credential_consumed: bool
+
+
+@dataclass
+class Outcome:
+    """The answer: a JSON body, or ``frames`` streamed as they come (``close`` runs after them)."""
+
+    status: int = 200
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    frames: AsyncIterator[bytes] | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+
+
+_JSON_HEADERS = [("Content-Type", "application/json")]
+_SSE_HEADERS = [("Content-Type", "text/event-stream"), *SSE_HEADERS.items()]
+
+
+def _json(data: Any) -> Outcome:
+    return Outcome(headers=_JSON_HEADERS, body=orjson.dumps(data))
+
+
+def _stream(frames: AsyncIterator[bytes]) -> Outcome:
+    return Outcome(headers=_SSE_HEADERS, frames=frames)
+
+
+async def create(call: Call) -> Outcome:
+    """Create a response; refusals raise :class:`errors.GatewayError` before any byte is sent."""
+    _check_json(call.content_type)
+    parsed, raw = parse_create_request(call.body)
     config = get_config()
     if not services.needs_executor(parsed, raw, config):
-        return await _direct(request, body)
-    principal = request_principal(request)
-    prepared = await _db(services.response_prepare)(
-        request=parsed, raw=raw, owner=principal.owner, headers=_upstream_headers(request), config=config
-    )
+        return await _direct(call)
+    arguments: dict[str, Any] = {
+        "request": parsed,
+        "raw": raw,
+        "owner": call.principal.owner,
+        "headers": _upstream_headers(call.headers, call.credential_consumed),
+        "config": config,
+    }
+    prepared: Prepared | None = None
+    parent_history = services.parent_history_for_loop(parsed, call.principal.owner)
+    if parent_history is not None:
+        # A continuation whose checkpoint is cached: only the parent's row is read, on the loop.
+        try:
+            prepared = services.response_prepare(**arguments, parent_history=parent_history)
+        except rawsql.LoopReadUnavailable:
+            prepared = None
+    if prepared is None:
+        if services.prepare_reads_database(parsed):
+            prepared = await _db(services.response_prepare)(**arguments)
+        else:
+            prepared = services.response_prepare(**arguments)  # nothing stored referenced
     if prepared.background:
         # Tool declarations, host policy and approvals are refused (400) before anything is queued;
         # MCP discovery happens when the work runs.
@@ -62,12 +114,12 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
         snapshot = await _db(services.response_create_queued)(prepared=prepared)
         tasks.start_background(prepared, config)
         if parsed.stream:
-            return _sse(_tail(prepared.response_id, -1))
-        return json_response(snapshot)
+            return _stream(_tail(prepared.response_id, -1))
+        return _json(snapshot)
     executor = Executor(prepared, config)
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
-        return _sse(_frames(executor))
+        return _stream(_frames(executor))
     async for _event in executor.run():
         pass
     if executor.store_refusal is not None:
@@ -82,7 +134,42 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
         and executor.http_error.status < 500
     ):
         raise executor.http_error
-    return json_response(final)
+    return _json(final)
+
+
+@allow_methods("POST")
+async def responses_create(request: HttpRequest) -> HttpResponse:
+    """Django's route for ``POST /v1/responses``; the ASGI fast path (``responses_app.fastpath``)
+    normally serves it first, through the same :func:`create`."""
+    call = Call(
+        content_type=request.content_type or "",
+        body=request.body,
+        headers=_request_headers(request),
+        principal=request_principal(request),
+        credential_consumed=credential_consumed(request),
+    )
+    return django_response(await create(call))
+
+
+def django_response(outcome: Outcome) -> HttpResponse:
+    response: HttpResponse
+    if outcome.frames is None:
+        response = HttpResponse(outcome.body, status=outcome.status)
+    else:
+        response = cast(HttpResponse, StreamingHttpResponse(_closing(outcome), status=outcome.status))
+    for key, value in outcome.headers:
+        response[key] = value
+    return response
+
+
+async def _closing(outcome: Outcome) -> AsyncIterator[bytes]:
+    assert outcome.frames is not None
+    try:
+        async for frame in outcome.frames:
+            yield frame
+    finally:
+        if outcome.close is not None:
+            await outcome.close()
 
 
 async def _frames(executor: Executor) -> AsyncIterator[bytes]:
@@ -91,33 +178,26 @@ async def _frames(executor: Executor) -> AsyncIterator[bytes]:
 
 
 def _sse(frames: AsyncIterator[bytes]) -> HttpResponse:
-    response = StreamingHttpResponse(frames, content_type="text/event-stream")
-    for key, value in SSE_HEADERS.items():
-        response[key] = value
-    return cast(HttpResponse, response)  # the views' declared type; Django serves both alike
+    return django_response(_stream(frames))
 
 
-async def _direct(request: HttpRequest, body: bytes) -> HttpResponse:
+async def _direct(call: Call) -> Outcome:
     """Stateless pass-through: the body goes to the upstream byte for byte, the answer comes back as it arrives."""
     config = get_config()
-    headers = forward_headers(
-        dict(request.headers), config, caller_credential_consumed=credential_consumed(request)
-    )
+    headers = forward_headers(call.headers, config, caller_credential_consumed=call.credential_consumed)
     headers.pop("accept-encoding", None)
-    upstream = await get_upstream().send("POST", "/v1/responses", body=body, headers=headers)
+    upstream = await get_upstream().send("POST", "/v1/responses", body=call.body, headers=headers)
+    relayed = [
+        (key, value)
+        for key, value in upstream.headers
+        if key.lower() not in HOP_BY_HOP and key.lower() != "content-length"
+    ]
 
     async def relay() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in upstream:
-                yield chunk
-        finally:
-            await upstream.aclose()
+        async for chunk in upstream:
+            yield chunk
 
-    response = StreamingHttpResponse(relay(), status=upstream.status)
-    for key, value in upstream.headers:
-        if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
-            response[key] = value
-    return cast(HttpResponse, response)
+    return Outcome(status=upstream.status, headers=relayed, frames=relay(), close=upstream.aclose)
 
 
 @allow_methods("GET", "DELETE")
@@ -126,6 +206,7 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
     owner = request_principal(request).owner
     if request.method == "DELETE":
         await _db(services.response_delete)(id=response_id, owner=owner)
+        history_cache.discard(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
     response = await _db(selectors.response_get)(id=response_id, owner=owner)
     if request.GET.get("stream") in ("true", "1", "True"):
@@ -244,7 +325,7 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
     """``POST /v1/responses/input_tokens``: counted by the upstream's ``/tokenize``."""
     from responses_app import translate
 
-    _check_json(request)
+    _check_json(request.content_type or "")
     raw = orjson.loads(request.body) if request.body else {}
     if not isinstance(raw, dict):
         raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
@@ -255,7 +336,7 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
         request=_without_store(parsed),
         raw=raw,
         owner=request_principal(request).owner,
-        headers=_upstream_headers(request),
+        headers=_upstream_headers(_request_headers(request), credential_consumed(request)),
         config=config,
     )
     messages = translate.items_to_messages(parsed.instructions, [*prepared.history, *prepared.new_items])

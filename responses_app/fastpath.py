@@ -1,0 +1,144 @@
+"""``POST /v1/responses`` served at the ASGI layer, below Django (see ``gateway/fastpath.py``).
+
+Django's request handling (URL resolution, ``HttpRequest``, the middleware chain, the handler's
+signals) costs more than the gateway's own work for a stored response; this handler does what that
+path did, in the same order, and then runs the one implementation, :func:`responses_app.views.create`:
+
+1. the body is read whole (``GatewayASGIMiddleware`` above already enforces the body ceiling and
+   assigns the request id, and writes metrics and the access log);
+2. the CORS headers django-cors-headers would add are computed by that library
+   (:func:`gateway.fastpath.cors_headers`); preflights never get here;
+3. authentication through ``gateway.auth.authenticate`` (401/503 in the OpenAI envelope);
+4. only ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
+5. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
+   (what ``GatewayErrorMiddleware`` does on ``/v1``);
+6. a streamed answer is sent as it is produced (frames produced together in one write, see
+   :func:`responses_app.events.coalesce`); a client that disconnects cancels the work (as Django
+   does), watched by a task started only for requests still running after ``WATCH_AFTER_S``.
+
+Other paths under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from gateway import errors
+from gateway.passthrough import (
+    WATCH_AFTER_S,
+    ClientDisconnected,
+    RawHeaders,
+    Receive,
+    Scope,
+    Send,
+    _Exchange,
+    _watch_disconnect,
+    read_body,
+    send_error,
+)
+from responses_app.events import coalesce
+from responses_app.views import Call, Outcome, create
+
+log = logging.getLogger("gateway")
+
+_ALLOW = {"Allow": "POST"}
+
+
+def _media_type(value: str) -> str:
+    """``request.content_type`` as Django computes it: the media type, lower-case, no parameters."""
+    return value.split(";", 1)[0].strip().lower()
+
+
+async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
+    from gateway.auth import authenticate
+    from gateway.fastpath import cors_headers
+
+    headers: dict[str, str] = {}
+    for key, value in scope["headers"]:
+        headers[key.decode("latin-1").lower()] = value.decode("latin-1")
+    origin = headers.get("origin")
+    extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
+    exchange = _Exchange()
+    try:
+        body = await read_body(receive, exchange)
+    except ClientDisconnected:
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    watcher: list[asyncio.Task[None]] = []
+
+    def start_watcher() -> None:
+        watcher.append(asyncio.ensure_future(_watch_disconnect(receive, exchange, task)))
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
+    outcome: Outcome | None = None
+    try:
+        try:
+            auth = await authenticate(scope["path"], headers)
+            if scope["method"] != "POST":
+                raise errors.MethodNotAllowed(
+                    f"Method {scope['method']} is not allowed on {scope['path']}.", headers=_ALLOW
+                )
+            call = Call(
+                content_type=_media_type(headers.get("content-type", "")),
+                body=body,
+                headers=headers,
+                principal=auth.principal,
+                credential_consumed=auth.credential_consumed,
+            )
+            outcome = await create(call)
+        except errors.GatewayError as exc:
+            exchange.finished = True
+            await send_error(send, scope, exc, extra)
+            return
+        except Exception as exc:
+            log.exception("unhandled error on %s", scope["path"])
+            exchange.finished = True
+            await send_error(send, scope, errors.as_gateway_error(exc), extra)
+            return
+        await _send(outcome, send, exchange, extra)
+    except asyncio.CancelledError:
+        if exchange.client_gone and task.uncancel() == 0:
+            return  # the client left: the work was cancelled, nothing to answer
+        raise
+    finally:
+        timer.cancel()
+        for watch in watcher:
+            watch.cancel()
+        if outcome is not None:
+            await _close(outcome)
+
+
+async def _send(outcome: Outcome, send: Send, exchange: _Exchange, extra: RawHeaders) -> None:
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers]
+    if extra:
+        raw.extend(extra)
+    if outcome.frames is None:
+        raw.append((b"content-length", str(len(outcome.body)).encode("latin-1")))
+        await send({"type": "http.response.start", "status": outcome.status, "headers": raw})
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
+        return
+    await send({"type": "http.response.start", "status": outcome.status, "headers": raw})
+    # Events produced together (one upstream chunk carries many) go out in one write; the
+    # coalescer is closed first on every exit, so it unwinds a source it left waiting.
+    async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
+        async for frame in frames:
+            if frame:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+    exchange.finished = True
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _close(outcome: Outcome) -> None:
+    frames: Any = outcome.frames
+    if frames is not None and hasattr(frames, "aclose"):
+        await frames.aclose()
+    if outcome.close is not None:
+        await outcome.close()
+
+
+ROUTES = {"/v1/responses": serve_create}

@@ -1,0 +1,98 @@
+"""``responses_app.events.coalesce``: frames produced without waiting go out as one write; nothing is
+delayed past a point where the source waits; failures and cancellation behave as without it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from responses_app.events import coalesce
+
+
+async def test_frames_are_joined_between_waits() -> None:
+    async def source() -> AsyncIterator[bytes]:
+        yield b"a"
+        yield b"b"
+        await asyncio.sleep(0)
+        yield b"c"
+        await asyncio.sleep(0.01)
+        yield b"d"
+        yield b"e"
+
+    assert [chunk async for chunk in coalesce(source())] == [b"ab", b"c", b"de"]
+
+
+async def test_an_already_finished_future_does_not_split_a_write() -> None:
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+
+    async def source() -> AsyncIterator[bytes]:
+        yield b"a"
+        await done  # completes without suspending
+        yield b"b"
+
+    assert [chunk async for chunk in coalesce(source())] == [b"ab"]
+
+
+async def test_frames_before_a_failure_are_sent_then_it_propagates() -> None:
+    async def source() -> AsyncIterator[bytes]:
+        yield b"a"
+        yield b"b"
+        raise RuntimeError("broken")
+
+    got: list[bytes] = []
+    with pytest.raises(RuntimeError, match="broken"):
+        async for chunk in coalesce(source()):
+            got.append(chunk)
+    assert got == [b"ab"]
+
+
+async def test_cancellation_reaches_the_waiting_source() -> None:
+    seen: list[str] = []
+    waiting = asyncio.Event()
+
+    async def source() -> AsyncIterator[bytes]:
+        try:
+            yield b"a"
+            waiting.set()
+            await asyncio.sleep(10)
+            yield b"never"
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            seen.append("closed")
+
+    chunks: list[bytes] = []
+
+    async def consume() -> None:
+        async for chunk in coalesce(source()):
+            chunks.append(chunk)
+
+    task = asyncio.ensure_future(consume())
+    await waiting.wait()
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert chunks == [b"a"]
+    assert seen == ["cancelled", "closed"]
+
+
+async def test_closing_early_closes_the_source() -> None:
+    closed: list[bool] = []
+
+    async def source() -> AsyncIterator[bytes]:
+        try:
+            yield b"a"
+            await asyncio.sleep(0)
+            yield b"b"
+        finally:
+            closed.append(True)
+
+    frames = coalesce(source())
+    assert await frames.__anext__() == b"a"
+    await frames.aclose()
+    assert closed == [True]
