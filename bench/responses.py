@@ -6,6 +6,7 @@ and a 50-turn ``previous_response_id`` chain (per-turn latency must stay flat).
 
     .venv/bin/python bench/responses.py [--reference /work/ref-venv/bin/agentic-server]
         [--database-url postgres://postgres@127.0.0.1:5432/bench_responses] [--quick] [--chain-runs N]
+        [--reference-database-url postgres://postgres@127.0.0.1:5432/bench_reference]
 
 The gateway runs as ``manage.py serve`` (uvicorn, one worker); the reference as
 ``agentic-server --llm-api-base … --skip-llm-ready-check``.
@@ -119,7 +120,22 @@ def start_gateway(upstream: str, database_url: str, data_dir: str) -> tuple[subp
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_reference(binary: str, upstream: str, home: str) -> tuple[subprocess.Popen[bytes], str]:
+def ensure_postgres_database(url: str) -> None:
+    """Create the (empty) database ``url`` names if it does not exist yet (PostgreSQL URLs only)."""
+    if not url.startswith(("postgres://", "postgresql://")):
+        return
+    import psycopg
+
+    base, _, name = url.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def start_reference(
+    binary: str, upstream: str, home: str, database_url: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = dict(os.environ, HOME=home, AGENTIC_HOME=home)
     env.pop("DATABASE_URL", None)
@@ -134,7 +150,7 @@ def start_reference(binary: str, upstream: str, home: str) -> tuple[subprocess.P
             "--gateway-port",
             str(port),
             "--db-url",
-            f"sqlite://{home}/agentic.db?mode=rwc",
+            database_url or f"sqlite://{home}/agentic.db?mode=rwc",
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -209,6 +225,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reference", default="/work/ref-venv/bin/agentic-server")
     parser.add_argument("--database-url", default="")
+    parser.add_argument(
+        "--reference-database-url",
+        default="",
+        help="the reference's store (default: its SQLite file); e.g. postgres://…/bench_ref to compare on PostgreSQL",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer requests (CI smoke)")
     parser.add_argument("--chain-runs", type=int, default=1, help="chains per target (per-turn median)")
     args = parser.parse_args()
@@ -222,7 +243,8 @@ def main() -> None:
     targets["gateway"] = url
     if args.reference and Path(args.reference).exists():
         os.makedirs(tmp + "/ref", exist_ok=True)
-        proc, url = start_reference(args.reference, upstream, tmp + "/ref")
+        ensure_postgres_database(args.reference_database_url)
+        proc, url = start_reference(args.reference, upstream, tmp + "/ref", args.reference_database_url)
         procs.append(proc)
         targets["reference"] = url
     try:
