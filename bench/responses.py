@@ -238,6 +238,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench-responses-")
     procs = []
     targets: dict[str, str] = {"direct": upstream}
+    ensure_postgres_database(args.database_url)
     proc, url = start_gateway(upstream, args.database_url, tmp + "/gw")
     procs.append(proc)
     targets["gateway"] = url
