@@ -64,7 +64,7 @@ class ClientDisconnected(Exception):
     """The client went away (or the body ceiling refused its upload) before the body was read."""
 
 
-class _Exchange:
+class Exchange:
     """Per-request state shared by the relay and its disconnect watcher."""
 
     __slots__ = ("body_done", "client_gone", "finished")
@@ -75,7 +75,7 @@ class _Exchange:
         self.body_done: asyncio.Event | None = None
 
 
-async def read_body(receive: Receive, exchange: _Exchange) -> bytes:
+async def read_body(receive: Receive, exchange: Exchange) -> bytes:
     """The whole (small, JSON) request body; the ASGI middleware already enforces the ceiling."""
     message = await receive()
     if message["type"] == "http.disconnect":
@@ -95,7 +95,7 @@ async def read_body(receive: Receive, exchange: _Exchange) -> bytes:
             return b"".join(parts)
 
 
-async def _stream_body(receive: Receive, exchange: _Exchange) -> AsyncIterator[bytes]:
+async def _stream_body(receive: Receive, exchange: Exchange) -> AsyncIterator[bytes]:
     """The request body, chunk by chunk as the client sends it (fed straight to the upstream)."""
     assert exchange.body_done is not None
     while True:
@@ -112,7 +112,7 @@ async def _stream_body(receive: Receive, exchange: _Exchange) -> AsyncIterator[b
             return
 
 
-async def _watch_disconnect(receive: Receive, exchange: _Exchange, relay_task: asyncio.Task[Any]) -> None:
+async def watch_disconnect(receive: Receive, exchange: Exchange, relay_task: asyncio.Task[Any]) -> None:
     """Cancel the relay (and so the upstream request) the moment the client disconnects."""
     if exchange.body_done is not None:
         await exchange.body_done.wait()
@@ -166,7 +166,7 @@ async def relay(
     headers already decoded (names lower-cased), when the caller has them.
     """
     config = get_config()
-    exchange = _Exchange()
+    exchange = Exchange()
     if headers is None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     headers = forward_headers(headers, config, caller_credential_consumed=credential_consumed)
@@ -189,7 +189,7 @@ async def relay(
     watcher: list[asyncio.Task[None]] = []
 
     def start_watcher() -> None:
-        watcher.append(asyncio.ensure_future(_watch_disconnect(receive, exchange, task)))
+        watcher.append(asyncio.ensure_future(watch_disconnect(receive, exchange, task)))
 
     timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
     response: UpstreamResponse | None = None
@@ -219,7 +219,7 @@ async def relay(
 async def _relay_response(
     response: UpstreamResponse,
     send: Send,
-    exchange: _Exchange,
+    exchange: Exchange,
     route: Route,
     extra_headers: RawHeaders,
 ) -> None:

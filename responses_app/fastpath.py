@@ -30,14 +30,14 @@ from gateway import errors
 from gateway.passthrough import (
     WATCH_AFTER_S,
     ClientDisconnected,
+    Exchange,
     RawHeaders,
     Receive,
     Scope,
     Send,
-    _Exchange,
-    _watch_disconnect,
     read_body,
     send_error,
+    watch_disconnect,
 )
 from responses_app.events import coalesce
 from responses_app.views import Call, Outcome, create
@@ -61,7 +61,7 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
         headers[key.decode("latin-1").lower()] = value.decode("latin-1")
     origin = headers.get("origin")
     extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
-    exchange = _Exchange()
+    exchange = Exchange()
     try:
         body = await read_body(receive, exchange)
     except ClientDisconnected:
@@ -71,7 +71,7 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
     watcher: list[asyncio.Task[None]] = []
 
     def start_watcher() -> None:
-        watcher.append(asyncio.ensure_future(_watch_disconnect(receive, exchange, task)))
+        watcher.append(asyncio.ensure_future(watch_disconnect(receive, exchange, task)))
 
     timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
     outcome: Outcome | None = None
@@ -112,7 +112,7 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
             await _close(outcome)
 
 
-async def _send(outcome: Outcome, send: Send, exchange: _Exchange, extra: RawHeaders) -> None:
+async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHeaders) -> None:
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers]
     if extra:
         raw.extend(extra)
