@@ -18,20 +18,20 @@ preflights take the ASGI path, as does every request under daphne or another ser
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from gateway import accesslog, errors
+from gateway import errors
 from gateway.config import get_config
 from gateway.fastpath import cors_headers
-from gateway.ids import new_request_id, valid_incoming_request_id
+from gateway.ids import request_id_for
 from gateway.logging import request_id_var
-from gateway.metrics import HTTP_IN_FLIGHT, observe_request
-from gateway.passthrough import SSE_CONTENT_TYPE, WATCH_AFTER_S, RawHeaders, Route
+from gateway.metrics import HTTP_IN_FLIGHT
+from gateway.middleware import record_request
+from gateway.passthrough import SSE_CONTENT_TYPE, DisconnectWatch, RawHeaders, Route
 from inference_app.upstream import UpstreamResponse, forward_headers, get_upstream
 
 if TYPE_CHECKING:
@@ -162,9 +162,7 @@ async def serve(protocol: HttpToolsProtocol, cycle: RequestResponseCycle, route:
     """Serve one eligible request on ``cycle`` (the task uvicorn would have run the app in)."""
     scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]  # we add the gateway's keys
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    rid = headers.get("x-request-id", "")
-    if not valid_incoming_request_id(rid):
-        rid = new_request_id()
+    rid = request_id_for(headers.get("x-request-id"))
     scope["gateway.request_id"] = rid
     token = request_id_var.set(rid)
     started = time.perf_counter()
@@ -184,12 +182,9 @@ async def serve(protocol: HttpToolsProtocol, cycle: RequestResponseCycle, route:
             cycle.transport.close()
     finally:
         HTTP_IN_FLIGHT.dec()
-        elapsed = time.perf_counter() - started
         path = scope["path"]
         status = out.status if out.finished else 499  # not answered in full: the client went away
-        observe_request(path, "POST", status, elapsed)
-        if accesslog.enabled():
-            accesslog.log_request("POST", path, path, status, elapsed, rid)
+        record_request("POST", path, path, status, time.perf_counter() - started, rid)
         request_id_var.reset(token)
 
 
@@ -209,12 +204,6 @@ async def _read_body(protocol: HttpToolsProtocol, cycle: RequestResponseCycle, l
         cycle.message_event.clear()
 
 
-def _too_large(limit: int) -> errors.GatewayError:
-    return errors.PayloadTooLarge(
-        f"Request body exceeds the maximum size of {limit} bytes.", headers={"Connection": "close"}
-    )
-
-
 async def _serve(
     protocol: HttpToolsProtocol,
     cycle: RequestResponseCycle,
@@ -230,7 +219,7 @@ async def _serve(
     limit = config.server.max_request_body_size_bytes
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        await out.error(_too_large(limit), path)
+        await out.error(errors.payload_too_large(limit), path)
         return
     origin = headers.get("origin")
     out.extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
@@ -244,45 +233,27 @@ async def _serve(
     if body is None:
         if not cycle.disconnected:
             out.extra = []  # as GatewayASGIMiddleware refuses it, below the CORS layer
-            await out.error(_too_large(limit), path)
+            await out.error(errors.payload_too_large(limit), path)
         return
     forwarded = forward_headers(headers, config, caller_credential_consumed=auth.credential_consumed)
-    task = asyncio.current_task()
-    assert task is not None
-    gone = False
 
-    async def watch() -> None:
-        # Cancel the relay (and so the upstream request) the moment the client disconnects.
-        nonlocal gone
+    async def client_left() -> None:
         while not cycle.disconnected:
             await cycle.message_event.wait()
             cycle.message_event.clear()
-        if not out.finished:
-            gone = True
-            task.cancel()
 
-    watcher: list[asyncio.Task[None]] = []
-    timer = asyncio.get_running_loop().call_later(
-        WATCH_AFTER_S, lambda: watcher.append(asyncio.ensure_future(watch()))
-    )
     response: UpstreamResponse | None = None
     try:
-        query = scope["query_string"].decode("latin-1")
-        try:
-            response = await get_upstream().send(
-                "POST", route.upstream_path, body=body, headers=forwarded, query=query
-            )
-        except errors.GatewayError as exc:
-            await out.error(exc, path)
-            return
-        await out.relay(response, route)
-    except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:
-            return  # the client left: the upstream request is closed below
-        raise
+        with DisconnectWatch(client_left, lambda: out.finished):
+            query = scope["query_string"].decode("latin-1")
+            try:
+                response = await get_upstream().send(
+                    "POST", route.upstream_path, body=body, headers=forwarded, query=query
+                )
+            except errors.GatewayError as exc:
+                await out.error(exc, path)
+                return
+            await out.relay(response, route)
     finally:
-        timer.cancel()
-        for watching in watcher:
-            watching.cancel()
         if response is not None:
             await response.aclose()

@@ -201,6 +201,13 @@ def as_gateway_error(exc: BaseException) -> GatewayError:
     return ServerError("The server had an error while processing your request.")
 
 
+def payload_too_large(limit: int) -> GatewayError:
+    """The 413 for a request body over the ceiling (the connection is closed after it)."""
+    return PayloadTooLarge(
+        f"Request body exceeds the maximum size of {limit} bytes.", headers={"Connection": "close"}
+    )
+
+
 def render(exc: GatewayError, path: str, request_id: str | None) -> tuple[int, bytes, dict[str, str]]:
     """Status, JSON body and extra headers for ``exc`` in the envelope of ``path``."""
     headers = dict(exc.headers)

@@ -28,6 +28,13 @@ def new_request_id() -> str:
     return f"req_{int(time.time() * 1000):012x}{random.getrandbits(80):020x}"
 
 
+def request_id_for(incoming: str | None) -> str:
+    """The caller's ``X-Request-Id`` when it is a sane one, else a new id."""
+    if incoming and valid_incoming_request_id(incoming):
+        return incoming
+    return new_request_id()
+
+
 def valid_incoming_request_id(value: str) -> bool:
     return bool(_VALID_INCOMING_REQUEST_ID.match(value))
 

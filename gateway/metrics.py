@@ -8,7 +8,10 @@ them all up: counters and histograms summed over the workers, gauges summed over
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -42,9 +45,26 @@ WS_OPEN = Gauge(
 )
 
 
+# prometheus_client's own setting: where each process of a multi-process server writes its values.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def use_multiprocess_dir() -> None:
+    """Before starting several server processes: give them a fresh directory to record into.
+
+    Set in the environment the workers inherit, so their ``prometheus_client`` sees it at import;
+    removed when this (the supervising) process exits. A directory already configured is kept.
+    """
+    if os.environ.get(MULTIPROC_ENV):
+        return
+    directory = tempfile.mkdtemp(prefix="gateway-metrics-")
+    os.environ[MULTIPROC_ENV] = directory
+    atexit.register(shutil.rmtree, directory, True)
+
+
 def exposition() -> bytes:
     """The text exposition of every metric, over all server processes."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get(MULTIPROC_ENV):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return bytes(generate_latest(registry))

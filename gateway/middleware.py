@@ -24,7 +24,7 @@ from django.urls import Resolver404, resolve
 
 from gateway import accesslog, errors
 from gateway.config import get_config
-from gateway.ids import new_request_id, valid_incoming_request_id
+from gateway.ids import request_id_for
 from gateway.logging import request_id_var
 from gateway.metrics import HTTP_IN_FLIGHT, WS_OPEN, observe_request
 
@@ -59,6 +59,13 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def record_request(method: str, path: str, route: str, status: int, seconds: float, request_id: str) -> None:
+    """Count an answered HTTP request in the metrics and write its access-log line."""
+    observe_request(route, method, status, seconds)
+    if accesslog.enabled():
+        accesslog.log_request(method, path, route, status, seconds, request_id)
+
+
 class _HttpState:
     """One HTTP request's bookkeeping in :class:`GatewayASGIMiddleware`."""
 
@@ -90,9 +97,7 @@ class GatewayASGIMiddleware:
                 incoming = value
             elif key == b"content-length":
                 declared = value
-        rid = incoming.decode("latin-1") if incoming else ""
-        if not valid_incoming_request_id(rid):
-            rid = new_request_id()
+        rid = request_id_for(incoming.decode("latin-1") if incoming else None)
         scope["gateway.request_id"] = rid
         token = request_id_var.set(rid)
         limit = get_config().server.max_request_body_size_bytes
@@ -134,25 +139,18 @@ class GatewayASGIMiddleware:
             route = route_label(path)
             method = scope.get("method", "")
             status = state.status or 499  # no response: the client went away first
-            observe_request(route, method, status, elapsed)
-            if accesslog.enabled():
-                accesslog.log_request(method, path, route, status, elapsed, rid)
+            record_request(method, path, route, status, elapsed, rid)
             request_id_var.reset(token)
 
     async def _refuse_too_large(self, scope: Scope, send: Send, state: _HttpState, limit: int) -> None:
         if state.status:
             return
-        exc = errors.PayloadTooLarge(
-            f"Request body exceeds the maximum size of {limit} bytes.",
-            headers={"Connection": "close"},
-        )
-        await errors.asgi_send(send, exc, scope)
+        await errors.asgi_send(send, errors.payload_too_large(limit), scope)
         state.too_large = True
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = _header(scope, b"x-request-id")
-        rid = incoming.decode("latin-1") if incoming else ""
-        scope["gateway.request_id"] = rid if valid_incoming_request_id(rid) else new_request_id()
+        scope["gateway.request_id"] = request_id_for(incoming.decode("latin-1") if incoming else None)
         limit = get_config().server.max_request_body_size_bytes
         accepted = False
 

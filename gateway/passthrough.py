@@ -112,17 +112,54 @@ async def _stream_body(receive: Receive, exchange: Exchange) -> AsyncIterator[by
             return
 
 
-async def watch_disconnect(receive: Receive, exchange: Exchange, relay_task: asyncio.Task[Any]) -> None:
-    """Cancel the relay (and so the upstream request) the moment the client disconnects."""
+async def client_left(receive: Receive, exchange: Exchange) -> None:
+    """Return once the client has disconnected (its request body read first, if it streams)."""
     if exchange.body_done is not None:
         await exchange.body_done.wait()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if not exchange.finished:
-                exchange.client_gone = True
-                relay_task.cancel()
-            return
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    exchange.client_gone = True
+
+
+class DisconnectWatch:
+    """Cancel the current task (and so its upstream work) the moment the client disconnects.
+
+    ``with DisconnectWatch(left, finished):`` — ``left()`` returns once the client has gone, and
+    ``finished()`` says whether the answer was already complete then (nothing left to cancel). Most
+    requests finish well under ``WATCH_AFTER_S``, so the watcher (a task) is only started for the
+    ones still running then, which keeps it off the hot path. A cancellation the watch caused ends
+    the block quietly; any other propagates. The relay below, the direct relay
+    (``gateway.direct``) and the Responses fast path all use it.
+    """
+
+    def __init__(self, left: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> None:
+        self._left = left
+        self._finished = finished
+        self.gone = False
+        self._watcher: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> DisconnectWatch:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
+        return self
+
+    def _start(self) -> None:
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        await self._left()
+        if not self._finished():
+            self.gone = True
+            self._task.cancel()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        # The client left: the caller closes the upstream work; there is no one to answer.
+        return exc_type is asyncio.CancelledError and self.gone and self._task.uncancel() == 0
 
 
 def _encode_headers(headers: list[tuple[str, str]]) -> RawHeaders:
@@ -182,36 +219,20 @@ async def relay(
             body = await read_body(receive, exchange)
         except ClientDisconnected:
             return
-    task = asyncio.current_task()
-    assert task is not None
-    # Most relays finish in well under WATCH_AFTER_S; the disconnect watcher (a task) is only
-    # started for the ones still running then, which keeps it off the hot path.
-    watcher: list[asyncio.Task[None]] = []
-
-    def start_watcher() -> None:
-        watcher.append(asyncio.ensure_future(watch_disconnect(receive, exchange, task)))
-
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
     response: UpstreamResponse | None = None
     try:
-        query = scope.get("query_string", b"").decode("latin-1")
-        try:
-            response = await get_upstream().send(
-                scope["method"], route.upstream_path, body=body, headers=headers, query=query
-            )
-        except errors.GatewayError as exc:
-            if not exchange.client_gone:
-                await send_error(send, scope, exc, extra_headers)
-            return
-        await _relay_response(response, send, exchange, route, extra_headers)
-    except asyncio.CancelledError:
-        if exchange.client_gone and task.uncancel() == 0:
-            return  # the client left: the upstream request is closed below, nothing to answer
-        raise
+        with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
+            query = scope.get("query_string", b"").decode("latin-1")
+            try:
+                response = await get_upstream().send(
+                    scope["method"], route.upstream_path, body=body, headers=headers, query=query
+                )
+            except errors.GatewayError as exc:
+                if not exchange.client_gone:
+                    await send_error(send, scope, exc, extra_headers)
+                return
+            await _relay_response(response, send, exchange, route, extra_headers)
     finally:
-        timer.cancel()
-        for watch in watcher:
-            watch.cancel()
         if response is not None:
             await response.aclose()
 

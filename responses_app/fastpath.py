@@ -21,23 +21,22 @@ Other paths under ``/v1/responses/…`` (retrieve, delete, input items, cancel) 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Any
 
 from gateway import errors
 from gateway.passthrough import (
-    WATCH_AFTER_S,
     ClientDisconnected,
+    DisconnectWatch,
     Exchange,
     RawHeaders,
     Receive,
     Scope,
     Send,
+    client_left,
     read_body,
     send_error,
-    watch_disconnect,
 )
 from responses_app.events import coalesce
 from responses_app.views import Call, Outcome, create
@@ -66,48 +65,34 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive, exchange)
     except ClientDisconnected:
         return
-    task = asyncio.current_task()
-    assert task is not None
-    watcher: list[asyncio.Task[None]] = []
-
-    def start_watcher() -> None:
-        watcher.append(asyncio.ensure_future(watch_disconnect(receive, exchange, task)))
-
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watcher)
     outcome: Outcome | None = None
     try:
-        try:
-            auth = await authenticate(scope["path"], headers)
-            if scope["method"] != "POST":
-                raise errors.MethodNotAllowed(
-                    f"Method {scope['method']} is not allowed on {scope['path']}.", headers=_ALLOW
+        with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
+            try:
+                auth = await authenticate(scope["path"], headers)
+                if scope["method"] != "POST":
+                    raise errors.MethodNotAllowed(
+                        f"Method {scope['method']} is not allowed on {scope['path']}.", headers=_ALLOW
+                    )
+                call = Call(
+                    content_type=_media_type(headers.get("content-type", "")),
+                    body=body,
+                    headers=headers,
+                    principal=auth.principal,
+                    credential_consumed=auth.credential_consumed,
                 )
-            call = Call(
-                content_type=_media_type(headers.get("content-type", "")),
-                body=body,
-                headers=headers,
-                principal=auth.principal,
-                credential_consumed=auth.credential_consumed,
-            )
-            outcome = await create(call)
-        except errors.GatewayError as exc:
-            exchange.finished = True
-            await send_error(send, scope, exc, extra)
-            return
-        except Exception as exc:
-            log.exception("unhandled error on %s", scope["path"])
-            exchange.finished = True
-            await send_error(send, scope, errors.as_gateway_error(exc), extra)
-            return
-        await _send(outcome, send, exchange, extra)
-    except asyncio.CancelledError:
-        if exchange.client_gone and task.uncancel() == 0:
-            return  # the client left: the work was cancelled, nothing to answer
-        raise
+                outcome = await create(call)
+            except errors.GatewayError as exc:
+                exchange.finished = True
+                await send_error(send, scope, exc, extra)
+                return
+            except Exception as exc:
+                log.exception("unhandled error on %s", scope["path"])
+                exchange.finished = True
+                await send_error(send, scope, errors.as_gateway_error(exc), extra)
+                return
+            await _send(outcome, send, exchange, extra)
     finally:
-        timer.cancel()
-        for watch in watcher:
-            watch.cancel()
         if outcome is not None:
             await _close(outcome)
 

@@ -8,7 +8,6 @@ with Anthropic headers and body fields preserved." Upstream error bodies are rel
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -16,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import serve_gateway
+from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401  (every test both ways)
 from tests.servers import LiveServer, free_port
 from tests.upstream import (
     Gate,
@@ -30,12 +29,6 @@ from tests.upstream import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(params=["direct", "asgi"])
-def live_gateway(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveServer]:
-    """Every test here both ways: relayed by the server protocol directly, and through ASGI."""
-    yield from serve_gateway(request.param)
 
 
 SYSTEM = "You are Claude Code.\n\n  Keep   this   spacing\u00a0and ✓ exactly.  \n"

@@ -9,7 +9,6 @@ and headers are preserved."
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ import orjson
 import pytest
 
 from inference_app.upstream import forward_headers
-from tests.conftest import serve_gateway
+from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401  (every test both ways)
 from tests.servers import LiveServer, free_port
 from tests.upstream import (
     DONE,
@@ -36,12 +35,6 @@ from tests.upstream import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(params=["direct", "asgi"])
-def live_gateway(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveServer]:
-    """Every test here both ways: relayed by the server protocol directly, and through ASGI."""
-    yield from serve_gateway(request.param)
 
 
 TOOLS = [

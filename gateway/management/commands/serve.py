@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
 import sys
-import tempfile
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -51,12 +47,10 @@ class Command(BaseCommand):
 
         from gateway.server import GatewayServerProtocol
 
-        if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            # Each worker records its metrics in files here; /metrics adds them up (gateway.metrics).
-            # Set before the workers start, so their prometheus_client sees it at import.
-            metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-            atexit.register(shutil.rmtree, metrics_dir, True)
+        if workers > 1:
+            from gateway.metrics import use_multiprocess_dir
+
+            use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
         uvicorn.run(
             "gateway.asgi:application",
