@@ -198,4 +198,7 @@ def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # typ
         if line.startswith("gateway_http_requests_total{") and 'status="404"' in line
     ]
     assert sum(counts) == 40, text
+    # Read through prometheus_client's multi-process collector (every worker's files), not from
+    # the one process that answered the scrape: that collector writes no `_created` samples.
+    assert "gateway_http_requests_created" not in text
     assert "gateway_http_requests_in_flight" in text
