@@ -66,16 +66,17 @@ class _Writer:
         return f"{stamp},{msecs:03d} INFO gateway.access [{request_id}] {message}\n"
 
     def write(self, text: str) -> None:
+        self.pending.append(text)
+        waiting = self._flush_loop
+        if waiting is not None and not waiting.is_closed():
+            return  # a flush is due on a live loop (asking for the running loop costs a getpid())
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._emit(text)
+            self.flush()
             return
-        if self._flush_loop is not loop:
-            # No batch waiting on this loop yet (or it waits on a loop that has gone: tests).
-            self._flush_loop = loop
-            loop.call_later(FLUSH_AFTER_S, self.flush)
-        self.pending.append(text)
+        self._flush_loop = loop
+        loop.call_later(FLUSH_AFTER_S, self.flush)
 
     def flush(self) -> None:
         self._flush_loop = None

@@ -18,13 +18,16 @@ preflights take the ASGI path, as does every request under daphne or another ser
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from gateway import errors
+from gateway.auth import authenticate, authenticate_now
 from gateway.config import get_config
 from gateway.fastpath import cors_headers
 from gateway.ids import request_id_for
@@ -32,10 +35,15 @@ from gateway.logging import request_id_var
 from gateway.metrics import HTTP_IN_FLIGHT
 from gateway.middleware import record_request
 from gateway.passthrough import SSE_CONTENT_TYPE, DisconnectWatch, RawHeaders, Route
-from inference_app.upstream import UpstreamResponse, forward_headers, get_upstream
+from inference_app.http_client import HttpPool, describe
+from inference_app.upstream import HttpUpstream, UpstreamResponse, forward_headers, get_upstream
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    from gateway.auth import AuthResult
+    from gateway.server import GatewayServerProtocol
+    from inference_app.http_client import _Connection
 
 log = logging.getLogger("gateway")
 
@@ -104,30 +112,38 @@ class _Response:
             cycle.transport.close()
         cycle.on_response()
 
-    async def error(self, exc: errors.GatewayError, path: str) -> None:
-        """Answer with ``exc`` in the envelope of ``path`` (nothing sent yet)."""
+    def error_bytes(self, exc: errors.GatewayError, path: str) -> bytes:
+        """The whole answer for ``exc`` in the envelope of ``path`` (nothing sent yet)."""
         status, body, headers = errors.render(exc, path, self.request_id.decode("latin-1"))
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         raw.append((b"content-length", b"%d" % len(body)))
         if any(k == b"connection" and v.lower() == b"close" for k, v in raw):
             self.cycle.keep_alive = False
             raw = [(k, v) for k, v in raw if k != b"connection"]  # _head writes it once
-        await self._write(self._head(status, raw) + body)
+        return self._head(status, raw) + body
+
+    async def error(self, exc: errors.GatewayError, path: str) -> None:
+        """Answer with ``exc`` in the envelope of ``path`` (nothing sent yet)."""
+        await self._write(self.error_bytes(exc, path))
         self._complete()
 
-    async def relay(self, response: UpstreamResponse, route: Route) -> None:
-        """The upstream's status, headers and body, as they arrive."""
+    def begin(self, status: int, headers: list[tuple[str, str]]) -> bytes:
+        """The head for the upstream's status and headers; a body without a length is chunked."""
         sized = False
         raw: list[tuple[bytes, bytes]] = []
-        for name, value in response.headers:
+        for name, value in headers:
             low = name.lower()
             if low == "content-length":
                 sized = True
             raw.append((low.encode("latin-1"), value.encode("latin-1")))
-        if not sized and response.status not in (204, 304):
+        if not sized and status not in (204, 304):
             self.chunked = True
             raw.append((b"transfer-encoding", b"chunked"))
-        head = self._head(response.status, raw)
+        return self._head(status, raw)
+
+    async def relay(self, response: UpstreamResponse, route: Route) -> None:
+        """The upstream's status, headers and body, as they arrive."""
+        head = self.begin(response.status, response.headers)
         pending: bytes | None = head  # a sized response's head waits to go out with its body
         if self.chunked:
             await self._write(head)  # a stream's headers go out at once
@@ -211,7 +227,6 @@ async def _serve(
     headers: dict[str, str],
     out: _Response,
 ) -> None:
-    from gateway.auth import authenticate
 
     scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
     path = scope["path"]
@@ -257,3 +272,316 @@ async def _serve(
     finally:
         if response is not None:
             await response.aclose()
+
+
+# -- the same relay on callbacks -------------------------------------------------------------------
+
+
+def start(protocol: GatewayServerProtocol, cycle: RequestResponseCycle, route: Route) -> bool:
+    """Relay this request on callbacks (:class:`Relay`); False hands it to :func:`serve` instead.
+
+    Called when the request's headers are parsed. :func:`serve` takes what the relay cannot: a
+    request body without a declared length (chunked) and upstreams that are not HTTP (the embedded
+    engine, the Celery workers).
+    """
+    upstream = get_upstream()
+    if not isinstance(upstream, HttpUpstream):
+        return False
+    scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}  # lower-cased
+    declared = headers.get("content-length")
+    if declared is None or not declared.isdigit() or "transfer-encoding" in headers:
+        return False
+    relay = Relay(protocol, cycle, route, headers, upstream.pool(protocol.loop))
+    protocol.relay = relay
+    relay.begin(headers, int(declared))
+    return True
+
+
+class Relay:
+    """One pass-through request relayed on callbacks: no coroutine per request, no future.
+
+    The same exchange as :func:`serve`, with the same rules through the same functions, driven by
+    the events themselves. The protocol calls :meth:`body_complete` when the request body is in;
+    the request goes out on an idle pooled connection and the upstream connection calls :meth:`pump`
+    whenever its response moves on, which writes what arrived to the client. Only what has to wait
+    runs in a short task: authentication that needs I/O (OIDC, a key snapshot to reload) and opening
+    a new upstream connection. The protocol calls :meth:`pump` again when a slow client's socket
+    drains (while it is full the upstream's bytes stay buffered in the connection, which stops
+    reading the upstream past its high-water mark), and :meth:`client_gone` when the client
+    disconnects, which closes the upstream connection at once. For a small JSON exchange this costs
+    a fraction of a task's CPU (``docs/performance.md``).
+    """
+
+    __slots__ = (
+        "attempt",
+        "body",
+        "body_in",
+        "conn",
+        "cycle",
+        "forwarded",
+        "head",
+        "out",
+        "over",
+        "path",
+        "pending",
+        "pool",
+        "protocol",
+        "route",
+        "sse",
+        "started",
+        "target",
+        "task",
+    )
+
+    def __init__(
+        self,
+        protocol: GatewayServerProtocol,
+        cycle: RequestResponseCycle,
+        route: Route,
+        headers: dict[str, str],
+        pool: HttpPool,
+    ) -> None:
+        scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+        rid = request_id_for(headers.get("x-request-id"))
+        scope["gateway.request_id"] = rid
+        self.started = time.perf_counter()
+        self.protocol = protocol
+        self.cycle = cycle
+        self.route = route
+        self.pool = pool
+        self.path: str = scope["path"]
+        query = scope["query_string"]
+        self.target = route.upstream_path + ("?" + query.decode("latin-1") if query else "")
+        self.out = _Response(protocol, cycle, rid)
+        self.forwarded: dict[str, str] | None = None  # set once the caller is authenticated
+        self.conn: _Connection | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.attempt = 0
+        self.body = self.head = b""
+        self.body_in = False
+        self.pending: bytes | None = None  # a sized response's head, written with its first bytes
+        self.sse = False
+        self.over = False
+        HTTP_IN_FLIGHT.inc()
+
+    # -- the request ---------------------------------------------------------------------------
+
+    def begin(self, headers: dict[str, str], declared: int) -> None:
+        """The headers are in: the body ceiling, CORS and authentication, as :func:`_serve` does."""
+        if declared > get_config().server.max_request_body_size_bytes:
+            self._error(errors.payload_too_large(get_config().server.max_request_body_size_bytes))
+            return
+        scope: dict[str, Any] = self.cycle.scope  # type: ignore[assignment]
+        origin = headers.get("origin")
+        self.out.extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
+        try:
+            auth = authenticate_now(self.path, headers)
+        except (errors.AuthenticationFailed, errors.ServiceUnavailable) as exc:
+            self._error(exc)
+            return
+        if auth is None:
+            self._spawn(self._authenticate(headers))
+            return
+        self._authenticated(headers, auth)
+
+    async def _authenticate(self, headers: dict[str, str]) -> None:
+        try:
+            auth = await authenticate(self.path, headers)
+        except (errors.AuthenticationFailed, errors.ServiceUnavailable) as exc:
+            self._error(exc)
+            return
+        self._authenticated(headers, auth)
+
+    def _authenticated(self, headers: dict[str, str], auth: AuthResult) -> None:
+        self.cycle.scope["principal"] = auth.principal  # type: ignore[typeddict-unknown-key]
+        self.forwarded = forward_headers(
+            headers, get_config(), caller_credential_consumed=auth.credential_consumed
+        )
+        if self.body_in:
+            self._send_body()
+
+    def body_complete(self) -> None:
+        """The request body is in (the protocol's ``on_message_complete``)."""
+        cycle = self.cycle
+        self.body = bytes(cycle.body)
+        cycle.body = bytearray()
+        self.body_in = True
+        if self.forwarded is not None:
+            self._send_body()
+
+    def _send_body(self) -> None:
+        assert self.forwarded is not None
+        try:
+            self.head = self.pool.head("POST", self.target, self.forwarded, len(self.body))
+        except errors.GatewayError as exc:
+            self._error(exc)
+            return
+        self._send()
+
+    def _send(self) -> None:
+        conn = self.pool.idle_connection()
+        if conn is None:
+            self._spawn(self._connect())
+            return
+        self.conn = conn
+        self.pool.send_on(conn, self.head, self.body, self)
+
+    async def _connect(self) -> None:
+        try:
+            conn = await self.pool.connection()
+        except errors.GatewayError as exc:
+            self._error(exc)
+            return
+        self.conn = conn
+        self.pool.send_on(conn, self.head, self.body, self)
+
+    def _spawn(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run a step that has to wait; the relay goes on on callbacks once it is done."""
+        task = self.task = self.protocol.loop.create_task(self._step(step))
+        tasks = self.protocol.tasks  # uvicorn's shutdown waits for these
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _step(self, step: Coroutine[Any, Any, None]) -> None:
+        try:
+            await step
+        except Exception:
+            self._unexpected()
+        finally:
+            self.task = None
+
+    # -- the response ----------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Write whatever the upstream connection has for the client now."""
+        try:
+            self._pump()
+        except Exception:
+            self._unexpected()
+
+    def _pump(self) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        pool = self.pool
+        out = self.out
+        if not out.status:
+            if not conn.headers_done:
+                error = conn.error
+                if error is None:
+                    return
+                self.conn = None
+                pool.discard(conn)
+                if (
+                    self.attempt == 0
+                    and conn.reused
+                    and not conn.received
+                    and isinstance(error, errors.UpstreamError)
+                ):
+                    # The server closed the idle connection as we sent: replay once, as request() does.
+                    self.attempt = 1
+                    self._send()
+                    return
+                if isinstance(error, errors.UpstreamError):
+                    log.warning("upstream POST %s failed: %s", self.target, describe(conn.lost_exc))
+                self._error(error)
+                return
+            self.sse = _content_type(conn.headers) == SSE_CONTENT_TYPE
+            head = out.begin(conn.status, conn.headers)
+            if out.chunked:
+                self._write(head)  # a stream's headers go out at once
+            else:
+                self.pending = head
+        if self.protocol.flow.write_paused or self.cycle.disconnected:
+            return  # resume_writing() pumps again; the upstream's bytes wait in the connection
+        if conn.body:
+            data = conn.take_body()
+            if out.chunked:
+                self._write(b"%x\r\n%b\r\n" % (len(data), data))
+            elif self.pending is not None:
+                self._write(self.pending + data)
+                self.pending = None
+            else:
+                self._write(data)
+        if conn.message_done:
+            self.conn = None
+            pool.release(conn)
+            if self.pending is not None:
+                self._write(self.pending)  # an empty sized body
+            elif out.chunked:
+                self._write(_LAST_CHUNK)
+            self._done(True)
+        elif conn.error is not None:
+            self.conn = None
+            error = conn.error
+            pool.discard(conn)
+            if not self.sse or not out.chunked:
+                self.cycle.transport.close()  # a sized body cannot carry an error: drop it
+                self._done(False)
+                return
+            event = self.route.stream_error(error)
+            self._write(b"%x\r\n%b\r\n%b" % (len(event), event, _LAST_CHUNK))
+            self._done(True)
+
+    def _write(self, data: bytes) -> None:
+        if not self.cycle.disconnected:
+            self.cycle.transport.write(data)
+
+    def _error(self, exc: errors.GatewayError) -> None:
+        """Answer with ``exc`` in the route's envelope (nothing was sent yet)."""
+        if self.over:
+            return
+        if self.cycle.disconnected:
+            self._done(False)
+            return
+        self._write(self.out.error_bytes(exc, self.path))
+        self._done(True)
+
+    def _unexpected(self) -> None:
+        """A bug: log it, and answer 500 if nothing was sent yet, else cut the response off."""
+        log.exception("unhandled error on %s", self.path)
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool.discard(conn)
+        if self.over:
+            return
+        if self.out.status or self.cycle.disconnected:
+            self.cycle.transport.close()
+            self._done(False)
+        else:
+            self._error(errors.ServerError("The server had an error while processing your request."))
+
+    # -- the client ------------------------------------------------------------------------------
+
+    def client_gone(self) -> None:
+        """The client disconnected: drop the upstream request at once."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool.discard(conn)
+        self._done(False)
+
+    def _done(self, answered: bool) -> None:
+        """The exchange is over: metrics, the access log, and (answered) the cycle completed."""
+        if self.over:
+            return
+        self.over = True
+        protocol, out = self.protocol, self.out
+        if protocol.relay is self:
+            protocol.relay = None  # before completing: that may start a pipelined request's relay
+        HTTP_IN_FLIGHT.dec()
+        status = out.status if answered else 499
+        rid = out.request_id.decode("latin-1")
+        record_request("POST", self.path, self.path, status, time.perf_counter() - self.started, rid)
+        if answered:
+            out._complete()
+
+
+def _content_type(headers: list[tuple[str, str]]) -> str:
+    for name, value in headers:
+        if name.lower() == "content-type":
+            return value.split(";")[0].strip().lower()
+    return ""

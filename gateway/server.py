@@ -110,12 +110,16 @@ def _direct() -> Any:
 class GatewayServerProtocol(GatewayHttpProtocol):
     """The protocol ``manage.py serve`` runs the gateway with.
 
-    Pass-through requests that :func:`gateway.direct.eligible` accepts are relayed by
+    Pass-through requests that :func:`gateway.direct.eligible` accepts are relayed on callbacks by
+    :class:`gateway.direct.Relay` when :func:`gateway.direct.start` takes them, else by
     :func:`gateway.direct.serve` in the task uvicorn would have run the ASGI app in; every other
-    request goes to the ASGI app.
+    request goes to the ASGI app. The hooks below feed the active relay the events it runs on.
     """
 
     _routes: dict[str, Any] | None = None
+    # False: every eligible request takes the task (tests run the pass-through cases both ways).
+    callbacks = True
+    relay: Any = None  # the gateway.direct.Relay answering on this connection now, if any
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         routes = GatewayServerProtocol._routes
@@ -125,9 +129,37 @@ class GatewayServerProtocol(GatewayHttpProtocol):
             routes = GatewayServerProtocol._routes = fast_routes()
         scope = cycle.scope
         route = routes.get(scope["path"])
-        if route is not None and _direct().eligible(scope, route):
-            task = self.loop.create_task(_direct().serve(self, cycle, route))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-            return
+        if route is not None:
+            direct = _direct()
+            if direct.eligible(scope, route):
+                if self.callbacks and direct.start(self, cycle, route):
+                    return
+                task = self.loop.create_task(direct.serve(self, cycle, route))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
         super()._start_asgi_task(cycle, app)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        relay = self.relay
+        if relay is not None and relay.cycle is self.cycle:
+            self.flow.resume_reading()  # the declared length is within the ceiling: read it all
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        relay = self.relay
+        if relay is not None and relay.cycle is self.cycle:
+            relay.body_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        relay = self.relay
+        if relay is not None:
+            relay.client_gone()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        relay = self.relay
+        if relay is not None:
+            relay.pump()

@@ -12,6 +12,11 @@ in full and both sides keep it alive; one the server closed while idle is droppe
 replayable request (a ``bytes`` body) that finds its reused connection closed before any answer byte
 is retried once on a fresh one.
 
+Two ways to take a response: :meth:`HttpPool.request` (await the headers, then iterate the body),
+or, for a relay that runs on callbacks alone (``gateway.direct``), :meth:`HttpPool.send_on` with a
+:class:`Sink` whose ``pump()`` is called whenever the exchange moves on (headers, body bytes, the
+end, an error); it reads the same state :class:`ResponseBody` reads.
+
 Timers: each connection has one ``call_at`` handle that is re-armed only when it fires (it checks the
 phase and the time of the last body data then), never per request or per chunk.
 """
@@ -23,6 +28,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, Mapping
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -48,6 +54,12 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _IDLE, _HEADERS, _BODY, _DONE = 0, 1, 2, 3
 
 RequestBody = bytes | AsyncIterable[bytes] | None
+
+
+class Sink(Protocol):
+    """Told when an exchange started with :meth:`HttpPool.send_on` moves on."""
+
+    def pump(self) -> None: ...
 
 
 def describe(exc: BaseException | None) -> str:
@@ -93,6 +105,7 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         self.error: errors.GatewayError | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self.sink: Sink | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -207,7 +220,21 @@ class _Connection(asyncio.Protocol):
         self.waiter = waiter
         return waiter
 
+    def take_body(self) -> bytes:
+        """Everything buffered since the last call, in one piece (usually one socket read)."""
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
+        if self.reading_paused:
+            self.resume_reading()
+        return data
+
     def _wake(self) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink.pump()
+            return
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -293,15 +320,8 @@ class ResponseBody:
         if conn is None:
             raise StopAsyncIteration
         while True:
-            body = conn.body
-            if body:
-                # Everything buffered since the last read, in one piece (usually one socket read).
-                data = body[0] if len(body) == 1 else b"".join(body)
-                body.clear()
-                conn.buffered = 0
-                if conn.reading_paused:
-                    conn.resume_reading()
-                return data
+            if conn.body:
+                return conn.take_body()
             if conn.message_done:
                 self._conn = None
                 conn.pool._release(conn)
@@ -426,6 +446,47 @@ class HttpPool:
                 self._discard(conn)
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- exchanges on callbacks (gateway.direct) ----------------------------------------------
+
+    def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
+        """The request line and headers for a ``bytes`` body of ``length``, as :meth:`request` frames them."""
+        return self._head(method, target, headers, length, False)
+
+    def idle_connection(self) -> _Connection | None:
+        """A pooled connection ready for a request now, if there is one."""
+        return self._pop_idle(self.loop.time())
+
+    async def connection(self) -> _Connection:
+        """A connection for one request: pooled, new, or the next one freed (read timeout)."""
+        return await self._acquire(self.loop.time() + self.read_timeout)
+
+    def send_on(self, conn: _Connection, head: bytes, body: bytes, sink: Sink) -> None:
+        """Write one request on ``conn``; ``sink.pump()`` is called as its response moves on.
+
+        The sink reads ``conn``'s state as :class:`ResponseBody` does and ends the exchange with
+        :meth:`release` (the response arrived in full) or :meth:`discard`.
+        """
+        now = self.loop.time()
+        conn.begin(now, now + self.read_timeout, False)
+        conn.sink = sink
+        transport = conn.transport
+        assert transport is not None
+        if len(body) <= _JOIN_LIMIT:
+            transport.write(head + body)  # one write, one send()
+        else:
+            transport.write(head)
+            transport.write(body)
+
+    def release(self, conn: _Connection) -> None:
+        """Hand ``conn`` back after an exchange (it is closed unless it can be reused)."""
+        conn.sink = None
+        self._release(conn)
+
+    def discard(self, conn: _Connection) -> None:
+        """Close ``conn`` for good (an exchange abandoned or failed)."""
+        conn.sink = None
+        self._discard(conn)
 
     def _head(
         self, method: str, target: str, headers: Mapping[str, str], length: int, streamed: bool

@@ -153,9 +153,13 @@ class HttpUpstream:
         self._last: HttpPool | None = None  # the last one used: one loop per process is the rule
         _http_upstreams.add(self)
 
-    def _pool(self) -> HttpPool:
-        """One keep-alive pool per event loop (never one per request, never shared across loops)."""
-        loop = asyncio.get_running_loop()
+    def pool(self, loop: asyncio.AbstractEventLoop | None = None) -> HttpPool:
+        """One keep-alive pool per event loop (never one per request, never shared across loops).
+
+        ``loop`` is the running loop, when the caller has it (asking for it costs a ``getpid()``).
+        """
+        if loop is None:
+            loop = asyncio.get_running_loop()
         pool = self._last
         if pool is None or pool.loop is not loop or pool.closed:
             pool = self._pools.get(loop)
@@ -183,13 +187,13 @@ class HttpUpstream:
         headers: Mapping[str, str] | None = None,
         query: str = "",
     ) -> UpstreamResponse:
-        status, response_headers, chunks = await self._pool().request(
+        status, response_headers, chunks = await self.pool().request(
             method, f"{path}?{query}" if query else path, headers or {}, body
         )
         return UpstreamResponse(status, response_headers, chunks)
 
     async def ready(self, timeout: float) -> None:
-        pool = self._pool()
+        pool = self.pool()
         headers = {}
         if self.config.openai_api_key:
             headers["authorization"] = f"Bearer {self.config.openai_api_key}"

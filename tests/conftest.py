@@ -46,18 +46,34 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     config_module.set_config(original)
 
 
+def _task_relay_protocol() -> type:
+    from gateway.server import GatewayServerProtocol
+
+    class TaskRelayProtocol(GatewayServerProtocol):
+        callbacks = False
+
+    return TaskRelayProtocol
+
+
 def serve_gateway(kind: str = "direct") -> Iterator[LiveServer]:
     """The real ASGI application served by uvicorn on a loopback port.
 
     ``direct``: with the protocol ``manage.py serve`` runs (pass-through routes relayed directly by
-    ``gateway.direct``); ``asgi``: every request through the ASGI app (``gateway.fastpath`` for the
-    pass-through routes), as daphne and other servers serve it.
+    ``gateway.direct``, on callbacks where it can); ``direct-task``: the same, but every such request
+    relayed by the task (``gateway.direct.serve``), the path taken when something must be awaited;
+    ``asgi``: every request through the ASGI app (``gateway.fastpath`` for the pass-through routes),
+    as daphne and other servers serve it.
     """
     from gateway.asgi import application
     from gateway.server import GatewayHttpProtocol, GatewayServerProtocol
     from inference_app.upstream import close_upstreams
 
-    protocol = GatewayHttpProtocol if kind == "asgi" else GatewayServerProtocol
+    protocols = {
+        "direct": GatewayServerProtocol,
+        "direct-task": _task_relay_protocol(),
+        "asgi": GatewayHttpProtocol,
+    }
+    protocol = protocols[kind]
     server = LiveServer(application, on_stop=close_upstreams, http=protocol).start()
     yield server
     server.stop()

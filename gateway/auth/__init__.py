@@ -45,6 +45,7 @@ class AuthResult:
 
 OPEN = AuthResult(DEFAULT_PRINCIPAL, False)
 UPSTREAM_KEY_PRINCIPAL = Principal(owner=DEFAULT_PRINCIPAL.owner, kind="upstream_key")
+_UPSTREAM_KEY_RESULT = AuthResult(UPSTREAM_KEY_PRINCIPAL, False)
 
 
 def requires_auth(path: str) -> bool:
@@ -96,20 +97,48 @@ async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
         )
         return AuthResult(principal, True)
 
-    snap = await apikeys.snapshot()
+    result, key = _by_key(await apikeys.snapshot(), token)
+    if key is not None:
+        await apikeys.record_use(key)
+    return result
+
+
+def authenticate_now(path: str, headers: Mapping[str, str]) -> AuthResult | None:
+    """:func:`authenticate` when it can decide without waiting for anything, else ``None``.
+
+    ``None`` (call :func:`authenticate`) with OIDC, when the API-key snapshot must be reloaded, and
+    when a key's last use is due to be written; every other case is decided here, by the same rules.
+    """
+    from gateway.auth import apikeys
+
+    if get_config().oidc_enabled:
+        return None
+    snap = apikeys.fresh_snapshot()
+    if snap is None:
+        return None
+    result, key = _by_key(snap, bearer_token(headers))
+    if key is not None and apikeys.use_due(key):
+        return None
+    return result
+
+
+def _by_key(snap: Any, token: str | None) -> tuple[AuthResult, Any]:
+    """API-key and open mode: the result, and the key used (``None`` when none was needed)."""
+    from gateway.auth import apikeys
+
+    config = get_config()
     if snap.any or config.auth.require_api_key:
         key = apikeys.match(snap, token) if token else None
         if key is None:
             raise _refusal(token)
-        await apikeys.record_use(key)
-        return AuthResult(Principal(owner=f"key:{key.id}", kind="api_key", subject=key.name), True)
+        return AuthResult(Principal(owner=f"key:{key.id}", kind="api_key", subject=key.name), True), key
 
     upstream_key = config.openai_api_key
     if upstream_key and token and hmac.compare_digest(token.encode(), upstream_key.encode()):
         # The caller holds the upstream credential: it may read stored state (see below). It is
         # not consumed: forwarding it is forwarding the very credential the gateway would inject.
-        return AuthResult(UPSTREAM_KEY_PRINCIPAL, False)
-    return OPEN
+        return _UPSTREAM_KEY_RESULT, None
+    return OPEN, None
 
 
 def reset_caches() -> None:

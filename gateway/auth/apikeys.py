@@ -116,6 +116,14 @@ def _load_snapshot() -> Snapshot:
     return Snapshot(time.monotonic(), {p: tuple(v) for p, v in by_prefix.items()})
 
 
+def fresh_snapshot() -> Snapshot | None:
+    """The active keys when the snapshot needs no reload; ``None`` when :func:`snapshot` must load it."""
+    current = _snapshot
+    if current is not None and time.monotonic() - current.taken_at < SNAPSHOT_TTL_S:
+        return current
+    return None
+
+
 async def snapshot() -> Snapshot:
     """The active keys, at most ``SNAPSHOT_TTL_S`` old.
 
@@ -124,8 +132,9 @@ async def snapshot() -> Snapshot:
     find the snapshot stale share one reload instead of each querying the table.
     """
     current = _snapshot
-    if current is not None and time.monotonic() - current.taken_at < SNAPSHOT_TTL_S:
-        return current
+    fresh = fresh_snapshot()
+    if fresh is not None:
+        return fresh
     loop = asyncio.get_running_loop()
     reload = _reloads.get(loop)
     if reload is None:
@@ -171,12 +180,16 @@ def _touch(key_id: int) -> None:
     ApiKey.objects.filter(pk=key_id).update(last_used_at=timezone.now())
 
 
+def use_due(key: ActiveKey) -> bool:
+    """Whether :func:`record_use` would write ``key``'s last use now."""
+    return time.monotonic() - _last_touched.get(key.id, -LAST_USED_EVERY_S) >= LAST_USED_EVERY_S
+
+
 async def record_use(key: ActiveKey) -> None:
     """Update ``last_used_at`` at most once a minute per key and process (no write per request)."""
-    now = time.monotonic()
-    if now - _last_touched.get(key.id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
+    if not use_due(key):
         return
-    _last_touched[key.id] = now
+    _last_touched[key.id] = time.monotonic()
     await _in_worker_thread(_touch)(key.id)
 
 

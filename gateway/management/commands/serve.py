@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import Any
 
@@ -52,20 +53,65 @@ class Command(BaseCommand):
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
-        uvicorn.run(
-            "gateway.asgi:application",
-            host=host,
-            port=port,
-            workers=workers,
-            loop="uvloop",
-            http=GatewayServerProtocol,
-            ws="websockets",
-            lifespan="off",
-            log_level="warning",
-            access_log=False,
-            proxy_headers=True,
-            server_header=False,
-            date_header=True,
-            ws_max_size=config.server.max_request_body_size_bytes + 1,
-            timeout_keep_alive=75,
-        )
+        config_kwargs: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "workers": workers,
+            "loop": "uvloop",
+            "http": GatewayServerProtocol,
+            "ws": "websockets",
+            "lifespan": "off",
+            "log_level": "warning",
+            "access_log": False,
+            "proxy_headers": True,
+            "server_header": False,
+            "date_header": True,
+            "ws_max_size": config.server.max_request_body_size_bytes + 1,
+            "timeout_keep_alive": 75,
+        }
+        if workers > 1 and hasattr(socket, "SO_REUSEPORT"):
+            serve_reuseport(uvicorn.Config("gateway.asgi:application", **config_kwargs))
+            return
+        uvicorn.run("gateway.asgi:application", **config_kwargs)
+
+
+def serve_reuseport(config: Any) -> None:
+    """uvicorn's worker processes, each accepting on a listening socket of its own (``SO_REUSEPORT``).
+
+    With one shared socket (uvicorn's way) the worker that wakes first accepts every connection
+    waiting, so a burst of new connections lands on one process while the others idle
+    (``docs/performance.md``: 64 connections split 64/0 or 52/12). With a socket per worker the
+    kernel spreads connections across them. The parent binds one too, never listening on it: it
+    holds the port and fails early when the port is taken.
+    """
+    from uvicorn.supervisors import Multiprocess
+
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    address = (config.host, config.port)
+    try:
+        held = _reuseport_socket(family, address)
+    except OSError as exc:
+        sys.exit(f"cannot listen on {config.host}:{config.port}: {exc}")
+    try:
+        Multiprocess(config, sockets=[_WorkerSocket(family, address)]).run()  # type: ignore[list-item]
+    finally:
+        held.close()
+
+
+def _reuseport_socket(family: int, address: tuple[str, int]) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    return sock
+
+
+class _WorkerSocket:
+    """Handed to each worker process (pickled) as a socket that worker binds for itself."""
+
+    def __init__(self, family: int, address: tuple[str, int]) -> None:
+        self.family = family
+        self.address = address
+
+    def __reduce__(self) -> tuple[Any, tuple[int, tuple[str, int]]]:
+        return _reuseport_socket, (self.family, self.address)
