@@ -156,5 +156,5 @@ def log_request(method: str, path: str, route: str, status: int, seconds: float,
         path,
         status,
         ms,
-        extra={"method": method, "route": route, "status": status, "ms": ms},
+        extra={"method": method, "route": route, "status": status, "ms": ms, "request_id": request_id},
     )

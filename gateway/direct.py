@@ -295,6 +295,8 @@ def start(protocol: GatewayServerProtocol, cycle: RequestResponseCycle, route: R
     relay = Relay(protocol, cycle, route, headers, upstream.pool(protocol.loop))
     protocol.relay = relay
     relay.begin(headers, int(declared))
+    if not cycle.more_body and not relay.over:
+        relay.body_complete()  # a pipelined request, parsed in full while the one before it ran
     return True
 
 

@@ -1,0 +1,266 @@
+"""The pass-through relay on callbacks (``gateway.direct.Relay``), what ``manage.py serve`` runs.
+
+The behaviour every pass-through route owes its clients is tested in ``test_passthrough.py`` and
+``test_messages.py``, three ways (see ``both_ways.py``). Here: that the callback relay really is the
+path those requests take, what it hands to the task instead, and what only a relay without a task
+per request has to get right itself (pipelined requests, a slow reader, a pooled connection the
+upstream closed as the request went out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway import direct
+from inference_app.http_client import _BODY, _Connection
+from tests.servers import LiveServer, free_port, wait_port
+from tests.upstream import (
+    DONE,
+    Recorded,
+    ScriptedUpstream,
+    chat_chunks,
+    chat_completion,
+    json_answer,
+    sse,
+    sse_data,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def gw(live_gateway: LiveServer, upstream: ScriptedUpstream, gateway_config: Any) -> LiveServer:
+    gateway_config(llm_api_base=upstream.url)
+    return live_gateway
+
+
+@pytest.fixture
+def paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many requests each direct path took: ``relay`` (callbacks) and ``task`` (serve())."""
+    counts = {"relay": 0, "task": 0}
+    relay_init, serve = direct.Relay.__init__, direct.serve
+
+    def counting_init(self: direct.Relay, *args: Any) -> None:
+        counts["relay"] += 1
+        relay_init(self, *args)
+
+    async def counting_serve(*args: Any) -> None:
+        counts["task"] += 1
+        await serve(*args)
+
+    monkeypatch.setattr(direct.Relay, "__init__", counting_init)
+    monkeypatch.setattr(direct, "serve", counting_serve)
+    return counts
+
+
+def chat(stream: bool = False) -> bytes:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+def test_passthrough_requests_take_the_callback_relay(
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int]
+) -> None:
+    answer = chat_completion("Hello!")
+    events = chat_chunks(["Hel", "lo"])
+    upstream.script("/v1/chat/completions", json_answer(answer))
+    upstream.script("/v1/chat/completions", sse(events))
+    upstream.script("/v1/chat/completions", json_answer(answer))
+    with httpx.Client(base_url=gw.url, headers={"content-type": "application/json"}) as client:
+        # The first request finds no API-key snapshot yet: its authentication runs in a short task,
+        # the rest of it on callbacks. The second finds a new upstream connection to open.
+        first = client.post("/v1/chat/completions", content=chat())
+        streamed = client.post("/v1/chat/completions", content=chat(stream=True))
+        third = client.post("/v1/chat/completions", content=chat())
+    assert first.status_code == streamed.status_code == third.status_code == 200
+    assert first.json() == third.json() == answer
+    assert streamed.content == b"".join(events)
+    assert first.headers["x-request-id"] != third.headers["x-request-id"]
+    assert paths == {"relay": 3, "task": 0}
+
+
+def test_a_chunked_request_body_takes_the_task(
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int]
+) -> None:
+    upstream.script("/v1/chat/completions", json_answer(chat_completion("ok")))
+    body = chat()
+
+    def pieces() -> Iterator[bytes]:
+        yield body[:10]
+        yield body[10:]
+
+    response = httpx.post(
+        f"{gw.url}/v1/chat/completions", content=pieces(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200
+    assert upstream.last().body == body
+    assert paths == {"relay": 0, "task": 1}
+
+
+def test_refusals_are_answered_by_the_relay(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any, paths: dict[str, int]
+) -> None:
+    gateway_config(server__max_request_body_size_bytes=100)
+    too_large = httpx.post(f"{gw.url}/v1/chat/completions", content=b"x" * 101)
+    assert too_large.status_code == 413
+    assert too_large.json()["error"]["code"] == "request_too_large"
+    assert too_large.headers["connection"] == "close"
+    gateway_config(auth__require_api_key=True)
+    refused = httpx.post(f"{gw.url}/v1/chat/completions", content=chat())
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "missing_bearer_token"
+    assert refused.headers["www-authenticate"] == "Bearer"
+    assert upstream.requests == []
+    assert paths == {"relay": 2, "task": 0}
+
+
+def test_pipelined_requests_are_answered_in_order(gw: LiveServer, upstream: ScriptedUpstream) -> None:
+    for text in ("first", "second", "third"):
+        upstream.script("/v1/chat/completions", json_answer(chat_completion(text)))
+    body = chat()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(request * 3)  # three requests in one write, before any answer
+        received = b""
+        deadline = time.monotonic() + 5
+        while received.count(b"HTTP/1.1 200") < 3 or not received.endswith(b"}"):
+            assert time.monotonic() < deadline, received
+            received += sock.recv(65536)
+    texts = [
+        orjson.loads(part.split(b"\r\n\r\n", 1)[1])["choices"][0]["message"]["content"]
+        for part in received.split(b"HTTP/1.1 ")[1:]
+    ]
+    assert texts == ["first", "second", "third"]
+
+
+def test_a_slow_reader_stops_the_upstream_being_read(gw: LiveServer, upstream: ScriptedUpstream) -> None:
+    """A client that does not read holds the stream back; nothing is lost once it reads again."""
+    event = sse_data({"pad": "x" * 8000})
+    count = 8000  # ~64 MB: far more than the sockets' buffers and the pool's high-water mark hold
+    written: list[int] = [0]
+
+    async def big_stream(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.content_type = "text/event-stream"
+        await response.prepare(request)
+        for _ in range(count):
+            await response.write(event)
+            written[0] += 1
+        await response.write(DONE)
+        await response.write_eof()
+        return response
+
+    upstream.script("/v1/chat/completions", big_stream)
+    url = f"{gw.url}/v1/chat/completions"
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", url, content=chat(stream=True)) as response,
+    ):
+        assert response.status_code == 200
+        time.sleep(1.0)  # read nothing: the gateway must stop reading the upstream
+        held_back = written[0]
+        time.sleep(0.5)
+        assert written[0] == held_back < count / 2, (held_back, written[0])
+        streaming = [c for c in _upstream_connections() if not c.lost and c.phase == _BODY]
+        assert len(streaming) == 1 and streaming[0].reading_paused
+        received = b"".join(response.iter_raw())
+    assert received == event * count + DONE
+    assert written[0] == count
+
+
+def _upstream_connections() -> list[Any]:
+    return [obj for obj in gc.get_objects() if isinstance(obj, _Connection)]
+
+
+class _ClosingUpstream:
+    """A raw HTTP/1.1 upstream that answers the first request on each connection and closes the
+    connection, without a word, when a second request arrives on it: what an upstream closing an
+    idle keep-alive connection looks like to a client that sent on it at that moment."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.answered = 0
+        self.dropped = 0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self.server = server
+        self.loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered_here = False
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                if answered_here:
+                    self.dropped += 1
+                    writer.transport.abort()
+                    return
+                body = orjson.dumps(chat_completion(f"answer {self.answered}"))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                    % (len(body), body)
+                )
+                await writer.drain()
+                self.answered += 1
+                answered_here = True
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+
+    def start(self) -> _ClosingUpstream:
+        self.thread.start()
+        wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def test_a_pooled_connection_closed_as_the_request_went_out_is_retried_once(
+    live_gateway: LiveServer, gateway_config: Any, paths: dict[str, int]
+) -> None:
+    closing = _ClosingUpstream().start()
+    try:
+        gateway_config(llm_api_base=f"http://127.0.0.1:{closing.port}")
+        with httpx.Client(base_url=live_gateway.url) as client:
+            first = client.post("/v1/chat/completions", content=chat())
+            second = client.post("/v1/chat/completions", content=chat())
+    finally:
+        closing.stop()
+    assert first.status_code == second.status_code == 200
+    assert second.json()["choices"][0]["message"]["content"] == "answer 1"
+    # The second request was dropped on the pooled connection, then sent again on a new one.
+    assert (closing.answered, closing.dropped) == (2, 1)
+    assert paths["relay"] == 2 and paths["task"] == 0
