@@ -127,23 +127,19 @@ class _Response:
         await self._write(self.error_bytes(exc, path))
         self._complete()
 
-    def begin(self, status: int, headers: list[tuple[str, str]]) -> bytes:
-        """The head for the upstream's status and headers; a body without a length is chunked."""
-        sized = False
-        raw: list[tuple[bytes, bytes]] = []
-        for name, value in headers:
-            low = name.lower()
-            if low == "content-length":
-                sized = True
-            raw.append((low.encode("latin-1"), value.encode("latin-1")))
-        if not sized and status not in (204, 304):
+    def begin(self, status: int, headers: RawHeaders) -> bytes:
+        """The head for the upstream's status and (lower-cased) headers; a body without a length is
+        chunked."""
+        if status not in (204, 304) and all(name != b"content-length" for name, _ in headers):
             self.chunked = True
-            raw.append((b"transfer-encoding", b"chunked"))
-        return self._head(status, raw)
+            headers = [*headers, (b"transfer-encoding", b"chunked")]
+        return self._head(status, headers)
 
     async def relay(self, response: UpstreamResponse, route: Route) -> None:
         """The upstream's status, headers and body, as they arrive."""
-        head = self.begin(response.status, response.headers)
+        head = self.begin(
+            response.status, [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+        )
         pending: bytes | None = head  # a sized response's head waits to go out with its body
         if self.chunked:
             await self._write(head)  # a stream's headers go out at once
@@ -278,19 +274,22 @@ async def _serve(
 
 
 def start(protocol: GatewayServerProtocol, cycle: RequestResponseCycle, route: Route) -> bool:
-    """Relay this request on callbacks (:class:`Relay`); False hands it to :func:`serve` instead.
+    """Relay this request on callbacks (:class:`Relay`); False: :func:`eligible` decides the rest.
 
     Called when the request's headers are parsed. :func:`serve` takes what the relay cannot: a
     request body without a declared length (chunked) and upstreams that are not HTTP (the embedded
-    engine, the Celery workers).
+    engine, the Celery workers). Requests that neither takes (other methods, ``Expect``, streamed
+    uploads) go to the ASGI app.
     """
+    scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+    if scope["method"] != "POST" or route.stream_request_body:
+        return False
     upstream = get_upstream()
     if not isinstance(upstream, HttpUpstream):
         return False
-    scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}  # lower-cased
     declared = headers.get("content-length")
-    if declared is None or not declared.isdigit() or "transfer-encoding" in headers:
+    if declared is None or not declared.isdigit() or "transfer-encoding" in headers or "expect" in headers:
         return False
     relay = Relay(protocol, cycle, route, headers, upstream.pool(protocol.loop))
     protocol.relay = relay
@@ -489,8 +488,8 @@ class Relay:
                     log.warning("upstream POST %s failed: %s", self.target, describe(conn.lost_exc))
                 self._error(error)
                 return
-            self.sse = _content_type(conn.headers) == SSE_CONTENT_TYPE
-            head = out.begin(conn.status, conn.headers)
+            self.sse = _content_type(conn.raw_headers) == SSE_CONTENT_TYPE
+            head = out.begin(conn.status, conn.raw_headers)
             if out.chunked:
                 self._write(head)  # a stream's headers go out at once
             else:
@@ -582,8 +581,8 @@ class Relay:
             out._complete()
 
 
-def _content_type(headers: list[tuple[str, str]]) -> str:
+def _content_type(headers: RawHeaders) -> str:
     for name, value in headers:
-        if name.lower() == "content-type":
-            return value.split(";")[0].strip().lower()
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower().decode("latin-1")
     return ""

@@ -101,10 +101,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
 
-def _direct() -> Any:
-    from gateway import direct  # imported on first use: it needs Django's settings
+_direct_module: Any = None
 
-    return direct
+
+def _direct() -> Any:
+    global _direct_module
+    if _direct_module is None:
+        from gateway import direct  # imported on first use: it needs Django's settings
+
+        _direct_module = direct
+    return _direct_module
 
 
 class GatewayServerProtocol(GatewayHttpProtocol):
@@ -131,9 +137,9 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         route = routes.get(scope["path"])
         if route is not None:
             direct = _direct()
+            if self.callbacks and direct.start(self, cycle, route):
+                return
             if direct.eligible(scope, route):
-                if self.callbacks and direct.start(self, cycle, route):
-                    return
                 task = self.loop.create_task(direct.serve(self, cycle, route))
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)

@@ -96,7 +96,8 @@ class _Connection(asyncio.Protocol):
         self.request_complete = True
         self.received = False
         self.status = 0
-        self.headers: list[tuple[str, str]] = []
+        # Header names lower-cased, values as received; hop-by-hop ones (``drop_headers``) left out.
+        self.raw_headers: list[tuple[bytes, bytes]] = []
         self.framed = False
         self.keep_alive = True
         self.headers_done = False
@@ -164,16 +165,20 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------------
 
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The response headers as text (what :meth:`HttpPool.request` returns)."""
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers]
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1")
-        low = key.lower()
-        if low == "content-length":
+        low = name.lower()
+        if low == b"content-length":
             self.framed = True
-        elif low in self.pool.drop_headers:
-            if low == "transfer-encoding" and b"chunked" in value.lower():
+        elif low in self.pool.drop_raw:
+            if low == b"transfer-encoding" and b"chunked" in value.lower():
                 self.framed = True
             return
-        self.headers.append((key, value.decode("latin-1")))
+        self.raw_headers.append((low, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -199,7 +204,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if not self.headers_done:
-            self.headers = []  # the end of an interim answer
+            self.raw_headers = []  # the end of an interim answer
             self.framed = False
             return
         self.message_done = True
@@ -377,7 +382,7 @@ class HttpPool:
         self.read_timeout = timeouts.read_timeout_s
         self.stall_timeout = timeouts.stall_timeout_s
         self.limit = max(1, timeouts.pool_size)
-        self.drop_headers = drop_headers
+        self.drop_raw = frozenset(name.lower().encode("latin-1") for name in drop_headers)
         self.size = 0  # open or opening connections, idle ones included
         self.idle: list[_Connection] = []
         self.waiters: deque[asyncio.Future[_Connection | None]] = deque()

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from django.db.models import Model, QuerySet
 
 from gateway import errors
+from gateway.auth import apikeys
 from gateway.config import get_config
 from gateway.principal import DEFAULT_PRINCIPAL, Principal, request_principal
 
@@ -81,7 +82,7 @@ def _refusal(token: str | None) -> errors.AuthenticationFailed:
 
 async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
     """Authenticate a request to ``path`` with lower-cased ``headers``."""
-    from gateway.auth import apikeys, oidc
+    from gateway.auth import oidc
 
     config = get_config()
     token = bearer_token(headers)
@@ -109,8 +110,6 @@ def authenticate_now(path: str, headers: Mapping[str, str]) -> AuthResult | None
     ``None`` (call :func:`authenticate`) with OIDC, when the API-key snapshot must be reloaded, and
     when a key's last use is due to be written; every other case is decided here, by the same rules.
     """
-    from gateway.auth import apikeys
-
     if get_config().oidc_enabled:
         return None
     snap = apikeys.fresh_snapshot()
@@ -124,8 +123,6 @@ def authenticate_now(path: str, headers: Mapping[str, str]) -> AuthResult | None
 
 def _by_key(snap: Any, token: str | None) -> tuple[AuthResult, Any]:
     """API-key and open mode: the result, and the key used (``None`` when none was needed)."""
-    from gateway.auth import apikeys
-
     config = get_config()
     if snap.any or config.auth.require_api_key:
         key = apikeys.match(snap, token) if token else None
