@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -179,6 +180,35 @@ def test_metrics_count_a_request(live_gateway: LiveServer) -> None:
     assert "gateway_http_request_duration_seconds_bucket" in text
     assert "gateway_http_requests_in_flight" in text
     assert "gateway_websocket_connections_open" in text
+
+
+def test_observe_request_counts_as_inc_and_observe_do() -> None:
+    """``observe_request`` writes the metric values directly: the same samples as the public API."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from gateway.metrics import HTTP_LATENCY, REGISTRY, observe_request
+
+    durations = [0.0004, 0.001, 0.0011, 0.07, 0.25, 299.0, 301.0]
+    reference = Histogram("ref", "", buckets=HTTP_LATENCY._upper_bounds[:-1], registry=CollectorRegistry())
+    for seconds in durations:
+        observe_request("/test/observe", "PUT", 207, seconds)
+        reference.observe(seconds)
+
+    def samples(metric_source: Any, name: str, **labels: str) -> dict[str, float]:
+        found = {}
+        for metric in metric_source.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_created") or not sample.name.startswith(name):
+                    continue
+                if all(sample.labels.get(k) == v for k, v in labels.items()):
+                    found[sample.name.removeprefix(name) + sample.labels.get("le", "")] = sample.value
+        return found
+
+    ours = samples(REGISTRY, "gateway_http_request_duration_seconds", route="/test/observe", method="PUT")
+    assert ours == samples(reference, "ref")
+    assert ours["_bucket0.001"] == 2 and ours["_count"] == len(durations)
+    counted = samples(REGISTRY, "gateway_http_requests", route="/test/observe", status="207")
+    assert counted == {"_total": len(durations)}
 
 
 def test_admin_login_page(live_gateway: LiveServer) -> None:
