@@ -18,6 +18,8 @@ from functools import lru_cache
 from typing import Any
 
 from corsheaders.conf import conf
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from gateway import errors
 from gateway.passthrough import ROUTES as PASSTHROUGH_ROUTES
@@ -44,6 +46,23 @@ def _cors_applies(pattern: Any, path: str) -> bool:
     return re.match(pattern, path) is not None
 
 
+_urls_regex: Any = None  # CORS_URLS_REGEX, read once (a settings lookup per request is measurable)
+
+
+def _cors_urls_regex() -> Any:
+    global _urls_regex
+    if _urls_regex is None:
+        _urls_regex = conf.CORS_URLS_REGEX
+    return _urls_regex
+
+
+@receiver(setting_changed)
+def _forget_cors_urls_regex(setting: str, **kwargs: Any) -> None:
+    global _urls_regex
+    if setting == "CORS_URLS_REGEX":
+        _urls_regex = None
+
+
 _NO_HEADERS: RawHeaders = []
 _VARY_ORIGIN: RawHeaders = [(b"vary", b"origin")]
 
@@ -54,7 +73,7 @@ def cors_headers(scope: Scope, origin: bytes | None) -> RawHeaders:
     The list returned is shared: callers copy it, never change it.
     """
     path = scope["path"]
-    if not _cors_applies(conf.CORS_URLS_REGEX, path):
+    if not _cors_applies(_cors_urls_regex(), path):
         return _NO_HEADERS
     if origin is None:
         return _VARY_ORIGIN

@@ -49,11 +49,22 @@ IDLE_REUSE_S = 4.0
 # Larger bytes bodies are written after the head instead of being copied into one buffer with it.
 _JOIN_LIMIT = 64 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# Request heads remembered by HttpPool.head() (cleared when full: distinct header sets are few).
+_HEADS_KEPT = 256
 
 # Where a connection is in its exchange; the timer checks this when it fires.
 _IDLE, _HEADERS, _BODY, _DONE = 0, 1, 2, 3
 
 RequestBody = bytes | AsyncIterable[bytes] | None
+
+
+def _framing(method: str, length: int) -> bytes:
+    """The length line and the blank line ending the head of a request with a ``bytes`` body."""
+    if length:
+        return b"content-length: %d\r\n\r\n" % length
+    if method in _BODY_METHODS:
+        return b"content-length: 0\r\n\r\n"
+    return b"\r\n"
 
 
 class Sink(Protocol):
@@ -383,6 +394,7 @@ class HttpPool:
         self.stall_timeout = timeouts.stall_timeout_s
         self.limit = max(1, timeouts.pool_size)
         self.drop_raw = frozenset(name.lower().encode("latin-1") for name in drop_headers)
+        self._heads: dict[tuple[object, ...], bytes] = {}  # see head()
         self.size = 0  # open or opening connections, idle ones included
         self.idle: list[_Connection] = []
         self.waiters: deque[asyncio.Future[_Connection | None]] = deque()
@@ -455,8 +467,20 @@ class HttpPool:
     # -- exchanges on callbacks (gateway.direct) ----------------------------------------------
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
-        """The request line and headers for a ``bytes`` body of ``length``, as :meth:`request` frames them."""
-        return self._head(method, target, headers, length, False)
+        """The request line and headers for a ``bytes`` body of ``length``, as :meth:`request` frames them.
+
+        ``headers`` carry no framing headers (``content-length``, ``transfer-encoding``). The lines
+        before the framing are remembered per request line and headers: a client sends the same
+        headers with every request, so they are built, checked and encoded once.
+        """
+        key = (method, target, *headers.items())
+        lines = self._heads.get(key)
+        if lines is None:
+            lines = self._lines(method, target, headers)
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            self._heads[key] = lines
+        return lines + _framing(method, length)
 
     def idle_connection(self) -> _Connection | None:
         """A pooled connection ready for a request now, if there is one."""
@@ -496,19 +520,19 @@ class HttpPool:
     def _head(
         self, method: str, target: str, headers: Mapping[str, str], length: int, streamed: bool
     ) -> bytes:
-        if not streamed and ("content-length" in headers or "transfer-encoding" in headers):
-            headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
-        lines = [f"{k}: {v}\r\n" for k, v in headers.items()]
         if streamed:
-            if "content-length" not in headers:
-                lines.append("transfer-encoding: chunked\r\n")
-        elif length:
-            lines.append(f"content-length: {length}\r\n")
-        elif method in _BODY_METHODS:
-            lines.append("content-length: 0\r\n")
-        text = f"{method} {self.prefix}{target} HTTP/1.1\r\nhost: {self.host_header}\r\n{''.join(lines)}\r\n"
+            framing = b"" if "content-length" in headers else b"transfer-encoding: chunked\r\n"
+            return self._lines(method, target, headers) + framing + b"\r\n"
+        if "content-length" in headers or "transfer-encoding" in headers:
+            headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
+        return self._lines(method, target, headers) + _framing(method, length)
+
+    def _lines(self, method: str, target: str, headers: Mapping[str, str]) -> bytes:
+        """The request line, ``host`` and ``headers``, each line ended (no blank line yet)."""
+        lines = [f"{k}: {v}\r\n" for k, v in headers.items()]
+        text = f"{method} {self.prefix}{target} HTTP/1.1\r\nhost: {self.host_header}\r\n{''.join(lines)}"
         # A line break inside a name or value would let a caller smuggle a second request.
-        breaks = len(lines) + 3
+        breaks = len(lines) + 2
         if text.count("\n") != breaks or text.count("\r") != breaks:
             raise errors.BadRequest("A request header contains a line break.")
         try:
