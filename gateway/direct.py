@@ -293,13 +293,13 @@ def start(protocol: GatewayServerProtocol, cycle: RequestResponseCycle, route: R
         return False
     relay = Relay(protocol, cycle, route, headers, upstream.pool(protocol.loop))
     protocol.relay = relay
-    relay.begin(headers, int(declared))
+    relay.admit(headers, int(declared))
     if not cycle.more_body and not relay.over:
         relay.body_complete()  # a pipelined request, parsed in full while the one before it ran
     return True
 
 
-class Relay:
+class Relay(_Response):
     """One pass-through request relayed on callbacks: no coroutine per request, no future.
 
     The same exchange as :func:`serve`, with the same rules through the same functions, driven by
@@ -319,17 +319,14 @@ class Relay:
         "body",
         "body_in",
         "conn",
-        "cycle",
         "forwarded",
         "head",
-        "out",
         "over",
         "path",
         "pending",
         "pool",
-        "protocol",
+        "rid",
         "route",
-        "sse",
         "started",
         "target",
         "task",
@@ -354,7 +351,8 @@ class Relay:
         self.path: str = scope["path"]
         query = scope["query_string"]
         self.target = route.upstream_path + ("?" + query.decode("latin-1") if query else "")
-        self.out = _Response(protocol, cycle, rid)
+        _Response.__init__(self, protocol, cycle, rid)
+        self.rid = rid
         self.forwarded: dict[str, str] | None = None  # set once the caller is authenticated
         self.conn: _Connection | None = None
         self.task: asyncio.Task[None] | None = None
@@ -362,20 +360,19 @@ class Relay:
         self.body = self.head = b""
         self.body_in = False
         self.pending: bytes | None = None  # a sized response's head, written with its first bytes
-        self.sse = False
         self.over = False
         HTTP_IN_FLIGHT.inc()
 
     # -- the request ---------------------------------------------------------------------------
 
-    def begin(self, headers: dict[str, str], declared: int) -> None:
+    def admit(self, headers: dict[str, str], declared: int) -> None:
         """The headers are in: the body ceiling, CORS and authentication, as :func:`_serve` does."""
         if declared > get_config().server.max_request_body_size_bytes:
             self._error(errors.payload_too_large(get_config().server.max_request_body_size_bytes))
             return
         scope: dict[str, Any] = self.cycle.scope  # type: ignore[assignment]
         origin = headers.get("origin")
-        self.out.extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
+        self.extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
         try:
             auth = authenticate_now(self.path, headers)
         except (errors.AuthenticationFailed, errors.ServiceUnavailable) as exc:
@@ -466,8 +463,7 @@ class Relay:
         if conn is None:
             return
         pool = self.pool
-        out = self.out
-        if not out.status:
+        if not self.status:
             if not conn.headers_done:
                 error = conn.error
                 if error is None:
@@ -488,44 +484,43 @@ class Relay:
                     log.warning("upstream POST %s failed: %s", self.target, describe(conn.lost_exc))
                 self._error(error)
                 return
-            self.sse = _content_type(conn.raw_headers) == SSE_CONTENT_TYPE
-            head = out.begin(conn.status, conn.raw_headers)
-            if out.chunked:
-                self._write(head)  # a stream's headers go out at once
+            head = self.begin(conn.status, conn.raw_headers)
+            if self.chunked:
+                self._put(head)  # a stream's headers go out at once
             else:
                 self.pending = head
         if self.protocol.flow.write_paused or self.cycle.disconnected:
             return  # resume_writing() pumps again; the upstream's bytes wait in the connection
         if conn.body:
             data = conn.take_body()
-            if out.chunked:
-                self._write(b"%x\r\n%b\r\n" % (len(data), data))
+            if self.chunked:
+                self._put(b"%x\r\n%b\r\n" % (len(data), data))
             elif self.pending is not None:
-                self._write(self.pending + data)
+                self._put(self.pending + data)
                 self.pending = None
             else:
-                self._write(data)
+                self._put(data)
         if conn.message_done:
             self.conn = None
             pool.release(conn)
             if self.pending is not None:
-                self._write(self.pending)  # an empty sized body
-            elif out.chunked:
-                self._write(_LAST_CHUNK)
+                self._put(self.pending)  # an empty sized body
+            elif self.chunked:
+                self._put(_LAST_CHUNK)
             self._done(True)
         elif conn.error is not None:
             self.conn = None
             error = conn.error
             pool.discard(conn)
-            if not self.sse or not out.chunked:
+            if not self.chunked or _content_type(conn.raw_headers) != SSE_CONTENT_TYPE:
                 self.cycle.transport.close()  # a sized body cannot carry an error: drop it
                 self._done(False)
                 return
             event = self.route.stream_error(error)
-            self._write(b"%x\r\n%b\r\n%b" % (len(event), event, _LAST_CHUNK))
+            self._put(b"%x\r\n%b\r\n%b" % (len(event), event, _LAST_CHUNK))
             self._done(True)
 
-    def _write(self, data: bytes) -> None:
+    def _put(self, data: bytes) -> None:
         if not self.cycle.disconnected:
             self.cycle.transport.write(data)
 
@@ -536,7 +531,7 @@ class Relay:
         if self.cycle.disconnected:
             self._done(False)
             return
-        self._write(self.out.error_bytes(exc, self.path))
+        self._put(self.error_bytes(exc, self.path))
         self._done(True)
 
     def _unexpected(self) -> None:
@@ -547,7 +542,7 @@ class Relay:
             self.pool.discard(conn)
         if self.over:
             return
-        if self.out.status or self.cycle.disconnected:
+        if self.status or self.cycle.disconnected:
             self.cycle.transport.close()
             self._done(False)
         else:
@@ -570,15 +565,14 @@ class Relay:
         if self.over:
             return
         self.over = True
-        protocol, out = self.protocol, self.out
+        protocol: Any = self.protocol
         if protocol.relay is self:
             protocol.relay = None  # before completing: that may start a pipelined request's relay
         HTTP_IN_FLIGHT.dec()
-        status = out.status if answered else 499
-        rid = out.request_id.decode("latin-1")
-        record_request("POST", self.path, self.path, status, time.perf_counter() - self.started, rid)
+        status = self.status if answered else 499
+        record_request("POST", self.path, self.path, status, time.perf_counter() - self.started, self.rid)
         if answered:
-            out._complete()
+            self._complete()
 
 
 def _content_type(headers: RawHeaders) -> str:
