@@ -6,7 +6,7 @@ exactly as ``make run``), and — when ``agentic-server`` is found — the refer
 Then, for chat JSON and chat SSE at each concurrency, it runs every target for a few seconds, in
 rounds, interleaved (direct, ours, reference, direct, ours, …) so drift on a shared machine hits all
 of them alike, and prints requests/s, p50/p99 latency, p50 time to first content chunk and the
-ratio to direct, taking the best round of each.
+ratio to direct, taking the best round of each (and the median round's requests/s beside it).
 
 The load generator is a raw keep-alive HTTP/1.1 client (uvloop + httptools), one connection per
 concurrent worker, so it costs little CPU next to the servers it measures.
@@ -328,19 +328,22 @@ def report(
 ) -> None:
     print()
     print(
-        "| mode | conc | target | req/s | p50 ms | p99 ms | first content p50 ms | req/s vs direct | p50 overhead ms |"
+        "| mode | conc | target | req/s | median round req/s | p50 ms | p99 ms | first content p50 ms "
+        "| req/s vs direct | p50 overhead ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for conc in concurrencies:
             best = {name: max(results[(mode, conc, name)], key=lambda c: c.rps) for name in names}
             direct = best["direct"]
             for name in names:
                 cell = best[name]
+                rounds = sorted(c.rps for c in results[(mode, conc, name)])
+                median = rounds[len(rounds) // 2]
                 ratio = cell.rps / direct.rps if direct.rps else float("nan")
                 overhead = cell.pct(cell.latencies, 0.5) - direct.pct(direct.latencies, 0.5)
                 print(
-                    f"| {mode} | {conc} | {name} | {cell.rps:.0f} | {cell.pct(cell.latencies, 0.5):.2f} | "
+                    f"| {mode} | {conc} | {name} | {cell.rps:.0f} | {median:.0f} | {cell.pct(cell.latencies, 0.5):.2f} | "
                     f"{cell.pct(cell.latencies, 0.99):.2f} | {cell.pct(cell.firsts, 0.5):.2f} | {ratio:.2f} | "
                     f"{overhead:+.2f} |"
                 )

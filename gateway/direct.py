@@ -344,8 +344,6 @@ class Relay(_Response):
         rid = request_id_for(headers.get("x-request-id"))
         scope["gateway.request_id"] = rid
         self.started = time.perf_counter()
-        self.protocol = protocol
-        self.cycle = cycle
         self.route = route
         self.pool = pool
         self.path: str = scope["path"]
@@ -528,7 +526,9 @@ class Relay(_Response):
         """Answer with ``exc`` in the route's envelope (nothing was sent yet)."""
         if self.over:
             return
-        if self.cycle.disconnected:
+        if self.cycle.disconnected or self.status:
+            if self.status:
+                self.cycle.transport.close()  # an answer has begun: it cannot become an error
             self._done(False)
             return
         self._put(self.error_bytes(exc, self.path))
