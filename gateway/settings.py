@@ -111,6 +111,10 @@ def _databases() -> dict[str, Any]:
                     # (synchronous=NORMAL stays crash-safe in WAL mode).
                     "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
                 },
+                # Tests get a file too, not Django's shared-cache memory database: there, two
+                # threads writing at once fail at once ("database table is locked") instead of
+                # waiting as they do on a file, and the event-loop paths for a file are not taken.
+                "TEST": {"NAME": str(DATA_DIR / "test_gateway.sqlite3")},
             }
         }
     db = dj_database_url.parse(url)
