@@ -223,7 +223,6 @@ async def _serve(
     headers: dict[str, str],
     out: _Response,
 ) -> None:
-
     scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
     path = scope["path"]
     config = get_config()
