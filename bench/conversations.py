@@ -35,29 +35,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import free_port, wait_port  # noqa: E402
+from tests.servers import GatewayProcess  # noqa: E402
 
 
-class Gateway:
+class Gateway(GatewayProcess):
     """``manage.py serve`` in a subprocess, its log in a file (a pipe nobody reads would fill)."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = free_port()
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
-            cwd=ROOT,
-            env={**env, "PORT": str(self.port), "HOST": "127.0.0.1"},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_port(self.port, timeout=60)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=20)
-        self.log.close()
+        super().__init__(env, log=log)
+        self.wait(60)
 
 
 SMALL = 200
@@ -148,9 +134,8 @@ def main() -> None:
     inherited = {
         k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_")) and k != "DATABASE_URL"
     }
-    full_env = {**inherited, **env}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=full_env, check=True)
-    gateway = Gateway(full_env, Path(data_dir) / "gateway.log")
+    full_env = {**inherited, **env}  # for `manage.py shell` below; the gateway filters its own
+    gateway = Gateway(env, Path(data_dir) / "gateway.log")  # migrates first, as `make run` does
     try:
         with httpx.Client(base_url=gateway.url, timeout=60) as http:
             started = time.perf_counter()

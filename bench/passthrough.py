@@ -28,11 +28,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httptools
 import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.servers import GatewayProcess, free_port  # noqa: E402
+
 CONTENT_MARKER = b'"delta":{"content":"'
 
 HEALTH_REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -40,12 +45,6 @@ JSON_BODY = b'{"model":"bench-model","messages":[{"role":"user","content":"Hello
 SSE_BODY = (
     b'{"model":"bench-model","messages":[{"role":"user","content":"Hello"}],"max_tokens":16,"stream":true}'
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(port: int, path: str = "/health", timeout: float = 30.0) -> None:
@@ -169,8 +168,8 @@ async def run_cell(
 
 def start_servers(
     args: argparse.Namespace, tmp: Path
-) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
+) -> tuple[dict[str, int], list[subprocess.Popen[Any]]]:
+    procs: list[subprocess.Popen[Any]] = []
     up_port, ref_port = free_port(), free_port()
     procs.append(
         subprocess.Popen(
@@ -189,35 +188,18 @@ def start_servers(
     wait_http(up_port)
     targets = {"direct": up_port}
     for workers in [int(w) for w in str(args.workers).split(",")]:
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-        env.update(
+        gateway = GatewayProcess(
             {
                 "LLM_API_BASE": f"http://127.0.0.1:{up_port}",
-                "HOST": "127.0.0.1",
-                "PORT": str(port),
                 "LOG_LEVEL": args.log_level,
                 "GATEWAY_SERVER_DATA_DIR": str(tmp / f"ours-{workers}"),
                 "GATEWAY_SERVER_WORKERS": str(workers),
-            }
+            },
+            log=os.devnull,
         )
-        env.pop("DATABASE_URL", None)
-        env.pop("REDIS_URL", None)
-        # As `make run` does: the auth layer reads the API-key table, so the database is migrated.
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "manage.py", "serve"],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        wait_http(port)
-        targets["ours" if workers == 1 else f"ours-w{workers}"] = port
+        procs.append(gateway.proc)
+        wait_http(gateway.port)
+        targets["ours" if workers == 1 else f"ours-w{workers}"] = gateway.port
     reference = args.reference or shutil.which("agentic-server")
     if reference:
         home = tmp / "ref"

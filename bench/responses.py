@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.responses.scripts import Script, responses_events, text  # noqa: E402
-from tests.servers import free_port, wait_port  # noqa: E402
+from tests.servers import GatewayProcess, free_port, wait_port  # noqa: E402
 from tests.upstream import models_body  # noqa: E402
 
 ANSWER = Script([text("The", " quick", " brown", " fox", " jumps", ".")])
@@ -91,33 +91,12 @@ def start_upstream() -> str:
 # --- the servers under test --------------------------------------------------------------------
 
 
-def start_gateway(upstream: str, database_url: str, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-    env.update(
-        LLM_API_BASE=upstream,
-        PORT=str(port),
-        HOST="127.0.0.1",
-        LOG_LEVEL="WARNING",
-        GATEWAY_SERVER_DATA_DIR=data_dir,
-    )
-    env.pop("REDIS_URL", None)
+def start_gateway(upstream: str, database_url: str, data_dir: str) -> tuple[subprocess.Popen[Any], str]:
+    env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": data_dir}
     if database_url:
         env["DATABASE_URL"] = database_url
-    else:
-        env.pop("DATABASE_URL", None)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_port(port, 60)
-    return proc, f"http://127.0.0.1:{port}"
+    gateway = GatewayProcess(env, log=os.devnull).wait(60)
+    return gateway.proc, gateway.url
 
 
 def ensure_postgres_database(url: str) -> None:

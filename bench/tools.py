@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -208,34 +209,18 @@ def start_tool_upstream() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def start_gateway(upstream: str, provider_url: str, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    from tests.servers import free_port, wait_port
+def start_gateway(upstream: str, provider_url: str, data_dir: str) -> tuple[subprocess.Popen[Any], str]:
+    from tests.servers import GatewayProcess
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-    env.update(
-        LLM_API_BASE=upstream,
-        PORT=str(port),
-        HOST="127.0.0.1",
-        LOG_LEVEL="WARNING",
-        GATEWAY_SERVER_DATA_DIR=data_dir,
-        WEB_SEARCH_PROVIDER="searxng",
-        WEB_SEARCH_BASE_URL=provider_url,
-    )
-    for key in ("REDIS_URL", "DATABASE_URL"):
-        env.pop(key, None)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_port(port, 60)
-    return proc, f"http://127.0.0.1:{port}"
+    env = {
+        "LLM_API_BASE": upstream,
+        "LOG_LEVEL": "WARNING",
+        "GATEWAY_SERVER_DATA_DIR": data_dir,
+        "WEB_SEARCH_PROVIDER": "searxng",
+        "WEB_SEARCH_BASE_URL": provider_url,
+    }
+    gateway = GatewayProcess(env, log=os.devnull).wait(60)
+    return gateway.proc, gateway.url
 
 
 async def responses_main(args: argparse.Namespace) -> None:

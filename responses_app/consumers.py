@@ -375,12 +375,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return False, None
         if prepared.store:
             await _db(services.response_store_final)(
-                prepared=prepared,
-                status="completed",
-                snapshot=completed,
-                output_items=[],
-                usage=None,
-                error=None,
+                prepared=prepared, outcome=services.Outcome("completed", completed, [])
             )
         await self._send(created_event.json)
         await self._send(completed_event.json)

@@ -386,18 +386,10 @@ class Executor:
         from responses_app.history_cache import history_cache
 
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
-        arguments: dict[str, Any] = {
-            "prepared": self.p,
-            "status": status,
-            "snapshot": snapshot,
-            "output_items": output_items,
-            "usage": self.usage.as_dict(),
-            "error": self.error,
-            "terminal_event": terminal,
-        }
-        stored = services.response_store_on_loop(**arguments)  # SQLite, lock free: no thread hop
+        outcome = services.Outcome(status, snapshot, output_items, self.usage.as_dict(), self.error, terminal)
+        stored = services.response_store_on_loop(prepared=self.p, outcome=outcome)  # SQLite, lock free
         if stored is None:
-            stored = await _db(services.response_store_final)(**arguments)
+            stored = await _db(services.response_store_final)(prepared=self.p, outcome=outcome)
         self.stored = stored
         if self.stored:
             # The checkpoint just committed, ready for a continuation on this process.

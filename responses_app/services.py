@@ -7,6 +7,7 @@ Every function is keyword-only, synchronous and runs in one transaction; async c
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -241,129 +242,90 @@ def _check_tool_outputs(history: list[dict[str, Any]], new_items: list[dict[str,
             raise errors.BadRequest(f"No tool output found for function call {call_id}.", param="input")
 
 
-def response_store_final(
-    *,
-    prepared: Prepared,
-    status: str,
-    snapshot: dict[str, Any],
-    output_items: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-    error: dict[str, Any] | None,
-    terminal_event: tuple[int, bytes] | None = None,
-) -> bool:
+@dataclass(frozen=True)
+class Outcome:
+    """How a response ended: what :func:`response_store_final` stores with its checkpoint."""
+
+    status: str
+    snapshot: dict[str, Any]
+    output_items: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    # A background response's terminal event (sequence number, JSON), stored with it.
+    terminal_event: tuple[int, bytes] | None = None
+
+
+def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
     """Store the items once and the response with its checkpoint; False when it was cancelled."""
-    p = prepared
-    if p.background or p.conversation_id:
-        return _store_final_orm(
-            prepared=p,
-            status=status,
-            snapshot=snapshot,
-            output_items=output_items,
-            usage=usage,
-            error=error,
-            terminal_event=terminal_event,
-        )
+    if prepared.background or prepared.conversation_id:
+        return _store_final_orm(prepared, outcome)
     # A plain stored response (the hot path): one atomic insert of its new items and its row.
-    rawsql.insert_response(
-        **_plain_rows(
-            prepared=p, status=status, snapshot=snapshot, output_items=output_items, usage=usage, error=error
-        )
-    )
+    rawsql.insert_response(**_plain_rows(prepared, outcome))
     return True
 
 
-def response_store_on_loop(
-    *,
-    prepared: Prepared,
-    status: str,
-    snapshot: dict[str, Any],
-    output_items: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-    error: dict[str, Any] | None,
-    terminal_event: tuple[int, bytes] | None = None,
-) -> bool | None:
+def response_store_on_loop(*, prepared: Prepared, outcome: Outcome) -> bool | None:
     """:func:`response_store_final` on the event loop where that cannot wait (a plain response on
     a SQLite file database whose write lock is free); None: call ``response_store_final`` on a
     worker thread instead."""
-    p = prepared
-    if p.background or p.conversation_id or not rawsql.loop_reads_available():
+    if prepared.background or prepared.conversation_id or not rawsql.loop_reads_available():
         return None
-    rows = _plain_rows(
-        prepared=p, status=status, snapshot=snapshot, output_items=output_items, usage=usage, error=error
-    )
-    return True if rawsql.insert_response_on_loop(**rows) else None
+    return True if rawsql.insert_response_on_loop(**_plain_rows(prepared, outcome)) else None
 
 
-def _plain_rows(
-    *,
-    prepared: Prepared,
-    status: str,
-    snapshot: dict[str, Any],
-    output_items: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-    error: dict[str, Any] | None,
-) -> dict[str, Any]:
+def _final_fields(p: Prepared, outcome: Outcome) -> dict[str, Any]:
+    """The response row's fields that the end of the response decides (ORM values)."""
+    return {
+        "status": outcome.status,
+        "snapshot": outcome.snapshot,
+        "usage": outcome.usage,
+        "error": outcome.error,
+        "history_item_ids": [item["id"] for item in (*p.history, *p.new_items, *outcome.output_items)],
+        "input_item_count": len(p.history) + len(p.new_items),
+        "completed_at": timezone.now(),
+    }
+
+
+def _plain_rows(p: Prepared, outcome: Outcome) -> dict[str, Any]:
     """The item rows and the response row of a plain (not background, no conversation) response."""
-    p = prepared
     dumps = rawsql.dumps
+    fields = _final_fields(p, outcome)
+    for name in ("snapshot", "usage", "error", "history_item_ids"):
+        fields[name] = dumps(fields[name])
     return dict(
         items=[
             (item["id"], p.owner, item["type"], dumps(item) or "null")
-            for item in (*p.items_to_insert, *output_items)
+            for item in (*p.items_to_insert, *outcome.output_items)
         ],
         response={
             "id": p.response_id,
             "owner": p.owner,
-            "status": status,
             "model": p.request.model,
             "background": False,
             "previous_response_id": p.previous_response_id,
             "conversation_id": "",
             "request": dumps(strip_credentials(p.raw)),
-            "snapshot": dumps(snapshot),
-            "usage": dumps(usage),
-            "error": dumps(error),
-            "history_item_ids": dumps([item["id"] for item in (*p.history, *p.new_items, *output_items)]),
-            "input_item_count": len(p.history) + len(p.new_items),
-            "completed_at": timezone.now(),
+            **fields,
         },
     )
 
 
 @transaction.atomic
-def _store_final_orm(
-    *,
-    prepared: Prepared,
-    status: str,
-    snapshot: dict[str, Any],
-    output_items: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-    error: dict[str, Any] | None,
-    terminal_event: tuple[int, bytes] | None,
-) -> bool:
+def _store_final_orm(p: Prepared, outcome: Outcome) -> bool:
     """Background responses (an update of the queued row) and conversation turns (locked append)."""
-    p = prepared
     new_rows = [
         Item(id=item["id"], owner=p.owner, type=item["type"], data=item)
-        for item in (*p.items_to_insert, *output_items)
+        for item in (*p.items_to_insert, *outcome.output_items)
     ]
     Item.objects.bulk_create(new_rows, ignore_conflicts=True)
-    history_ids = [item["id"] for item in (*p.history, *p.new_items, *output_items)]
-    fields = {
-        "status": status,
-        "snapshot": snapshot,
-        "usage": usage,
-        "error": error,
-        "history_item_ids": history_ids,
-        "input_item_count": len(p.history) + len(p.new_items),
-        "completed_at": timezone.now(),
-    }
+    fields = _final_fields(p, outcome)
     if p.background:
         updated = Response.objects.filter(
             id=p.response_id, status__in=[Response.Status.QUEUED, Response.Status.IN_PROGRESS]
         ).update(**fields)
         if not updated:
             return False  # cancelled meanwhile: the cancelled snapshot stands
+        terminal_event = outcome.terminal_event
         if terminal_event is not None:
             ResponseEvent.objects.create(
                 response_id=p.response_id, sequence_number=terminal_event[0], data=terminal_event[1].decode()
@@ -383,7 +345,7 @@ def _store_final_orm(
         conversation_services.conversation_append_items(
             conversation_id=p.conversation_id,
             owner=p.owner,
-            item_ids=[item["id"] for item in (*p.new_items, *output_items)],
+            item_ids=[item["id"] for item in (*p.new_items, *outcome.output_items)],
             expected_revision=p.conversation_revision,
         )
     return True

@@ -93,9 +93,21 @@ class LiveServer:
 
 
 class GatewayProcess:
-    """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does)."""
+    """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does).
 
-    def __init__(self, env: Mapping[str, str], port: int | None = None, *, migrate: bool = True) -> None:
+    Its output is kept for :meth:`output` (a pipe: fine for tests), or written to ``log`` (a path,
+    ``os.devnull`` included) for long runs such as the bench scripts, which a pipe nobody reads would
+    stall.
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        port: int | None = None,
+        *,
+        migrate: bool = True,
+        log: str | Path | None = None,
+    ) -> None:
         self.port = port or free_port()
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
         for inherited in ("LLM_API_BASE", "DATABASE_URL", "REDIS_URL"):
@@ -113,11 +125,12 @@ class GatewayProcess:
                 check=True,
                 timeout=120,
             )
+        self.log = None if log is None else open(log, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "serve"],
             cwd=ROOT,
             env=full_env,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.PIPE if self.log is None else self.log,
             stderr=subprocess.STDOUT,
             text=True,
         )
@@ -150,3 +163,5 @@ class GatewayProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.log is not None:
+            self.log.close()

@@ -72,7 +72,7 @@ def chat(stream: bool = False) -> bytes:
 
 
 def test_passthrough_requests_take_the_callback_relay(
-    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int]
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int], caplog: pytest.LogCaptureFixture
 ) -> None:
     answer = chat_completion("Hello!")
     events = chat_chunks(["Hel", "lo"])
@@ -90,6 +90,9 @@ def test_passthrough_requests_take_the_callback_relay(
     assert streamed.content == b"".join(events)
     assert first.headers["x-request-id"] != third.headers["x-request-id"]
     assert paths == {"relay": 3, "task": 0}
+    # Each access line carries its request's id (the callback relay sets no context variable).
+    logged = [r.request_id for r in caplog.records if r.name == "gateway.access"]  # type: ignore[attr-defined]
+    assert logged == [r.headers["x-request-id"] for r in (first, streamed, third)]
 
 
 def test_a_chunked_request_body_takes_the_task(

@@ -52,12 +52,6 @@ def test_json_logs_carry_request_id_and_no_secrets(upstream, tmp_path) -> None: 
         {"LOG_FORMAT": "json", "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
     )
     try:
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v0"],
-            cwd=ROOT,
-            check=True,
-            env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_DATA_DIR": str(tmp_path)},
-        )
         gw.wait()
         r = httpx.post(
             f"{gw.url}/v1/nope",
@@ -149,12 +143,6 @@ def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-un
     """The default (text) access line: time, level, logger, request id, method, path, status, ms."""
     gw = GatewayProcess({"LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
     try:
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v0"],
-            cwd=ROOT,
-            check=True,
-            env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_DATA_DIR": str(tmp_path)},
-        )
         gw.wait()
         for rid in ("trace-a", "trace-b"):
             assert httpx.get(f"{gw.url}/v1/nope", headers={"x-request-id": rid}).status_code == 404

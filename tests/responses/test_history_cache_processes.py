@@ -8,8 +8,6 @@ loop through its own connection. A delete on one process must be seen by the oth
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,54 +17,29 @@ import httpx
 import pytest
 
 from tests.responses.scripts import Script, handler, path_for, text
-from tests.servers import free_port, wait_port
+from tests.servers import GatewayProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env(upstream_url: str, data_dir: str, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-    for name in ("DATABASE_URL", "REDIS_URL", "OPENAI_API_KEY"):
-        env.pop(name, None)
-    env.update(
-        LLM_API_BASE=upstream_url,
-        PORT=str(port),
-        HOST="127.0.0.1",
-        LOG_LEVEL="WARNING",
-        GATEWAY_SERVER_DATA_DIR=data_dir,
-        UPSTREAM_API="responses",
-    )
-    return env
-
-
 @pytest.fixture
 def two_servers(upstream: Any) -> Iterator[tuple[str, str]]:
-    data_dir = tempfile.mkdtemp(prefix="history-cache-")
-    ports = [free_port(), free_port()]
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=ROOT,
-        env=_env(upstream.url, data_dir, ports[0]),
-        check=True,
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
-            cwd=ROOT,
-            env=_env(upstream.url, data_dir, port),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for port in ports
-    ]
+    env = {
+        "LLM_API_BASE": upstream.url,
+        "LOG_LEVEL": "WARNING",
+        "GATEWAY_SERVER_DATA_DIR": tempfile.mkdtemp(prefix="history-cache-"),
+        "UPSTREAM_API": "responses",
+        "OPENAI_API_KEY": "",
+    }
+    first = GatewayProcess(env, log=os.devnull)
+    second = GatewayProcess(env, migrate=False, log=os.devnull)  # the same database file
     try:
-        for port in ports:
-            wait_port(port, 60)
-        yield f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+        first.wait(60)
+        second.wait(60)
+        yield first.url, second.url
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        first.stop()
+        second.stop()
 
 
 def test_a_delete_on_another_process_is_seen_by_a_warm_cache(upstream: Any, two_servers: Any) -> None:
