@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from gateway.config import environ_get
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 HTTP_REQUESTS = Counter(
@@ -56,7 +58,7 @@ def use_multiprocess_dir() -> None:
     Set in the environment the workers inherit, so their ``prometheus_client`` sees it at import;
     removed when this (the supervising) process exits. A directory already configured is kept.
     """
-    if os.environ.get(MULTIPROC_ENV):
+    if environ_get(MULTIPROC_ENV):
         return
     directory = tempfile.mkdtemp(prefix="gateway-metrics-")
     os.environ[MULTIPROC_ENV] = directory
@@ -65,7 +67,7 @@ def use_multiprocess_dir() -> None:
 
 def exposition() -> bytes:
     """The text exposition of every metric, over all server processes."""
-    if os.environ.get(MULTIPROC_ENV):
+    if environ_get(MULTIPROC_ENV):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return bytes(generate_latest(registry))
