@@ -166,9 +166,7 @@ async def run_cell(
 # --- servers -------------------------------------------------------------------------------------
 
 
-def start_servers(
-    args: argparse.Namespace, tmp: Path
-) -> tuple[dict[str, int], list[subprocess.Popen[Any]]]:
+def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], list[subprocess.Popen[Any]]]:
     procs: list[subprocess.Popen[Any]] = []
     up_port, ref_port = free_port(), free_port()
     procs.append(
