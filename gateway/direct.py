@@ -109,8 +109,11 @@ class _Response:
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
-            cycle.transport.close()
+            self._close()
         cycle.on_response()
+
+    def _close(self) -> None:
+        self.cycle.transport.close()
 
     def error_bytes(self, exc: errors.GatewayError, path: str) -> bytes:
         """The whole answer for ``exc`` in the envelope of ``path`` (nothing sent yet)."""
@@ -311,6 +314,9 @@ class Relay(_Response):
     reading the upstream past its high-water mark), and :meth:`client_gone` when the client
     disconnects, which closes the upstream connection at once. For a small JSON exchange this costs
     a fraction of a task's CPU (``docs/performance.md``).
+
+    Its writes, to the client and (``HttpPool.send_on``) to the upstream, go through the pool's
+    :class:`~inference_app.http_client.Outbox`: out once the loop has run every ready callback.
     """
 
     __slots__ = (
@@ -510,7 +516,7 @@ class Relay(_Response):
             error = conn.error
             pool.discard(conn)
             if not self.chunked or _content_type(conn.raw_headers) != SSE_CONTENT_TYPE:
-                self.cycle.transport.close()  # a sized body cannot carry an error: drop it
+                self._close()  # a sized body cannot carry an error: drop it
                 self._done(False)
                 return
             event = self.route.stream_error(error)
@@ -519,7 +525,11 @@ class Relay(_Response):
 
     def _put(self, data: bytes) -> None:
         if not self.cycle.disconnected:
-            self.cycle.transport.write(data)
+            self.pool.outbox.write(self.cycle.transport, data)
+
+    def _close(self) -> None:
+        self.pool.outbox.flush()  # what was put for the client goes out before the close
+        self._close()
 
     def _error(self, exc: errors.GatewayError) -> None:
         """Answer with ``exc`` in the route's envelope (nothing was sent yet)."""
@@ -527,7 +537,7 @@ class Relay(_Response):
             return
         if self.cycle.disconnected or self.status:
             if self.status:
-                self.cycle.transport.close()  # an answer has begun: it cannot become an error
+                self._close()  # an answer has begun: it cannot become an error
             self._done(False)
             return
         self._put(self.error_bytes(exc, self.path))
@@ -542,7 +552,7 @@ class Relay(_Response):
         if self.over:
             return
         if self.status or self.cycle.disconnected:
-            self.cycle.transport.close()
+            self._close()
             self._done(False)
         else:
             self._error(errors.ServerError("The server had an error while processing your request."))
