@@ -529,7 +529,7 @@ class Relay(_Response):
 
     def _close(self) -> None:
         self.pool.outbox.flush()  # what was put for the client goes out before the close
-        self._close()
+        self.cycle.transport.close()
 
     def _error(self, exc: errors.GatewayError) -> None:
         """Answer with ``exc`` in the route's envelope (nothing was sent yet)."""

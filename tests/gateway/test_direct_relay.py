@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 
 from gateway import direct
+from gateway.server import GatewayServerProtocol, LeanCycle
 from inference_app.http_client import _BODY, _Connection
 from tests.servers import LiveServer, free_port, wait_port
 from tests.upstream import (
@@ -47,12 +48,14 @@ def gw(live_gateway: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
 
 @pytest.fixture
 def paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many requests each direct path took: ``relay`` (callbacks) and ``task`` (serve())."""
-    counts = {"relay": 0, "task": 0}
+    """How many requests each direct path took: ``relay`` (callbacks) and ``task`` (serve()); ``lean``:
+    how many of the relayed ones ran on a ``LeanCycle`` (not uvicorn's request cycle)."""
+    counts = {"relay": 0, "task": 0, "lean": 0}
     relay_init, serve = direct.Relay.__init__, direct.serve
 
     def counting_init(self: direct.Relay, *args: Any) -> None:
         counts["relay"] += 1
+        counts["lean"] += isinstance(args[1], LeanCycle)
         relay_init(self, *args)
 
     async def counting_serve(*args: Any) -> None:
@@ -89,7 +92,7 @@ def test_passthrough_requests_take_the_callback_relay(
     assert first.json() == third.json() == answer
     assert streamed.content == b"".join(events)
     assert first.headers["x-request-id"] != third.headers["x-request-id"]
-    assert paths == {"relay": 3, "task": 0}
+    assert paths == {"relay": 3, "task": 0, "lean": 3}
     # Each access line carries its request's id (the callback relay sets no context variable).
     logged = [r.request_id for r in caplog.records if r.name == "gateway.access"]  # type: ignore[attr-defined]
     assert logged == [r.headers["x-request-id"] for r in (first, streamed, third)]
@@ -110,7 +113,7 @@ def test_a_chunked_request_body_takes_the_task(
     )
     assert response.status_code == 200
     assert upstream.last().body == body
-    assert paths == {"relay": 0, "task": 1}
+    assert paths == {"relay": 0, "task": 1, "lean": 0}
 
 
 def test_refusals_are_answered_by_the_relay(
@@ -127,10 +130,12 @@ def test_refusals_are_answered_by_the_relay(
     assert refused.json()["error"]["code"] == "missing_bearer_token"
     assert refused.headers["www-authenticate"] == "Bearer"
     assert upstream.requests == []
-    assert paths == {"relay": 2, "task": 0}
+    assert paths == {"relay": 2, "task": 0, "lean": 2}
 
 
-def test_pipelined_requests_are_answered_in_order(gw: LiveServer, upstream: ScriptedUpstream) -> None:
+def test_pipelined_requests_are_answered_in_order(
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int]
+) -> None:
     for text in ("first", "second", "third"):
         upstream.script("/v1/chat/completions", json_answer(chat_completion(text)))
     body = chat()
@@ -150,6 +155,8 @@ def test_pipelined_requests_are_answered_in_order(gw: LiveServer, upstream: Scri
         for part in received.split(b"HTTP/1.1 ")[1:]
     ]
     assert texts == ["first", "second", "third"]
+    # The first found the connection idle (a lean cycle); uvicorn queued the other two.
+    assert paths == {"relay": 3, "task": 0, "lean": 1}
 
 
 def test_a_slow_reader_stops_the_upstream_being_read(gw: LiveServer, upstream: ScriptedUpstream) -> None:
@@ -267,3 +274,88 @@ def test_a_pooled_connection_closed_as_the_request_went_out_is_retried_once(
     # The second request was dropped on the pooled connection, then sent again on a new one.
     assert (closing.answered, closing.dropped) == (2, 1)
     assert paths["relay"] == 2 and paths["task"] == 0
+
+
+def test_connection_close_gets_the_whole_answer_first(gw: LiveServer, upstream: ScriptedUpstream) -> None:
+    """The relay's writes wait in the outbox; closing the connection sends them first."""
+    answer = chat_completion("x" * 5000)
+    upstream.script("/v1/chat/completions", json_answer(answer))
+    body = chat()
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        received = b""
+        while chunk := sock.recv(65536):  # until the gateway closes the connection
+            received += chunk
+    head, _, content = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
+    assert orjson.loads(content) == answer
+
+
+@pytest.fixture
+def short_keep_alive(
+    upstream: ScriptedUpstream, gateway_config: Any, transactional_db: None
+) -> Iterator[LiveServer]:
+    from gateway.asgi import application
+    from inference_app.upstream import close_upstreams
+
+    gateway_config(llm_api_base=upstream.url)
+    server = LiveServer(
+        application, on_stop=close_upstreams, http=GatewayServerProtocol, timeout_keep_alive=0.5
+    ).start()
+    yield server
+    server.stop()
+
+
+def _exchange(sock: socket.socket) -> bytes:
+    body = chat()
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    received = b""
+    while not received.endswith(b"}"):
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return received
+
+
+def _closed_after(sock: socket.socket, limit: float) -> float:
+    """Seconds until the gateway closes ``sock`` (reading nothing else)."""
+    started = time.monotonic()
+    sock.settimeout(limit)
+    assert sock.recv(1) == b""
+    return time.monotonic() - started
+
+
+def test_keep_alive_timeout_counts_from_the_last_answer(
+    short_keep_alive: LiveServer, upstream: ScriptedUpstream
+) -> None:
+    """One timer per connection, re-armed when it fires: an idle connection closes the keep-alive
+    timeout after its last answer, not after its first, and not while a request is arriving."""
+    for _ in range(4):
+        upstream.script("/v1/chat/completions", json_answer(chat_completion("ok")))
+    with socket.create_connection(("127.0.0.1", short_keep_alive.port), timeout=5) as sock:
+        assert _exchange(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(0.35)  # the first answer's timer fires at 0.5 s, into the second answer's idle time
+        assert _exchange(sock).startswith(b"HTTP/1.1 200")
+        idle = _closed_after(sock, 3)
+    assert 0.45 <= idle < 1.5, idle
+
+    with socket.create_connection(("127.0.0.1", short_keep_alive.port), timeout=5) as sock:
+        assert _exchange(sock).startswith(b"HTTP/1.1 200")
+        # Half a request, then nothing for three timeouts: busy, as uvicorn's own timer treats it.
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        time.sleep(1.5)
+        body = chat()
+        sock.sendall(b"content-length: %d\r\n\r\n%b" % (len(body), body))
+        received = b""
+        while not received.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200")
+        idle = _closed_after(sock, 3)
+    assert 0.45 <= idle < 1.5, idle

@@ -558,3 +558,38 @@ async def test_https_upstream(tmp_path: Path) -> None:
         with pytest.raises(errors.UpstreamError, match="Could not reach"):
             await fetch(untrusting)
         untrusting.close()
+
+
+class _Recorder:
+    def __init__(self, log: list[tuple[str, bytes]], name: str) -> None:
+        self.log, self.name, self.closing = log, name, False
+
+    def write(self, data: bytes) -> None:
+        self.log.append((self.name, data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+async def test_outbox_writes_once_the_ready_callbacks_have_run() -> None:
+    loop = asyncio.get_running_loop()
+    outbox = http_client.Outbox(loop)
+    log: list[tuple[str, bytes]] = []
+    a, b, gone = _Recorder(log, "a"), _Recorder(log, "b"), _Recorder(log, "gone")
+
+    def ready_callback() -> None:
+        outbox.write(b, b"3")  # ready before the flush: written in the same pass, in order
+        gone.closing = True
+
+    loop.call_soon(ready_callback)
+    outbox.write(a, b"1")
+    outbox.write(gone, b"lost")
+    outbox.write(a, b"2")
+    assert log == []  # nothing is written while callbacks are running
+    await asyncio.sleep(0)
+    assert log == [("a", b"1"), ("a", b"2"), ("b", b"3")]  # a transport closed meanwhile gets nothing
+    outbox.write(a, b"4")
+    outbox.flush()  # what a relay does before it closes the client's connection
+    assert log[-1] == ("a", b"4")
+    await asyncio.sleep(0)
+    assert len(log) == 4
