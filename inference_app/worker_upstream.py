@@ -38,6 +38,8 @@ log = logging.getLogger("inference.upstream")
 # How long one XREAD blocks before the reader checks on the worker and the deadlines.
 _BLOCK_MS = 500
 _REGISTRY_TTL_S = 1.0
+# Past the TTL and up to this age the cached registry still answers while one refresh runs behind it.
+_REGISTRY_STALE_S = 10.0
 
 
 class WorkerUpstream:
@@ -56,6 +58,11 @@ class WorkerUpstream:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]
         self._clients = weakref.WeakKeyDictionary()
         self._registry: tuple[float, list[dict[str, Any]]] = (0.0, [])
+        # The registry read in progress, per event loop: concurrent callers share it.
+        self._reading: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.Task[list[dict[str, Any]]]
+        ]
+        self._reading = weakref.WeakKeyDictionary()
 
     def _redis(self) -> Any:
         """One pooled client per event loop (blocking reads each hold a connection)."""
@@ -72,11 +79,34 @@ class WorkerUpstream:
 
     # -- the workers' registry -------------------------------------------------------------------
     async def workers(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """The live workers (cached for a second: routing reads it on every request)."""
+        """The live workers (cached for a second: routing reads it on every request).
+
+        Past the TTL a registry younger than ``_REGISTRY_STALE_S`` answers at once while one read
+        refreshes it behind the request; an older or empty one is read first. Concurrent callers
+        share one read. So a burst of requests is published together instead of each waiting for
+        its own Redis round trips: on a busy machine those spread the burst out, and the engine
+        never sees its requests together (``tests/inference/test_worker.py``, batching).
+        """
         now = time.monotonic()
         stamp, cached = self._registry
         if not fresh and now - stamp < _REGISTRY_TTL_S:
             return cached
+        reading = self._read()
+        if not fresh and cached and now - stamp < _REGISTRY_STALE_S:
+            return cached
+        return await asyncio.shield(reading)
+
+    def _read(self) -> asyncio.Task[list[dict[str, Any]]]:
+        """The registry read running on this loop, started if there is none."""
+        loop = asyncio.get_running_loop()
+        task = self._reading.get(loop)
+        if task is None or task.done():
+            task = self._reading[loop] = loop.create_task(self._read_registry())
+            task.add_done_callback(_log_failure)
+        return task
+
+    async def _read_registry(self) -> list[dict[str, Any]]:
+        started = time.monotonic()
         redis = self._redis()
         ids = sorted(member.decode() for member in await redis.smembers(streams.WORKERS_SET))
         live: list[dict[str, Any]] = []
@@ -86,7 +116,7 @@ class WorkerUpstream:
             live = [orjson.loads(v) for v in values if v is not None]
             if gone:
                 await redis.srem(streams.WORKERS_SET, *gone)
-        self._registry = (now, live)
+        self._registry = (started, live)
         return live
 
     def expected_models(self) -> list[str]:
@@ -180,6 +210,12 @@ class WorkerUpstream:
             await reader.cancel()
             raise
         return UpstreamResponse(status, response_headers, reader.chunks(), close=reader.cancel_soon)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A registry read that failed behind a request (one awaited raises to its caller as well)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("reading the inference workers' registry failed: %s", task.exception())
 
 
 async def _once(payload: bytes) -> AsyncIterator[bytes]:

@@ -75,3 +75,61 @@ def test_settings_pick_redis_layer_when_configured() -> None:
 
 
 pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+async def test_worker_registry_reads_are_shared_and_refreshed_behind_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Concurrent requests share one registry read; a registry just past its TTL answers at once
+    while one read refreshes it (a burst is published together, not spread over Redis round trips)."""
+    import asyncio
+
+    import orjson
+    import redis.asyncio as aioredis
+
+    from gateway.config import get_config, replace
+    from inference_app import streams, worker_upstream
+    from inference_app.worker_upstream import WorkerUpstream
+
+    client = aioredis.Redis.from_url(REDIS_URL)
+    await client.delete(streams.WORKERS_SET, streams.worker_key("w1"), streams.worker_key("w2"))
+    await client.sadd(streams.WORKERS_SET, "w1")
+    await client.set(streams.worker_key("w1"), orjson.dumps({"id": "w1", "queues": ["inference"]}))
+    upstream = WorkerUpstream(replace(get_config(), redis_url=REDIS_URL))
+    reads = 0
+    read_registry = upstream._read_registry
+
+    async def counting_read() -> list[dict[str, object]]:
+        nonlocal reads
+        reads += 1
+        return await read_registry()
+
+    monkeypatch.setattr(upstream, "_read_registry", counting_read)
+    try:
+        first = await asyncio.gather(*(upstream.workers() for _ in range(8)))
+        assert reads == 1
+        assert all(live == [{"id": "w1", "queues": ["inference"]}] for live in first)
+
+        # A second worker registers; the cached registry is past its TTL but recent.
+        await client.sadd(streams.WORKERS_SET, "w2")
+        await client.set(streams.worker_key("w2"), orjson.dumps({"id": "w2", "queues": ["inference"]}))
+        stamp, cached = upstream._registry
+        upstream._registry = (stamp - worker_upstream._REGISTRY_TTL_S - 0.1, cached)
+        stale = await asyncio.gather(*(upstream.workers() for _ in range(8)))
+        assert stale == [cached] * 8  # answered without waiting for Redis
+        assert reads == 2  # one read started behind them
+        await upstream._reading[asyncio.get_running_loop()]
+        assert [w["id"] for w in await upstream.workers()] == ["w1", "w2"]
+        assert reads == 2
+
+        # Too old to answer with: the caller waits for the read.
+        stamp, cached = upstream._registry
+        await client.srem(streams.WORKERS_SET, "w1")
+        upstream._registry = (stamp - worker_upstream._REGISTRY_STALE_S - 0.1, cached)
+        assert [w["id"] for w in await upstream.workers()] == ["w2"]
+        assert reads == 3
+    finally:
+        await client.delete(streams.WORKERS_SET, streams.worker_key("w1"), streams.worker_key("w2"))
+        await client.aclose()
+        for redis in list(upstream._clients.values()):
+            await redis.aclose()
