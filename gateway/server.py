@@ -150,6 +150,7 @@ class LeanCycle:
         "transport",
     )
     message_event = _NO_EVENT
+    body: bytes | bytearray
 
     def __init__(self, protocol: GatewayServerProtocol, scope: dict[str, Any], keep_alive: bool) -> None:
         self.scope = scope
@@ -267,8 +268,18 @@ class GatewayServerProtocol(GatewayHttpProtocol):
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
         if type(cycle) is LeanCycle:
-            if not cycle.response_complete:
-                cycle.body += body  # the declared length is within the ceiling (Relay.admit)
+            if cycle.response_complete:
+                return
+            # The declared length is within the ceiling (Relay.admit). A body in one piece is kept
+            # as it came; one in several is gathered in a bytearray (bytes += would copy it all
+            # again for every piece).
+            held = cycle.body
+            if not held:
+                cycle.body = body
+            elif type(held) is bytearray:
+                held += body
+            else:
+                cycle.body = bytearray(held) + body
             return
         super().on_body(body)
         relay = self.relay

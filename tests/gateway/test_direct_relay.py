@@ -359,3 +359,24 @@ def test_keep_alive_timeout_counts_from_the_last_answer(
         assert received.startswith(b"HTTP/1.1 200")
         idle = _closed_after(sock, 3)
     assert 0.45 <= idle < 1.5, idle
+
+
+def test_a_body_arriving_in_pieces_is_relayed_whole(
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int]
+) -> None:
+    upstream.script("/v1/embeddings", json_answer({"object": "list", "data": []}))
+    body = orjson.dumps({"model": "m", "input": ["x" * 300_000, "y" * 300_000, "z" * 10]})
+    pieces = [body[:200_000], body[200_000:400_000], body[400_000:]]
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body))
+        for piece in pieces:
+            time.sleep(0.05)  # each piece its own read on the gateway's side
+            sock.sendall(piece)
+        received = b""
+        while not received.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    assert upstream.last().body == body
+    assert paths == {"relay": 1, "task": 0, "lean": 1}
