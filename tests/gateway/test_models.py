@@ -179,20 +179,6 @@ def test_models_method_not_allowed(gw: LiveServer) -> None:
     assert r.json()["error"]["code"] == "method_not_allowed"
 
 
-def _codex_binary() -> str | None:
-    """The Codex CLI (``npm install @openai/codex@0.171.0``): $CODEX_BIN, PATH, or the scratch install."""
-    import os
-    import shutil
-    from pathlib import Path
-
-    candidates = [
-        os.environ.get("CODEX_BIN", ""),
-        shutil.which("codex") or "",
-        "/work/codex-scratch/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
-    ]
-    return next((c for c in candidates if c and Path(c).is_file()), None)
-
-
 @pytest.mark.slow
 def test_codex_cli_parses_the_catalog(gw: LiveServer, upstream: ScriptedUpstream, tmp_path: Any) -> None:
     """Codex itself fetches ``/v1/models?client_version=…`` from the gateway and accepts every entry.
@@ -203,9 +189,9 @@ def test_codex_cli_parses_the_catalog(gw: LiveServer, upstream: ScriptedUpstream
     import json
     import subprocess
 
-    codex = _codex_binary()
-    if codex is None:
-        pytest.skip("Codex CLI not installed (npm install @openai/codex@0.171.0, or set CODEX_BIN)")
+    from tests.codex import codex_cli
+
+    codex = str(codex_cli())
     (tmp_path / "config.toml").write_text(
         'model = "test-model"\nmodel_provider = "gateway"\n\n'
         "[model_providers.gateway]\n"

@@ -9,7 +9,6 @@ used (WebSocket frames vs. HTTP POSTs) and keeps the frames it sent.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,32 +17,11 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.codex import codex_cli
 from tests.responses.scripts import Script, call, handler, text
-from tests.servers import ROOT, LiveServer
+from tests.servers import LiveServer
 
 pytestmark = pytest.mark.slow
-
-CODEX_VERSION = "0.171.0"
-CACHE = ROOT / "tests" / ".cache" / "codex"
-CODEX_BIN = CACHE / "node_modules" / ".bin" / "codex"
-
-
-def _codex() -> Path:
-    """The cached Codex CLI, installed from npm when missing."""
-    marker = CACHE / "node_modules" / "@openai" / "codex" / "package.json"
-    if marker.exists() and orjson.loads(marker.read_bytes()).get("version") == CODEX_VERSION:
-        return CODEX_BIN
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed; the Codex end-to-end test needs it to install @openai/codex")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", f"@openai/codex@{CODEX_VERSION}"],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
-    return CODEX_BIN
 
 
 class Recorder:
@@ -88,7 +66,7 @@ def codex_gateway(
 def _run_codex(
     url: str, tmp_path: Path, prompt: str, *, websockets: bool
 ) -> subprocess.CompletedProcess[str]:
-    binary = _codex()
+    binary = codex_cli()
     home = tmp_path / "codex-home"
     work = tmp_path / "work"
     home.mkdir()
