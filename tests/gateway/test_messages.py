@@ -285,3 +285,38 @@ def test_messages_get_is_405_in_anthropic_envelope(gw: LiveServer) -> None:
         "type": "invalid_request_error",
         "message": "Method GET is not allowed on /v1/messages.",
     }
+
+
+@pytest.mark.slow
+def test_claude_code_through_the_gateway(gw: LiveServer, upstream: ScriptedUpstream, tmp_path: Any) -> None:
+    """Claude Code itself (``claude -p``) against the gateway: its request reaches the upstream with
+    its headers and body as sent, and the streamed answer reaches the user."""
+    import subprocess
+
+    from tests.clients import claude_code_cli
+
+    upstream.script("/v1/messages", sse(anthropic_events(["Relayed ", "by the gateway"])))
+    result = subprocess.run(
+        [str(claude_code_cli()), "-p", "say hello", "--model", "test-model"],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "ANTHROPIC_BASE_URL": gw.url,
+            "ANTHROPIC_API_KEY": "sk-claude-code",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        },
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "Relayed by the gateway"
+    rec = upstream.last("/v1/messages")
+    assert rec.headers["x-api-key"] == "sk-claude-code"
+    assert "claude-code-20250219" in rec.headers["anthropic-beta"]
+    assert rec.headers["anthropic-version"] == "2023-06-01"
+    body = rec.json()
+    assert body["model"] == "test-model" and body["stream"] is True
+    assert "say hello" in orjson.dumps(body["messages"]).decode()

@@ -189,7 +189,7 @@ def test_codex_cli_parses_the_catalog(gw: LiveServer, upstream: ScriptedUpstream
     import json
     import subprocess
 
-    from tests.codex import codex_cli
+    from tests.clients import codex_cli
 
     codex = str(codex_cli())
     (tmp_path / "config.toml").write_text(

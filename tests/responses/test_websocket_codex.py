@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.codex import codex_cli
+from tests.clients import codex_cli
 from tests.responses.scripts import Script, call, handler, text
 from tests.servers import LiveServer
 
