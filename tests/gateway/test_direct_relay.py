@@ -342,7 +342,7 @@ def test_keep_alive_timeout_counts_from_the_last_answer(
         time.sleep(0.35)  # the first answer's timer fires at 0.5 s, into the second answer's idle time
         assert _exchange(sock).startswith(b"HTTP/1.1 200")
         idle = _closed_after(sock, 3)
-    assert 0.45 <= idle < 1.5, idle
+    assert 0.3 <= idle < 1.5, idle  # closing on the first answer's timer would be ~0.15 s
 
     with socket.create_connection(("127.0.0.1", short_keep_alive.port), timeout=5) as sock:
         assert _exchange(sock).startswith(b"HTTP/1.1 200")
@@ -358,7 +358,7 @@ def test_keep_alive_timeout_counts_from_the_last_answer(
             received += chunk
         assert received.startswith(b"HTTP/1.1 200")
         idle = _closed_after(sock, 3)
-    assert 0.45 <= idle < 1.5, idle
+    assert 0.3 <= idle < 1.5, idle  # the keep-alive timeout after this answer
 
 
 def test_a_body_arriving_in_pieces_is_relayed_whole(
