@@ -301,10 +301,11 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
             "the inference worker needs `-P threads` (or solo): vLLM cannot start its engine in a "
             "prefork child. Start it with: celery -A gateway worker -Q inference -P threads -c 32"
         )
-    # With acks_late, Celery's event loop sends a thread-pool task's ack only when it next wakes up,
-    # so unacked deliveries count against the prefetch limit well after their tasks finished; with
-    # prefetch = concurrency the worker then takes new requests one at a time instead of feeding them
-    # to the engine together. Headroom in the prefetch keeps requests flowing into the batch.
+    # With acks_late a finished task's delivery counts against the prefetch limit until its ack is
+    # sent from Celery's event loop; headroom in the prefetch keeps new requests flowing into the
+    # engine's batch meanwhile. (kombu 5.7 wakes that loop for the ack at once: with it the limit was
+    # never reached in the batching test, whose flakiness came from the gateway's side; see
+    # WorkerUpstream.workers.)
     sender.prefetch_multiplier = max(int(sender.prefetch_multiplier or 1), PREFETCH_MULTIPLIER)
     config = get_config()
     own_queue = streams.model_queue(get_engine_host(config).served_name)
