@@ -314,6 +314,11 @@ def _exchange(sock: socket.socket) -> bytes:
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
     )
+    return _json_answer(sock)
+
+
+def _json_answer(sock: socket.socket) -> bytes:
+    """One answer with a JSON body, read up to its closing brace (the connection stays open)."""
     received = b""
     while not received.endswith(b"}"):
         chunk = sock.recv(65536)
@@ -351,14 +356,33 @@ def test_keep_alive_timeout_counts_from_the_last_answer(
         time.sleep(1.5)
         body = chat()
         sock.sendall(b"content-length: %d\r\n\r\n%b" % (len(body), body))
-        received = b""
-        while not received.endswith(b"}"):
-            chunk = sock.recv(65536)
-            assert chunk, received
-            received += chunk
+        received = _json_answer(sock)
         assert received.startswith(b"HTTP/1.1 200")
         idle = _closed_after(sock, 3)
     assert 0.3 <= idle < 1.5, idle  # the keep-alive timeout after this answer
+
+
+def test_a_stream_longer_than_the_keep_alive_timeout_is_not_cut(
+    short_keep_alive: LiveServer, upstream: ScriptedUpstream
+) -> None:
+    """The timer armed by the first answer fires while the second is streaming: it leaves it alone."""
+    upstream.script("/v1/chat/completions", json_answer(chat_completion("ok")))
+    events = chat_chunks(["a", "b", "c", "d", "e", "f"])
+    upstream.script("/v1/chat/completions", sse(events, delay=0.2))  # ~1.2 s, the timeout is 0.5 s
+    with socket.create_connection(("127.0.0.1", short_keep_alive.port), timeout=5) as sock:
+        assert _exchange(sock).startswith(b"HTTP/1.1 200")
+        body = chat(stream=True)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%b"
+            % (len(body), body)
+        )
+        received = b""
+        while not received.endswith(b"0\r\n\r\n"):  # the chunked stream's end
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    assert all(event in received for event in events)
 
 
 def test_a_body_arriving_in_pieces_is_relayed_whole(
@@ -372,11 +396,7 @@ def test_a_body_arriving_in_pieces_is_relayed_whole(
         for piece in pieces:
             time.sleep(0.05)  # each piece its own read on the gateway's side
             sock.sendall(piece)
-        received = b""
-        while not received.endswith(b"}"):
-            chunk = sock.recv(65536)
-            assert chunk, received
-            received += chunk
+        received = _json_answer(sock)
     assert received.startswith(b"HTTP/1.1 200")
     assert upstream.last().body == body
     assert paths == {"relay": 1, "task": 0, "lean": 1}
