@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import signal
 import time
 import uuid
@@ -53,15 +52,20 @@ def test_worker_registers_what_it_serves(worker_gateway: Gateway) -> None:
 def test_eight_concurrent_requests_are_batched(
     worker_gateway: Gateway, worker: WorkerProcess, tiny_model_dir: Path
 ) -> None:
-    """Eight requests waiting at once are generated together: the worker writes the first token of
+    """Eight requests the worker holds at once are generated together: it writes the first token of
     every one of them before it writes the last token of any.
 
     Done one after the other (a worker that takes one task at a time, or an engine that does not
     batch), the second request's first token would come after the first request's last. The check
     is on the order of events, not on a speed, and the times are the Redis server's (each stream
-    entry's id is the millisecond it was written), so a busy test machine cannot fail it: the
-    worker is paused while the eight are published, and the streams are read after they end.
+    entry's id is the millisecond it was written).
+
+    The engine's processes are paused while the eight are published and taken: on a 2-core machine
+    the engine generating the first request starves the worker's Celery consumer of CPU, which then
+    takes the next task from Redis only every half second or so (seen with ``redis-cli monitor``).
     """
+    import psutil
+
     from inference_app import streams
     from inference_app.worker_upstream import WorkerUpstream
 
@@ -70,7 +74,17 @@ def test_eight_concurrent_requests_are_batched(
     encoded = base64.b64encode(json.dumps(body).encode()).decode()
     headers = [["content-type", "application/json"]]
     ids = [uuid.uuid4().hex for _ in range(8)]
-    os.kill(worker.proc.pid, signal.SIGSTOP)
+    keys = [streams.stream_key(request_id) for request_id in ids]
+    client = redis.Redis.from_url(INFERENCE_REDIS_URL)
+
+    def taken() -> int:
+        """How many of the eight the worker has started (each stream's first record)."""
+        return sum(1 for key in keys if client.xrange(key, count=1))
+
+    engine = psutil.Process(worker.proc.pid).children(recursive=True)
+    assert engine, "the worker's engine runs in child processes"
+    for process in engine:
+        process.send_signal(signal.SIGSTOP)
     try:
         for request_id in ids:
             upstream.celery.send_task(
@@ -79,16 +93,20 @@ def test_eight_concurrent_requests_are_batched(
                 queue=streams.model_queue(SERVED),
                 ignore_result=True,
             )
+        deadline = time.monotonic() + 15
+        while taken() < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"taken by the worker before the engine resumed: {taken()}")
+        time.sleep(0.5)  # their requests reach the engine's queue
     finally:
-        os.kill(worker.proc.pid, signal.SIGCONT)
+        for process in engine:
+            process.send_signal(signal.SIGCONT)
 
-    client = redis.Redis.from_url(INFERENCE_REDIS_URL)
     first_data: list[int] = []
     end: list[int] = []
     deadline = time.monotonic() + 120
     try:
-        for request_id in ids:
-            key = streams.stream_key(request_id)
+        for request_id, key in zip(ids, keys, strict=True):
             while True:
                 entries = client.xrange(key)
                 ends = [fields for _, fields in entries if fields[b"t"] == streams.END]
@@ -107,7 +125,7 @@ def test_eight_concurrent_requests_are_batched(
         client.close()
     start = min(first_data)
     print(f"first tokens written within {max(first_data) - start} ms; first end at +{min(end) - start} ms")
-    assert max(first_data) < min(end), (first_data, end)
+    assert max(first_data) <= min(end), (first_data, end)
 
 
 @pytest.mark.django_db(transaction=True)
