@@ -303,9 +303,9 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
         )
     # With acks_late a finished task's delivery counts against the prefetch limit until its ack is
     # sent from Celery's event loop; headroom in the prefetch keeps new requests flowing into the
-    # engine's batch meanwhile. (kombu 5.7 wakes that loop for the ack at once: with it the limit was
-    # never reached in the batching test, whose flakiness came from the gateway's side; see
-    # WorkerUpstream.workers.)
+    # engine's batch meanwhile. (kombu 5.7 wakes that loop for the ack at once, and the QoS credit was
+    # never used up in the batching test. What did delay tasks there was CPU starvation by a CPU
+    # engine: the loop then sends its next BRPOP only every ~0.7 s; docs/performance.md.)
     sender.prefetch_multiplier = max(int(sender.prefetch_multiplier or 1), PREFETCH_MULTIPLIER)
     config = get_config()
     own_queue = streams.model_queue(get_engine_host(config).served_name)

@@ -85,7 +85,7 @@ class WorkerUpstream:
         refreshes it behind the request; an older or empty one is read first. Concurrent callers
         share one read. So a burst of requests is published together instead of each waiting for
         its own Redis round trips: on a busy machine those spread the burst out, and the engine
-        never sees its requests together (``tests/inference/test_worker.py``, batching).
+        never sees its requests together.
         """
         now = time.monotonic()
         stamp, cached = self._registry

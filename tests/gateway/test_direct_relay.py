@@ -318,13 +318,18 @@ def _exchange(sock: socket.socket) -> bytes:
 
 
 def _json_answer(sock: socket.socket) -> bytes:
-    """One answer with a JSON body, read up to its closing brace (the connection stays open)."""
+    """One answer with a sized body, read up to its declared length (the connection stays open)."""
     received = b""
-    while not received.endswith(b"}"):
+    while True:
+        head, found, content = received.partition(b"\r\n\r\n")
+        if found:
+            lines = head.lower().split(b"\r\n")
+            length = next(int(line[15:]) for line in lines if line.startswith(b"content-length:"))
+            if len(content) >= length:
+                return received
         chunk = sock.recv(65536)
         assert chunk, received
         received += chunk
-    return received
 
 
 def _closed_after(sock: socket.socket, limit: float) -> float:
