@@ -6,9 +6,10 @@ With ``REDIS_URL`` set, Redis is the broker and result backend; without it, task
 
 from __future__ import annotations
 
+import logging
 import os
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
@@ -34,6 +35,8 @@ def configure(app: Celery, config: Config) -> Celery:
         task_reject_on_worker_lost=False,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
+        # A request whose task cannot be sent is refused (503) rather than held for long.
+        broker_connection_timeout=3,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -44,6 +47,31 @@ def configure(app: Celery, config: Config) -> Celery:
 app = configure(Celery("gateway"), get_config())
 app.autodiscover_tasks(["inference_app", "responses_app", "conversations_app"])
 app.autodiscover_tasks(["inference_app"], related_name="tool_tasks")
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _close_stale_connections(**kwargs: object) -> None:
+    """Before and after each task, drop database connections that died (a database restart) or
+    outlived their age, as Django does around each request (Celery's Django integration)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
+@signals.worker_ready.connect
+def _recover_orphans(**kwargs: object) -> None:
+    """Start-up recovery: fail the background responses of this host's processes that are gone
+    (a worker killed mid-response), and any whose lease expired."""
+    import django
+
+    django.setup()
+    from responses_app.tasks import sweep_once
+
+    try:
+        sweep_once()
+    except Exception:  # the database may not be up yet; the gateways' sweep will do it
+        logging.getLogger("responses.background").exception("start-up lease sweep failed")
 
 
 @app.task(name="gateway.ping", queue="tools")

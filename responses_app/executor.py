@@ -316,6 +316,15 @@ class Executor:
         async for event in self._finish(status):
             yield event
 
+    async def interrupt(self, message: str) -> AsyncIterator[Event]:
+        """End a run that was stopped from outside (the shutdown deadline) as ``failed``: the
+        terminal event, and the stored row when it stores. Nothing when it had already ended."""
+        if self.final is not None or self.failure_event is not None:
+            return
+        self._fail(message, "server_error", None)
+        async for event in self._finish("failed"):
+            yield event
+
     def _fail(self, message: str, code: str, status: int | None) -> None:
         self.open = None  # an unfinished item is not part of a failed response
         if status == 429:

@@ -16,7 +16,8 @@ from gateway.config import get_config
 from gateway.http import allow_methods, json_response
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
-from responses_app import rawsql, selectors, services, tasks
+from responses_app import rawsql, runs, selectors, services, tasks
+from responses_app.events import Event
 from responses_app.executor import Executor, Prepared, _db
 from responses_app.history_cache import history_cache
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
@@ -111,8 +112,7 @@ async def create(call: Call) -> Outcome:
         # Tool declarations, host policy and approvals are refused (400) before anything is queued;
         # MCP discovery happens when the work runs.
         await ToolLoop.prepare(prepared, config, discover=False)
-        snapshot = await _db(services.response_create_queued)(prepared=prepared)
-        tasks.start_background(prepared, config)
+        snapshot = await tasks.create_background(prepared, config)
         if parsed.stream:
             return _stream(_tail(prepared.response_id, -1))
         return _json(snapshot)
@@ -120,8 +120,7 @@ async def create(call: Call) -> Outcome:
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
         return _stream(_frames(executor))
-    async for _event in executor.run():
-        pass
+    await runs.drive(executor, _ignore)
     if executor.store_refusal is not None:
         raise executor.store_refusal
     if executor.failure_event is not None:
@@ -172,8 +171,13 @@ async def _closing(outcome: Outcome) -> AsyncIterator[bytes]:
             await outcome.close()
 
 
+async def _ignore(event: Event) -> None:
+    return None
+
+
 async def _frames(executor: Executor) -> AsyncIterator[bytes]:
-    async for event in executor.run():
+    # A stored response whose client leaves is finished and stored (responses_app.runs).
+    async for event in runs.detached(executor):
         yield event.frame
 
 

@@ -46,7 +46,8 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
-        from gateway.server import GatewayServerProtocol
+        from gateway.lifecycle import FLUSH_MARGIN_S
+        from gateway.server import DrainingServerProtocol, draining_websocket_protocol
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
@@ -58,9 +59,13 @@ class Command(BaseCommand):
             "port": port,
             "workers": workers,
             "loop": "uvloop",
-            "http": GatewayServerProtocol,
-            "ws": "websockets",
-            "lifespan": "off",
+            "http": DrainingServerProtocol,
+            "ws": draining_websocket_protocol(),
+            # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
+            "lifespan": "on",
+            # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
+            # failed (gateway.lifecycle); uvicorn cancels whatever still runs after the margin.
+            "timeout_graceful_shutdown": config.server.shutdown_grace_s + FLUSH_MARGIN_S,
             "log_level": "warning",
             "access_log": False,
             "proxy_headers": True,
