@@ -63,9 +63,6 @@ def _close_stale_connections(**kwargs: object) -> None:
 def _recover_orphans(**kwargs: object) -> None:
     """Start-up recovery: fail the background responses of this host's processes that are gone
     (a worker killed mid-response), and any whose lease expired."""
-    import django
-
-    django.setup()
     from responses_app.tasks import sweep_once
 
     try:

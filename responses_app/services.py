@@ -307,6 +307,8 @@ def _plain_rows(p: Prepared, outcome: Outcome) -> dict[str, Any]:
             "conversation_id": "",
             "request": dumps(strip_credentials(p.raw)),
             **fields,
+            "lease_owner": "",  # stored finished: no lease
+            "lease_expires_at": None,
         },
     )
 
