@@ -51,7 +51,15 @@ class PostgresCluster:
     def start(self) -> PostgresCluster:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
         self._run(
-            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start"
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "start",
         )
         return self
 
@@ -68,6 +76,9 @@ class PostgresCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+WORKER_FLAGS = ("-l", "INFO", "--without-mingle", "--without-gossip")
+
+
 class CeleryWorker:
     """``celery -A gateway worker -Q <queues>`` in its own process (solo pool: the task runs in
     the process that is killed)."""
@@ -80,8 +91,19 @@ class CeleryWorker:
         self.log_path = Path(tempfile.mkstemp(prefix="celery-", suffix=".log")[1])
         self.log = open(self.log_path, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "gateway", "worker", "-Q", queues, "-P", "solo"]
-            + ["-l", "INFO", "--without-mingle", "--without-gossip", "-n", f"fault{free_port()}@%h"],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "gateway",
+                "worker",
+                "-Q",
+                queues,
+                "-P",
+                "solo",
+                *WORKER_FLAGS,
+            ],
             cwd=ROOT,
             env=full_env,
             stdout=self.log,
