@@ -384,3 +384,52 @@ def test_sigterm_drains_http_sse_and_websocket_within_the_grace(upstream: Any) -
         assert events[-1]["type"] == "response.failed"
     finally:
         after.stop()
+
+
+def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any, tmp_path: Path) -> None:
+    """OpenAI's behaviour: the response goes on and is stored; its announced id is retrievable.
+    An unstored one is cancelled with its upstream request."""
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
+    script_many(upstream, by_input(stored=slow(1.5), unstored=slow(30), ws=slow(1.5)))
+    gw = gateway(env)
+
+    async def leave_early(body: dict[str, Any]) -> str:
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream("POST", f"{gw.url}/v1/responses", json={**body, "stream": True}) as answer,
+        ):
+            announced = ""
+            async for line in answer.aiter_lines():
+                if line.startswith("data: "):
+                    event = orjson.loads(line[6:])
+                    if event["type"] == "response.created":
+                        announced = event["response"]["id"]
+                    elif event["type"] == "response.output_text.delta":
+                        return announced  # and hang up mid-response
+        raise AssertionError("no delta")
+
+    async def leave_ws_early() -> str:
+        async with websockets.connect(ws_url(gw.url)) as ws:
+            await ws.send(orjson.dumps({"type": "response.create", "model": "m", "input": "ws"}).decode())
+            async for raw in ws:
+                event = orjson.loads(raw)
+                if event["type"] == "response.created":
+                    return str(event["response"]["id"])
+        raise AssertionError("no response.created")
+
+    try:
+        stored = asyncio.run(leave_early({"model": "m", "input": "stored"}))
+        unstored = asyncio.run(leave_early({"model": "m", "input": "unstored", "store": False}))
+        over_ws = asyncio.run(leave_ws_early())
+        for rid in (stored, over_ws):
+            wait_for(
+                lambda rid=rid: httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10).status_code == 200,
+                15,
+                "the stored response after its client left",
+            )
+            assert status_of(gw.url, rid) == "completed"
+        unstored_request = next(r for r in upstream.requests if b"unstored" in r.body)
+        assert upstream.wait_disconnected(unstored_request, 10)  # cancelled upstream
+        assert httpx.get(f"{gw.url}/v1/responses/{unstored}", timeout=10).status_code == 404
+    finally:
+        gw.stop()
