@@ -14,7 +14,7 @@ from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
-from gateway.config import Config, get_config
+from gateway.config import Config, ConfigError, get_config
 
 QUEUES = ("inference", "tools", "responses")
 
@@ -44,7 +44,16 @@ def configure(app: Celery, config: Config) -> Celery:
     return app
 
 
-app = configure(Celery("gateway"), get_config())
+def _loaded_config() -> Config:
+    # Loaded with the gateway package (gateway/__init__.py): a bad setting must still reach the one
+    # clear message manage.py and the settings give, not a traceback from this import.
+    try:
+        return get_config()
+    except ConfigError:
+        return Config()
+
+
+app = configure(Celery("gateway"), _loaded_config())
 app.autodiscover_tasks(["inference_app", "responses_app", "conversations_app"])
 app.autodiscover_tasks(["inference_app"], related_name="tool_tasks")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
 
 
 class _HeldHead:
@@ -366,35 +367,29 @@ class DrainingServerProtocol(GatewayServerProtocol):
         super().shutdown()
 
 
-def draining_websocket_protocol() -> type:
+class DrainingWebSocketProtocol(WebSocketProtocol):
     """uvicorn's ``websockets`` protocol whose shutdown does not cut the connection at once (1012).
 
     uvicorn calls ``shutdown()`` on every connection when it stops; its WebSocket protocol fails an
     open connection with 1012 there and then, losing the responses in flight. Here the drain starts
     instead, and the consumer (``responses_app.consumers``) closes the connection itself once its
     last terminal event is sent; a connection still open after the grace and the flush margin is
-    cut as uvicorn would. Relies on uvicorn's ``WebSocketProtocol.shutdown`` and
-    ``handshake_completed_event`` (uvicorn 0.54); without them the stock protocol is used.
+    cut as uvicorn would. Relies on uvicorn's ``WebSocketProtocol.shutdown``, ``loop``, ``transport``
+    and ``handshake_completed_event`` (uvicorn 0.54; ``tests/gateway/test_server_protocol.py``
+    checks them).
     """
-    from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
 
-    if not hasattr(WebSocketProtocol, "shutdown"):
-        return WebSocketProtocol
+    def shutdown(self) -> None:
+        from gateway.lifecycle import FLUSH_MARGIN_S, drain
 
-    class DrainingWebSocketProtocol(WebSocketProtocol):  # type: ignore[misc]
-        def shutdown(self) -> None:
-            from gateway.lifecycle import FLUSH_MARGIN_S, drain
+        completed = getattr(self, "handshake_completed_event", None)
+        if completed is None or not completed.is_set() or self.transport.is_closing():
+            super().shutdown()
+            return
+        drain.begin()
+        assert drain.deadline is not None
+        self.loop.call_at(drain.deadline + FLUSH_MARGIN_S - 1.0, self._shutdown_if_open)
 
-            completed = getattr(self, "handshake_completed_event", None)
-            if completed is None or not completed.is_set() or self.transport.is_closing():
-                super().shutdown()
-                return
-            drain.begin()
-            assert drain.deadline is not None
-            self.loop.call_at(drain.deadline + FLUSH_MARGIN_S - 1.0, self._shutdown_if_open)
-
-        def _shutdown_if_open(self) -> None:
-            if not self.transport.is_closing():
-                super().shutdown()
-
-    return DrainingWebSocketProtocol
+    def _shutdown_if_open(self) -> None:
+        if not self.transport.is_closing():
+            super().shutdown()

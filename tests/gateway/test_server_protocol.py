@@ -89,3 +89,19 @@ def test_head_requests_are_answered_as_uvicorn_answers_them(server: LiveServer) 
     WRITES.clear()
     r = httpx.head(f"{server.url}/sized")
     assert r.status_code == 200 and r.headers["content-length"] == "7" and r.content == b""
+
+
+def test_the_draining_websocket_protocol_finds_the_uvicorn_internals_it_relies_on() -> None:
+    """gateway.server.DrainingWebSocketProtocol overrides uvicorn's shutdown() and reads these."""
+    import inspect
+
+    from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+
+    from gateway.server import DrainingWebSocketProtocol
+
+    assert issubclass(DrainingWebSocketProtocol, WebSocketProtocol)
+    assert "shutdown" in WebSocketProtocol.__dict__
+    init = inspect.getsource(WebSocketProtocol.__init__)
+    for attribute in ("self.loop", "self.handshake_completed_event"):
+        assert attribute in init, attribute
+    assert "self.transport" in inspect.getsource(WebSocketProtocol.connection_made)

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         import uvicorn
 
         from gateway.lifecycle import FLUSH_MARGIN_S
-        from gateway.server import DrainingServerProtocol, draining_websocket_protocol
+        from gateway.server import DrainingServerProtocol, DrainingWebSocketProtocol
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
@@ -60,7 +60,7 @@ class Command(BaseCommand):
             "workers": workers,
             "loop": "uvloop",
             "http": DrainingServerProtocol,
-            "ws": draining_websocket_protocol(),
+            "ws": DrainingWebSocketProtocol,
             # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
             "lifespan": "on",
             # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
