@@ -35,8 +35,11 @@ def configure(app: Celery, config: Config) -> Celery:
         task_reject_on_worker_lost=False,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        # A request whose task cannot be sent is refused (503) rather than held for long.
+        # A request whose task cannot be sent is refused at once (503): a producer's connection is
+        # not retried (kombu's default retries for seconds); the worker's consumer keeps its own
+        # reconnect policy (broker_connection_retry / broker_connection_max_retries).
         broker_connection_timeout=3,
+        broker_transport_options={"max_retries": 0},
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],

@@ -224,6 +224,8 @@ class _NotStarted(Exception):
 @shared_task(
     name="responses.run_background",
     queue="responses",
+    # Nobody reads its result (the row is the result); and sending it then needs no result backend.
+    ignore_result=True,
     autoretry_for=(_NotStarted,),
     retry_backoff=1,
     retry_backoff_max=30,

@@ -184,9 +184,11 @@ def test_unreachable_broker_refuses_background_work_and_stores_nothing(upstream:
     env["GATEWAY_SERVER_DATA_DIR"] = str(tmp_path)
     gw = gateway(env)
     try:
+        started = time.monotonic()
         answer = httpx.post(
             f"{gw.url}/v1/responses", json={"model": "m", "input": "x", "background": True}, timeout=30
         )
+        assert time.monotonic() - started < 5  # refused now, not after the client gave up
         assert answer.status_code == 503
         assert answer.json() == {
             "error": {
@@ -433,3 +435,36 @@ def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any
         assert httpx.get(f"{gw.url}/v1/responses/{unstored}", timeout=10).status_code == 404
     finally:
         gw.stop()
+
+
+def test_a_restarted_gateway_fails_its_orphans_at_start(upstream: Any, tmp_path: Path) -> None:
+    """In-process background work dies with its process (kill -9); the next gateway on the host
+    fails those rows when it starts, long before their lease would expire."""
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
+    env["GATEWAY_RESPONSES_LEASE_S"] = "600"
+    script_many(upstream, by_input(long=slow(30)))
+    gw = gateway(env)
+    try:
+        rid = httpx.post(
+            f"{gw.url}/v1/responses", json={"model": "m", "input": "long", "background": True}, timeout=10
+        ).json()["id"]
+        wait_for(lambda: stored_events(tmp_path, rid) >= 4, 30, "the response streaming")
+        gw.proc.kill()
+        gw.proc.wait(10)
+    finally:
+        gw.stop()
+    assert sqlite_rows(tmp_path)[rid][0] == "in_progress"
+    started = time.monotonic()
+    after = gateway(env)
+    try:
+        wait_for(lambda: status_of(after.url, rid) == "failed", 10, "the orphan failing at start")
+        assert time.monotonic() - started < 30  # the lease (600 s) did not do it
+        body = httpx.get(f"{after.url}/v1/responses/{rid}", timeout=10).json()
+        assert "exited before it finished" in body["error"]["message"]
+        events = sse_events(
+            httpx.get(f"{after.url}/v1/responses/{rid}", params={"stream": "true"}, timeout=10)
+        )
+        assert events[-1]["type"] == "response.failed"
+        assert count({rid: status_of(after.url, rid)}) == {"lost": 0, "stuck": 0, "failed": 1, "completed": 0}
+    finally:
+        after.stop()
