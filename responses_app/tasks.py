@@ -161,7 +161,8 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
     except (OperationalError, InterfaceError) as exc:
         raise _NotStarted(str(exc)) from exc
     if not taken:
-        return  # cancelled before it started
+        log.info("background response %s: no longer queued (cancelled), not run", response_id)
+        return
     executor = Executor(prepared, config, upstream=upstream)
     pending: list[tuple[int, bytes]] = []
     last_flush = time.monotonic()
@@ -226,10 +227,11 @@ class _NotStarted(Exception):
     queue="responses",
     # Nobody reads its result (the row is the result); and sending it then needs no result backend.
     ignore_result=True,
+    # Until the database answers again: a task that gave up would leave its row queued for good.
     autoretry_for=(_NotStarted,),
     retry_backoff=1,
-    retry_backoff_max=30,
-    max_retries=10,
+    retry_backoff_max=10,
+    max_retries=None,
 )
 def run_background_task(response_id: str) -> None:
     """Celery entry point: rebuild the prepared request from the stored record and run it."""
@@ -261,6 +263,7 @@ async def _run_stored(response_id: str) -> None:
     except (OperationalError, InterfaceError) as exc:
         raise _NotStarted(str(exc)) from exc
     if row is None or row.is_terminal:
+        log.info("background response %s: %s, nothing to run", response_id, row.status if row else "no row")
         return
     if row.status == Response.Status.IN_PROGRESS:
         # A redelivered task (its worker died): the events it sent cannot be resumed. A lease that

@@ -125,7 +125,9 @@ class CeleryWorker:
             if " ready." in self.output():
                 return self
             time.sleep(0.2)
-        raise TimeoutError(f"celery worker not ready: {self.output()[-2000:]}")
+        output = self.output()[-2000:]
+        self.stop()  # never left consuming the queue of a later test
+        raise TimeoutError(f"celery worker not ready: {output}")
 
     def kill(self) -> None:
         self.proc.kill()
@@ -144,4 +146,9 @@ class CeleryWorker:
 
 
 def gateway(env: Mapping[str, str]) -> GatewayProcess:
-    return GatewayProcess(env).wait(60)
+    process = GatewayProcess(env)
+    try:
+        return process.wait(60)
+    except BaseException:
+        process.stop()
+        raise

@@ -9,6 +9,7 @@ failed, with expected numbers 0 / 0 / as designed. Lease, heartbeat and sweep ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -126,9 +127,10 @@ def test_killed_worker_fails_within_the_lease_and_a_new_worker_serves(
     env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": REDIS_URL}
     env["GATEWAY_SERVER_DATA_DIR"] = str(tmp_path)
     gw = gateway(env)
-    worker = CeleryWorker(env).wait_ready()
+    worker: CeleryWorker | None = None
     replacement: CeleryWorker | None = None
     try:
+        worker = CeleryWorker(env).wait_ready()
         # Background work with REDIS_URL runs on the Redis worker, not in the gateway.
         script_many(upstream, by_input(quick=slow(0.2), long=slow(30)))
         quick = httpx.post(
@@ -172,9 +174,9 @@ def test_killed_worker_fails_within_the_lease_and_a_new_worker_serves(
         statuses: dict[str, int | str] = {i: status_of(gw.url, i) for i in (first, rid, after)}
         assert count(statuses) == {"lost": 0, "stuck": 0, "failed": 1, "completed": 2}
     finally:
-        worker.stop()
-        if replacement is not None:
-            replacement.stop()
+        for each in (worker, replacement):
+            if each is not None:
+                each.stop()
         gw.stop()
 
 
@@ -208,14 +210,30 @@ def test_unreachable_broker_refuses_background_work_and_stores_nothing(upstream:
 
 @pytest.mark.skipif(not postgres_available(), reason="needs PostgreSQL's initdb/pg_ctl")
 def test_postgres_restart_under_load_leaves_nothing_queued(upstream: Any, broker_db: None) -> None:
-    cluster = PostgresCluster().start()
+    cluster = PostgresCluster()
     env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": REDIS_URL, "DATABASE_URL": cluster.url}
     env["GATEWAY_DATABASE_POOL_MIN_SIZE"] = "4"
     script_many(upstream, by_input(x=slow(0.2)), 400)
-    gw = gateway(env)
-    worker = CeleryWorker(env).wait_ready()
     background: list[str] = []
     stop = threading.Event()
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(cluster.stop)
+        cluster.start()
+        gw = gateway(env)
+        cleanup.callback(gw.stop)
+        worker = CeleryWorker(env).wait_ready()
+        cleanup.callback(worker.stop)
+        cleanup.callback(stop.set)
+        _restart_under_load(gw, cluster, worker, background, stop)
+
+
+def _restart_under_load(
+    gw: GatewayProcess,
+    cluster: PostgresCluster,
+    worker: CeleryWorker,
+    background: list[str],
+    stop: threading.Event,
+) -> None:
 
     def load() -> None:
         with httpx.Client(timeout=30) as client:
@@ -229,50 +247,42 @@ def test_postgres_restart_under_load_leaves_nothing_queued(upstream: Any, broker
                         background.append(answer.json()["id"])
                 time.sleep(0.05)
 
-    try:
-        thread = threading.Thread(target=load, daemon=True)
-        thread.start()
-        time.sleep(3)
-        stop.set()
-        thread.join(30)
-        # Every pooled connection of the gateway and the worker dies; nothing uses them until the
-        # requests below (a quiet moment, as when the issue saw 500s on the first requests after).
-        cluster.restart()
-        time.sleep(1)
-        # After the restart: every request succeeds, every background response runs.
-        after: list[str] = []
-        codes = []
-        with httpx.Client(timeout=30) as client:
-            for _ in range(12):
-                answer = client.post(
-                    f"{gw.url}/v1/responses", json={"model": "m", "input": "x", "background": True}
-                )
-                codes.append(answer.status_code)
-                if answer.status_code == 200:
-                    after.append(answer.json()["id"])
-            for _ in range(20):
-                codes.append(
-                    client.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "x"}).status_code
-                )
-        assert codes == [200] * 32
-        ids = background + after
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    time.sleep(3)
+    stop.set()
+    thread.join(30)
+    # Every pooled connection of the gateway and the worker dies; nothing uses them until the
+    # requests below (a quiet moment, as when the issue saw 500s on the first requests after).
+    cluster.restart()
+    time.sleep(1)
+    # After the restart: every request succeeds, every background response runs.
+    after: list[str] = []
+    codes = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(12):
+            answer = client.post(
+                f"{gw.url}/v1/responses", json={"model": "m", "input": "x", "background": True}
+            )
+            codes.append(answer.status_code)
+            if answer.status_code == 200:
+                after.append(answer.json()["id"])
+        for _ in range(20):
+            codes.append(client.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "x"}).status_code)
+    assert codes == [200] * 32
+    ids = background + after
 
-        def settled() -> dict[str, int | str]:
-            statuses: dict[str, int | str] = {}
-            for rid in ids:
-                got = httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10)
-                statuses[rid] = got.status_code if got.status_code != 200 else got.json()["status"]
-            return statuses if count(statuses)["stuck"] == 0 else {}
+    def settled() -> dict[str, int | str]:
+        statuses: dict[str, int | str] = {}
+        for rid in ids:
+            got = httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10)
+            statuses[rid] = got.status_code if got.status_code != 200 else got.json()["status"]
+        return statuses if count(statuses)["stuck"] == 0 else {}
 
-        statuses = wait_for(settled, 90, "every background response finishing")
-        totals = count(statuses)
-        assert totals["lost"] == 0 and totals["stuck"] == 0
-        assert all(statuses[rid] == "completed" for rid in after)
-    finally:
-        stop.set()
-        worker.stop()
-        gw.stop()
-        cluster.stop()
+    statuses = wait_for(settled, 90, "every background response finishing")
+    totals = count(statuses)
+    assert totals["lost"] == 0 and totals["stuck"] == 0
+    assert all(statuses[rid] == "completed" for rid in after)
 
 
 async def _sse_post(url: str, body: dict[str, Any], ids: dict[str, str], label: str) -> list[dict[str, Any]]:
