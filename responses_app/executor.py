@@ -157,7 +157,7 @@ def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
         "metadata": r.metadata or {},
         "model": r.model,
         "output": [],
-        "parallel_tool_calls": True if r.parallel_tool_calls is None else r.parallel_tool_calls,
+        "parallel_tool_calls": r.parallel_tool_calls is True,  # false unless asked for (spec)
         "previous_response_id": p.previous_response_id,
         "prompt": r.prompt,
         "prompt_cache_options": p.raw.get("prompt_cache_options"),
@@ -499,8 +499,10 @@ class Executor:
             tools += self.tools.responses_tools(())
         if tools:
             body["tools"] = tools
+            body["parallel_tool_calls"] = self.p.request.parallel_tool_calls is True
         else:
             body.pop("tools", None)
+            body.pop("parallel_tool_calls", None)
         if "tool_choice" in body:
             choice = self.client_tools.tool_choice(body["tool_choice"])
             body["tool_choice"] = self.tools.tool_choice(choice) if self.tools is not None else choice
@@ -529,8 +531,7 @@ class Executor:
             choice = translate.tool_choice_to_chat(tool_choice)
             if choice is not None:
                 body["tool_choice"] = choice
-            if r.parallel_tool_calls is not None:
-                body["parallel_tool_calls"] = r.parallel_tool_calls
+            body["parallel_tool_calls"] = r.parallel_tool_calls is True
         if r.max_output_tokens is not None:
             body["max_completion_tokens"] = r.max_output_tokens
         response_format = translate.text_to_response_format(r.text)

@@ -13,6 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway import errors
+from responses_app.features import refuse_unsupported
 
 INT64_MAX = 9223372036854775807
 
@@ -189,6 +190,7 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
     from inference_app.tools import validate_max_tool_calls
 
     validate_max_tool_calls(raw.get("max_tool_calls"))
+    refuse_unsupported(raw)
     try:
         request = ResponseCreateRequest.model_validate(raw, strict=False)
     except ValidationError as exc:

@@ -21,6 +21,7 @@ from gateway.config import Config
 from gateway.ids import new_id
 from responses_app import rawsql, selectors, translate
 from responses_app.executor import Prepared, base_snapshot, strip_credentials, web_search_available
+from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
@@ -98,6 +99,7 @@ def response_prepare(
             param=None,
             code="mutually_exclusive_parameters",
         )
+    refuse_executor_only(raw)
     # Refused before any history lookup or inference (spec: prompt_cache_options).
     cache_options = check_prompt_cache_options(
         raw.get("prompt_cache_options"), supported=config.responses.prompt_cache_options_supported

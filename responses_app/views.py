@@ -321,6 +321,14 @@ async def response_cancel(request: HttpRequest, response_id: str) -> HttpRespons
 
 
 @allow_methods("POST")
+async def response_compact(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/responses/compact``: refused until compaction is built (never a silent 405)."""
+    raise errors.NotImplementedFeature(
+        "POST /v1/responses/compact is not supported by this gateway yet.", param=None
+    )
+
+
+@allow_methods("POST")
 async def response_input_tokens(request: HttpRequest) -> HttpResponse:
     """``POST /v1/responses/input_tokens``: counted by the upstream's ``/tokenize``."""
     from responses_app import translate
