@@ -36,9 +36,11 @@ SECRET_ENV = {
 WEB_SEARCH_KEY_ENV = {"searxng": "", "brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}
 WEB_SEARCH_DEFAULT_BASE = {
     "searxng": "",
-    "brave": "https://api.search.brave.com/res/v1/web/search",
-    "tavily": "https://api.tavily.com/search",
+    "brave": "https://api.search.brave.com",
+    "tavily": "https://api.tavily.com",
 }
+# The path each provider's search API has under its base URL ([web_search] base_url).
+WEB_SEARCH_PATH = {"searxng": "/search", "brave": "/res/v1/web/search", "tavily": "/search"}
 
 
 class ConfigError(Exception):
@@ -126,8 +128,13 @@ class WebSearchConfig:
 
     @property
     def endpoint(self) -> str:
-        """The provider URL: ``base_url`` or the provider's public endpoint."""
-        return self.base_url or WEB_SEARCH_DEFAULT_BASE[self.provider]
+        """The provider's search URL: its base URL (``base_url`` or the public default) plus the
+        provider's path; a base that already ends with that path is taken as it is."""
+        base = (self.base_url or WEB_SEARCH_DEFAULT_BASE[self.provider]).rstrip("/")
+        if not base:
+            return ""
+        path = WEB_SEARCH_PATH[self.provider]
+        return base if base.endswith(path) else base + path
 
     @property
     def key_env(self) -> str:

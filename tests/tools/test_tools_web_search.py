@@ -156,7 +156,7 @@ def test_normalize_domain() -> None:
 async def test_brave_provider(provider: SearchProvider) -> None:
     config = replace(
         load_config({"WEB_SEARCH_PROVIDER": "brave", "BRAVE_API_KEY": "brave-key"}),
-        web_search__base_url=provider.url + "/res/v1/web/search",
+        web_search__base_url=provider.url,  # the base URL: the gateway appends /res/v1/web/search
     )
     [result] = await run_gateway_calls([search_call("c1", ["rust"])], config=config)
     assert result.ok, result.error
@@ -169,7 +169,7 @@ async def test_brave_provider(provider: SearchProvider) -> None:
 async def test_brave_error_detail_is_relayed(provider: SearchProvider) -> None:
     config = replace(
         load_config({"WEB_SEARCH_PROVIDER": "brave", "BRAVE_API_KEY": "wrong"}),
-        web_search__base_url=provider.url + "/res/v1/web/search",
+        web_search__base_url=provider.url,  # the base URL: the gateway appends /res/v1/web/search
     )
     [result] = await run_gateway_calls([search_call("c1", ["rust"])], config=config)
     assert result.error == "brave answered 422: The provided subscription token is invalid."
@@ -178,7 +178,7 @@ async def test_brave_error_detail_is_relayed(provider: SearchProvider) -> None:
 async def test_tavily_provider_sends_key_and_domain_filters(provider: SearchProvider) -> None:
     config = replace(
         load_config({"WEB_SEARCH_PROVIDER": "tavily", "TAVILY_API_KEY": "tavily-key"}),
-        web_search__base_url=provider.url + "/search",
+        web_search__base_url=provider.url,  # the base URL: the gateway appends /search
         web_search__blocked_domains=("blocked.example.org",),
     )
     decl = {"type": "web_search", "filters": {"allowed_domains": ["example.com", "python.org"]}}
@@ -193,7 +193,7 @@ async def test_tavily_provider_sends_key_and_domain_filters(provider: SearchProv
 async def test_tavily_error_is_relayed(provider: SearchProvider) -> None:
     config = replace(
         load_config({"WEB_SEARCH_PROVIDER": "tavily", "TAVILY_API_KEY": "nope"}),
-        web_search__base_url=provider.url + "/search",
+        web_search__base_url=provider.url,  # the base URL: the gateway appends /search
     )
     [result] = await run_gateway_calls([search_call("c1", ["go"])], config=config)
     assert result.error == "tavily answered 401: Unauthorized: missing or invalid API key."
