@@ -30,6 +30,7 @@ from gateway.config import Config
 from gateway.ids import new_id
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
 from responses_app import translate
+from responses_app.echo import echoed_tool, tool_usage
 from responses_app.events import Event, EventSink, EventTooLarge, StreamFailure, error_frame, read_sse
 from responses_app.schemas import NOT_FORWARDED, ResponseCreateRequest
 from responses_app.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
@@ -139,37 +140,46 @@ def _stripped_tools(tools: list[Any]) -> list[Any]:
 
 
 def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
-    """The response object for ``p`` (no output yet)."""
+    """The response object for ``p`` (no output yet): every field of the SDK's ``Response``, with
+    OpenAI's defaults where the request set nothing."""
     r = p.request
     return {
         "id": p.response_id,
         "object": "response",
         "created_at": p.created_at,
         "status": status,
+        "access_programs": None,
         "background": bool(r.background),
         "completed_at": None,
         "conversation": {"id": p.conversation_id} if p.conversation_id else None,
         "error": None,
+        "image": None,
         "incomplete_details": None,
+        "input_transformations": None,
         "instructions": r.instructions,
         "max_output_tokens": r.max_output_tokens,
         "max_tool_calls": r.max_tool_calls,
         "metadata": r.metadata or {},
         "model": r.model,
+        "moderation": None,
         "output": [],
         "parallel_tool_calls": r.parallel_tool_calls is True,  # false unless asked for (spec)
         "previous_response_id": p.previous_response_id,
         "prompt": r.prompt,
+        "prompt_cache_diagnostics": None,
+        "prompt_cache_key": None,  # request-scoped, never echoed (spec)
         "prompt_cache_options": p.raw.get("prompt_cache_options"),
-        "reasoning": r.reasoning or {"effort": None, "summary": None},
+        "prompt_cache_retention": r.prompt_cache_retention,
+        "reasoning": {"context": None, "effort": None, "summary": None, **(r.reasoning or {})},
         "safety_identifier": r.safety_identifier,
-        "service_tier": None,
+        "service_tier": r.service_tier or "auto",  # the served tier replaces it at the end
         "store": p.store,
         "temperature": 1.0 if r.temperature is None else r.temperature,
-        "text": r.text or {"format": {"type": "text"}},
+        "text": {"format": {"type": "text"}, "verbosity": "medium", **(r.text or {})},
         "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
-        "tools": _stripped_tools(r.tools or []),
-        "top_logprobs": r.top_logprobs,
+        "tools": [echoed_tool(t) for t in _stripped_tools(r.tools or [])],
+        "tool_usage": tool_usage([]),
+        "top_logprobs": r.top_logprobs or 0,
         "top_p": 1.0 if r.top_p is None else r.top_p,
         "truncation": r.truncation or "disabled",
         "usage": None,
@@ -254,7 +264,9 @@ class Executor:
         snap = base_snapshot(self.p, status)
         snap["output"] = list(self.output)
         snap["usage"] = self.usage.as_dict()
-        snap["service_tier"] = self.service_tier
+        snap["tool_usage"] = tool_usage(self.output)
+        if self.service_tier is not None:
+            snap["service_tier"] = self.service_tier
         snap["error"] = self.error
         snap["incomplete_details"] = self.incomplete_details
         if status in ("completed", "incomplete", "failed", "cancelled"):

@@ -61,7 +61,20 @@ def test_web_search_runs_and_the_model_gets_the_results(tools_gw: ToolsGateway) 
     assert final["status"] == "completed"
     assert [i["type"] for i in final["output"]] == ["web_search_call", "message"]
     assert final["output"][0] == done["item"]
-    assert final["tools"] == [{"type": "web_search"}]
+    assert final["tools"] == [  # echoed with OpenAI's defaults
+        {
+            "type": "web_search",
+            "search_context_size": "medium",
+            "user_location": {
+                "type": "approximate",
+                "city": None,
+                "country": "US",
+                "region": None,
+                "timezone": None,
+            },
+        }
+    ]
+    assert final["tool_usage"]["web_search"] == {"num_requests": 1}
 
     # Round 1 offered web_search as a plain function; round 2 gave the model the call and results.
     assert offered_tools(gw, 0) == ["web_search"]
