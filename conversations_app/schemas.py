@@ -572,11 +572,19 @@ def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str
         and "encrypted_content" in data
     ):
         data = {k: v for k, v in data.items() if k != "encrypted_content"}
-    if data.get("type") == "message" and "message.output_text.logprobs" not in include:
-        content = data.get("content")
-        if isinstance(content, list) and any(isinstance(p, dict) and "logprobs" in p for p in content):
-            data = dict(data)
-            data["content"] = [
-                {k: v for k, v in p.items() if k != "logprobs"} if isinstance(p, dict) else p for p in content
-            ]
+    if data.get("type") == "message" and isinstance(data.get("content"), list):
+        # An assistant's output_text part always carries ``logprobs`` (OpenAI sends [] unless
+        # ``include`` asks for them); other parts never do.
+        keep = "message.output_text.logprobs" in include
+        data = dict(data)
+        data["content"] = [_logprobs(part, keep) for part in data["content"]]
     return data
+
+
+def _logprobs(part: Any, keep: bool) -> Any:
+    if not isinstance(part, dict):
+        return part
+    if part.get("type") != "output_text":
+        return {k: v for k, v in part.items() if k != "logprobs"} if "logprobs" in part else part
+    logprobs = part.get("logprobs") if keep else None
+    return {**part, "logprobs": logprobs if isinstance(logprobs, list) else []}

@@ -79,9 +79,9 @@ def conversation_items_list(
     entries = ConversationItem.objects.filter(conversation=conversation)
     if after is not None:
         check_item_id(after, param="after")
-        anchor = entries.filter(item_id=after).values_list("position", flat=True).first()
+        anchor = entries.filter(item_id=after).order_by("position").values_list("position", flat=True).first()
         if anchor is None:
-            raise item_not_found(after, param="after")
+            raise NotFound(f"No item found with id '{after}'", param="after")  # OpenAI's wording
         entries = (
             entries.filter(position__gt=anchor) if order == "asc" else entries.filter(position__lt=anchor)
         )
