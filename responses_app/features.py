@@ -49,10 +49,10 @@ KNOWN_ITEM_TYPES = frozenset(
         "item_reference",
         "shell_call",
         "shell_call_output",
-        "tool_search_call",
-        "tool_search_output",
     }
 )
+# Client tool-search state: refused until the tool_search tool is translated for the model.
+TOOL_SEARCH_ITEM_TYPES = frozenset({"tool_search_call", "tool_search_output"})
 # Compaction items: refused until compaction is built.
 COMPACTION_ITEM_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
 
@@ -118,7 +118,7 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if not isinstance(kind, str):
         return  # the typed request model reports the missing or mistyped type
-    if kind in COMPACTION_ITEM_TYPES:
+    if kind in COMPACTION_ITEM_TYPES or kind in TOOL_SEARCH_ITEM_TYPES:
         raise _unsupported(f"Input items of type '{kind}' are not supported by this gateway yet.", param)
     if kind not in KNOWN_ITEM_TYPES:
         raise errors.BadRequest(

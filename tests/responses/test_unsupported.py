@@ -51,6 +51,12 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
         "unsupported_parameter",
         "input[0].async",
     ),
+    (
+        {"input": [{"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "client"}]},
+        "unsupported_parameter",
+        "input[0]",
+    ),
+    ({"tools": [{"type": "tool_search"}]}, "unsupported_value", "tools[0].type"),
     ({"tools": [{"type": "image_generation"}]}, "unsupported_value", "tools[0].type"),
     (
         {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
