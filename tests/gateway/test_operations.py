@@ -129,7 +129,7 @@ def test_websocket_connections_are_counted(live_gateway: LiveServer) -> None:
 @pytest.mark.django_db
 def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ignore[no-untyped-def]
     if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only")
+        pytest.skip("the connection pool and statement_timeout are PostgreSQL settings; SQLite has neither")
     from gateway.config import get_config
 
     options = settings.DATABASES["default"]["OPTIONS"]
