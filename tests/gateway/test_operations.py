@@ -41,8 +41,20 @@ def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
             cwd=ROOT,
             env={"PATH": "/usr/bin:/bin", "DATABASE_URL": url},
         )
-        time.sleep(2)
-        assert proc.poll() is None, "migrate_safely must wait while another replica holds the lock"
+        # Wait for the real condition: the command's session queued on our lock in pg_locks.
+        waiting: list[int] = []
+        deadline = time.monotonic() + 60
+        while not waiting:
+            assert proc.poll() is None, "migrate_safely must wait while another replica holds the lock"
+            assert time.monotonic() < deadline, "migrate_safely never asked for the advisory lock"
+            cursor.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND classid = %s AND objid = %s AND pid <> pg_backend_pid()",
+                [MIGRATION_LOCK_KEY >> 32, MIGRATION_LOCK_KEY & 0xFFFFFFFF],
+            )
+            waiting = [row[0] for row in cursor.fetchall()]
+            time.sleep(0.05)
+        assert proc.poll() is None  # still waiting, behind our lock
         cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK_KEY])
     assert proc.wait(timeout=60) == 0
 
