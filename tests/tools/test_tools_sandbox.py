@@ -168,7 +168,7 @@ async def test_a_sleeping_program_hits_the_wall_clock_limit() -> None:
     assert result.status == "failed"
     assert result.error == "wall-clock time limit of 1 s exceeded; the program was stopped"
     assert result.outputs == [{"type": "logs", "logs": "start\n"}]
-    assert elapsed < 3
+    assert elapsed < 10  # stopped, not slept out (60 s): a bound, not a speed check
     await assert_still_serving()
 
 
@@ -177,7 +177,7 @@ async def test_output_is_capped() -> None:
     result = await run_code(
         "while True:\n    print('x' * 1000)\n", sandbox_config(code_interpreter__max_output_bytes=10_000)
     )
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # a bound against hanging, not a speed check
     assert result.status == "failed"
     assert result.error == "output limit of 10000 bytes exceeded; the program was stopped"
     assert result.outputs is not None and len(result.outputs[0]["logs"]) == 10_000
@@ -205,7 +205,7 @@ async def test_the_call_timeout_kills_a_running_sandbox() -> None:
     config = sandbox_config(code_interpreter__wall_time_s=30.0, tools__call_timeout_s=0.5)
     started = time.monotonic()
     result = await run_code("import time\ntime.sleep(30)\n", config)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # stopped, not slept out (30 s): a bound, not a speed check
     assert result.status == "failed"
     assert result.error == "code_interpreter call timed out after 0.5 s"
     await assert_still_serving()
