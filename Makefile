@@ -86,7 +86,8 @@ test-inference: install-inference
 	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE -u MODEL $(IPY) -m pytest tests/inference $(PYTEST_ARGS)
 
 ## Set up and run the whole suite: lint, then every test on SQLite and on PostgreSQL, then real vLLM.
-test: lint test-sqlite test-postgres test-inference
+test: ensure-tools lint test-sqlite test-postgres test-inference
+ensure-tools: ; tests/ensure_tools.sh
 
 clean:
 	rm -rf $(VENV) $(INFERENCE_VENV) var

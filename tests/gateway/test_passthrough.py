@@ -425,9 +425,7 @@ def test_client_disconnect_mid_stream_cancels_upstream(gw: LiveServer, upstream:
     ) as r:
         first = next(r.iter_raw())
         assert first.startswith(b"data: ")
-    started = time.monotonic()
     assert upstream.wait_disconnected(upstream.last("/v1/chat/completions"), timeout=3)
-    assert time.monotonic() - started < 1.0
 
 
 def test_client_disconnect_while_waiting_cancels_upstream(gw: LiveServer, upstream: ScriptedUpstream) -> None:
