@@ -33,7 +33,7 @@ from gateway.fastpath import cors_headers
 from gateway.ids import request_id_for
 from gateway.logging import request_id_var
 from gateway.metrics import HTTP_IN_FLIGHT
-from gateway.middleware import record_request
+from gateway.middleware import READ_TIMED_OUT, record_request
 from gateway.passthrough import SSE_CONTENT_TYPE, DisconnectWatch, RawHeaders, Route
 from inference_app.http_client import HttpPool, describe
 from inference_app.upstream import HttpUpstream, UpstreamResponse, forward_headers, get_upstream
@@ -214,6 +214,9 @@ async def _read_body(protocol: HttpToolsProtocol, cycle: RequestResponseCycle, l
             body = bytes(cycle.body)
             cycle.body = bytearray()
             return body
+        refusal = cycle.scope.get(READ_TIMED_OUT)  # type: ignore[attr-defined]
+        if isinstance(refusal, errors.GatewayError):
+            raise refusal
         protocol.flow.resume_reading()
         await cycle.message_event.wait()
         cycle.message_event.clear()
@@ -242,7 +245,11 @@ async def _serve(
         await out.error(exc, path)
         return
     scope["principal"] = auth.principal
-    body = await _read_body(protocol, cycle, limit)
+    try:
+        body = await _read_body(protocol, cycle, limit)
+    except errors.RequestTimeout as exc:
+        await out.error(exc, path)
+        return
     if body is None:
         if not cycle.disconnected:
             out.extra = []  # as GatewayASGIMiddleware refuses it, below the CORS layer
@@ -542,6 +549,14 @@ class Relay(_Response):
             return
         self._put(self.error_bytes(exc, self.path))
         self._done(True)
+
+    def refuse(self, exc: errors.GatewayError) -> None:
+        """The protocol refuses the request (its body came too late): answer ``exc`` if nothing
+        was sent yet, else drop it."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+        self._error(exc)
 
     def _unexpected(self) -> None:
         """A bug: log it, and answer 500 if nothing was sent yet, else cut the response off."""

@@ -46,7 +46,7 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
-        from gateway.server import GatewayServerProtocol
+        from gateway.server import GatewayHttpProtocol, GatewayServerProtocol
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
@@ -58,7 +58,8 @@ class Command(BaseCommand):
             "port": port,
             "workers": workers,
             "loop": "uvloop",
-            "http": GatewayServerProtocol,
+            # Both enforce the [server] request limits; only the first relays below ASGI.
+            "http": GatewayServerProtocol if config.server.direct_relay else GatewayHttpProtocol,
             "ws": "websockets",
             "lifespan": "off",
             "log_level": "warning",
