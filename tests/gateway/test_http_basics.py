@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -218,6 +219,43 @@ def test_admin_login_page(live_gateway: LiveServer) -> None:
     # Static files for the admin are served too (no DEBUG needed).
     r = httpx.get(f"{live_gateway.url}/static/admin/css/base.css")
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "path"),
+    [
+        ("/static/..%2f..%2fetc%2fpasswd", "/static/../../etc/passwd"),
+        ("/static/admin/..%2f..%2f..%2fsettings.py", "/static/admin/../../../settings.py"),
+        ("/static/..", "/static/.."),
+        ("/static/a%00b", "/static/a\x00b"),
+    ],
+)
+def test_static_traversal_is_a_404_without_a_traceback(
+    live_gateway: LiveServer, caplog: pytest.LogCaptureFixture, raw_path: str, path: str
+) -> None:
+    answer = raw_http(live_gateway.port, f"GET {raw_path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 Not Found\r\n")
+    assert orjson.loads(body) == {
+        "error": {
+            "message": f"Invalid URL (GET {path})",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unknown_route",
+        }
+    }
+    deadline = time.monotonic() + 5  # the access line is written once the answer is out
+    while not [r for r in caplog.records if r.name == "gateway.access"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    access = [r.getMessage() for r in caplog.records if r.name == "gateway.access"]
+    assert len(access) == 1 and " 404 " in access[0]
+    assert [r for r in caplog.records if r.levelno >= 40] == []
+
+
+def test_a_missing_static_file_is_a_404(live_gateway: LiveServer) -> None:
+    r = httpx.get(f"{live_gateway.url}/static/admin/css/nope.css")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "unknown_route"
 
 
 @pytest.mark.django_db
