@@ -155,7 +155,9 @@ def test_too_many_header_fields_is_a_431(served: Any) -> None:
     fields = b"".join(b"X-Field-%d: 1\r\n" % i for i in range(101))
     answer, _ = exchange(served.port, b"GET /health HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
     assert_refused(
-        answer, 431, envelope("The request has more than 100 header fields.", "request_header_fields_too_large")
+        answer,
+        431,
+        envelope("The request has more than 100 header fields.", "request_header_fields_too_large"),
     )
     assert logged(served, "GET /health 431")
 
@@ -163,13 +165,19 @@ def test_too_many_header_fields_is_a_431(served: Any) -> None:
 def test_a_request_line_over_the_limit_is_a_414(served: Any) -> None:
     answer, _ = exchange(served.port, b"GET /" + b"a" * (1024 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert_refused(
-        answer, 414, envelope(f"The request line exceeds the maximum size of {HEAD_LIMIT} bytes.", "uri_too_long")
+        answer,
+        414,
+        envelope(f"The request line exceeds the maximum size of {HEAD_LIMIT} bytes.", "uri_too_long"),
     )
 
 
 @pytest.mark.parametrize(
     "request_bytes",
-    [b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n", b"GET / HTTP/1.1\r\nHost x\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00"],
+    [
+        b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost x\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00",
+    ],
     ids=["unknown-method", "broken-header", "tls-hello"],
 )
 def test_bytes_that_are_not_http_get_a_400_envelope(served: Any, request_bytes: bytes) -> None:
