@@ -11,6 +11,19 @@ without the body, so here they are held until the first body message and written
 one system call per response instead of two, which is a measurable share of a small pass-through
 request's cost (``docs/performance.md``). Streamed responses (no length: SSE, chunked) are written
 exactly as uvicorn writes them, so their headers still reach the client at once.
+
+:class:`GatewayHttpProtocol` also holds the ``[server]`` request limits (head size, header count,
+read timeout) and answers uvicorn's own refusals in the gateway's envelope.
+
+uvicorn internals relied on (uvicorn ``UVICORN_VERSION``, httptools 0.9.0; :func:`missing_internals`
+checks them, ``manage.py serve`` falls back to stock uvicorn when one is gone, and
+``tests/gateway/test_server_protocol.py`` fails when one moves): ``HttpToolsProtocol`` methods
+``_start_asgi_task``, ``on_response_complete``, ``_unset_keepalive_if_required``,
+``send_400_response`` (what ``data_received`` calls when the parser refuses bytes) and the
+httptools callbacks; its attributes ``parser``, ``url``, ``headers``, ``cycle``, ``pipeline``,
+``flow``, ``server_state``, ``timeout_keep_alive_task``; ``RequestResponseCycle`` and its
+``scope``, ``body``, ``more_body``, ``message_event``, ``response_started``, ``response_complete``,
+``disconnected``, ``keep_alive``; ``STATUS_LINE``.
 """
 
 from __future__ import annotations
@@ -22,6 +35,33 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway import errors
 from gateway.config import get_config
+
+UVICORN_VERSION = "0.54.0"
+_RELIED_ON = {
+    HttpToolsProtocol: (
+        "_start_asgi_task",
+        "on_response_complete",
+        "_unset_keepalive_if_required",
+        "send_400_response",
+        "on_message_begin",
+        "on_url",
+        "on_header",
+        "on_headers_complete",
+        "on_body",
+        "on_message_complete",
+    ),
+    RequestResponseCycle: ("send", "receive", "run_asgi"),
+}
+
+
+def missing_internals() -> list[str]:
+    """The uvicorn internals this module needs that the installed uvicorn lacks (the version too)."""
+    import uvicorn
+
+    missing = [] if uvicorn.__version__ == UVICORN_VERSION else [f"uvicorn=={UVICORN_VERSION}"]
+    for owner, names in _RELIED_ON.items():
+        missing += [f"{owner.__name__}.{name}" for name in names if not hasattr(owner, name)]
+    return missing
 
 
 class _HeldHead:
