@@ -128,7 +128,7 @@ def test_a_refused_request_is_answered_in_the_envelope(server: LiveServer) -> No
     }
 
 
-def test_serve_falls_back_to_stock_uvicorn_when_an_internal_is_gone(
+def test_serve_picks_the_protocol_and_falls_back_to_stock_uvicorn(
     monkeypatch: pytest.MonkeyPatch, gateway_config: Any
 ) -> None:
     from gateway.management.commands import serve
@@ -139,6 +139,9 @@ def test_serve_falls_back_to_stock_uvicorn_when_an_internal_is_gone(
     monkeypatch.setattr(serve, "run_checks", lambda config: None)
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
     assert seen["http"] is GatewayServerProtocol
+    gateway_config(server__direct_relay=False)  # the limits without the relay
+    serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
+    assert seen["http"] is GatewayHttpProtocol
     monkeypatch.delattr(HttpToolsProtocol, "send_400_response")
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
     assert seen["http"] == "httptools"
