@@ -141,6 +141,12 @@ class GatewayASGIMiddleware:
                 await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
                 return
             await self.app(scope, receive_wrapper, send_wrapper)
+        except Exception as exc:
+            if state.status:
+                raise  # an answer has begun: the server cuts it off
+            # A bug below Django (Django renders its own): the envelope, not the server's plain 500.
+            logging.getLogger("gateway").exception("unhandled error on %s", scope.get("path", ""))
+            await errors.asgi_send(send_wrapper, errors.as_gateway_error(exc), scope)
         finally:
             HTTP_IN_FLIGHT.dec()
             elapsed = time.perf_counter() - started

@@ -263,3 +263,32 @@ def test_admin_superuser_can_log_in(client, django_user_model) -> None:  # type:
     django_user_model.objects.create_superuser("root", "root@example.com", "pw-123456")
     assert client.login(username="root", password="pw-123456")
     assert client.get("/admin/").status_code == 200
+
+
+def test_an_error_below_django_is_a_500_envelope_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """What raises out of the ASGI app before answering (the static handler did, on a traversal)
+    is answered in the envelope and logged once with its traceback, not uvicorn's plain text."""
+    from gateway.middleware import GatewayASGIMiddleware
+
+    async def broken(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise ValueError("a bug")
+
+    server = LiveServer(GatewayASGIMiddleware(broken)).start()
+    try:
+        r = httpx.get(f"{server.url}/somewhere")
+    finally:
+        server.stop()
+    assert r.status_code == 500
+    assert r.json() == {
+        "error": {
+            "message": "The server had an error while processing your request.",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
+    }
+    errors = [rec for rec in caplog.records if rec.levelno >= 40]
+    assert [(rec.name, rec.getMessage()) for rec in errors] == [("gateway", "unhandled error on /somewhere")]
+    assert errors[0].exc_info is not None and isinstance(errors[0].exc_info[1], ValueError)
+    access = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.access"]
+    assert len(access) == 1 and "GET /somewhere 500" in access[0]
