@@ -130,6 +130,12 @@ class _Response:
         await self._write(self.error_bytes(exc, path))
         self._complete()
 
+    def _unbegin(self) -> None:
+        """Forget a head that was built but never sent (a sized answer's, held for its body)."""
+        self.status = 0
+        self.chunked = False
+        self.cycle.response_started = False
+
     def begin(self, status: int, headers: RawHeaders) -> bytes:
         """The head for the upstream's status and (lower-cased) headers; a body without a length is
         chunked."""
@@ -159,6 +165,10 @@ class _Response:
                 else:
                     await self._write(chunk)
         except errors.GatewayError as exc:
+            if pending is not None:  # nothing sent yet: the error can still be the answer
+                self._unbegin()
+                await self.error(exc, self.cycle.scope["path"])
+                return
             if response.content_type != SSE_CONTENT_TYPE or not self.chunked:
                 self.cycle.transport.close()  # a sized body cannot carry an error: drop it
                 return
@@ -522,6 +532,11 @@ class Relay(_Response):
             self.conn = None
             error = conn.error
             pool.discard(conn)
+            if self.pending is not None:  # nothing sent yet: the error can still be the answer
+                self.pending = None
+                self._unbegin()
+                self._error(error)
+                return
             if not self.chunked or _content_type(conn.raw_headers) != SSE_CONTENT_TYPE:
                 self._close()  # a sized body cannot carry an error: drop it
                 self._done(False)

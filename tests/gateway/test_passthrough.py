@@ -385,8 +385,14 @@ class CutOffUpstream:
 
 @pytest.mark.parametrize(
     "answer",
-    [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Type: applic", b"HTTP/1.1 2xx OK\r\n\r\n"],
-    ids=["status-line-only", "head-cut-off", "not-http"],
+    [
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Type: applic",
+        b"HTTP/1.1 2xx OK\r\n\r\n",
+        # A whole head, then nothing of its JSON body: nothing was sent on yet, so it can be answered.
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+    ],
+    ids=["status-line-only", "head-cut-off", "not-http", "head-without-body"],
 )
 def test_an_upstream_that_answered_and_died_failed_mid_response(
     live_gateway: LiveServer, gateway_config: Any, answer: bytes
