@@ -155,9 +155,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
       it, else 431. httptools has no such limit and gathers a header in memory however long it is.
     - ``max_request_headers``: more header fields is a 431.
     - ``request_read_timeout_s``: a request, head and body, must arrive within this of its first
-      byte (a new connection's first request, of the connection). A late head is answered 408; a
-      late body is answered 408 by whoever reads it (:data:`gateway.middleware.READ_TIMED_OUT`,
-      the relay), and the connection is closed if nobody has answered one timeout later.
+      byte (a new connection's first request: of the connection's start). A late head is answered
+      408; a late body is answered 408 by whoever reads it (the relay, or the ASGI app told through
+      :data:`gateway.middleware.READ_TIMED_OUT`), and the connection is closed if nobody has
+      answered one timeout later.
 
     Every refusal is the gateway's envelope (``gateway.errors``), also for what uvicorn answers
     with plain text (bytes its parser refuses: ``send_400_response``), with ``Connection: close``.
