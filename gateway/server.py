@@ -265,10 +265,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         if self._in_head:
-            if cycle is not None and not cycle.response_complete:
-                self._began = None  # a pipelined head waits for the answer before it: its turn
-                self._request_begins()  # is not yet, and its time starts again
-            elif self._head_bytes:
+            waiting = cycle is not None and not cycle.response_complete
+        else:
+            waiting = any(queued is cycle for queued, _ in self.pipeline)
+        if waiting:
+            # A pipelined request behind an answer still going out (uvicorn stops reading until
+            # its turn): its time starts again.
+            self._began = None
+            self._request_begins()
+            return
+        if self._in_head:
+            if self._head_bytes:
                 self._refuse(errors.request_timeout(self._read_timeout))
             else:
                 self.transport.close()  # a connection that never sent a request

@@ -259,3 +259,37 @@ def test_a_late_body_is_answered_408_on_each_path(each_path: LiveServer, upstrea
     assert_refused(answer, 408, envelope("The request was not received within 0.5s.", "request_timeout"))
     assert 0.4 < seconds < 5
     assert upstream.requests == []
+
+
+def test_a_pipelined_request_waits_for_its_turn_without_timing_out(
+    transactional_db: None, gateway_config: Any, upstream: Any
+) -> None:
+    """Reading stops while the answer before it streams: that time is not the client's."""
+    from tests.upstream import Gate, chat_chunks, chat_completion, json_answer, sse
+
+    gateway_config(llm_api_base=upstream.url, server__request_read_timeout_s=READ_TIMEOUT_S)
+    gate = Gate()
+    upstream.script("/v1/chat/completions", sse(chat_chunks(["a", "b"]), gate=gate))
+    upstream.script("/v1/chat/completions", json_answer(chat_completion("second")))
+    stream = orjson.dumps({"model": "m", "messages": [], "stream": True})
+    second = orjson.dumps({"model": "m", "messages": []})
+    for server in serve_gateway("direct"):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.settimeout(10)
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s"
+                % (len(stream), stream)
+                + b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(second)
+            )
+            time.sleep(READ_TIMEOUT_S * 2.5)  # the stream is held; the second body cannot be read
+            gate.open()
+            sock.sendall(second)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    first, _, rest = answer.partition(b"\r\n0\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"[DONE]" in first
+    status, _, body = parse(rest)
+    assert status == 200 and body["choices"][0]["message"]["content"] == "second"
