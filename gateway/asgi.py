@@ -8,6 +8,7 @@ The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any
 
 import gc
 import os
+import posixpath
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
@@ -22,6 +23,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
+from gateway import errors  # noqa: E402
 from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
@@ -52,6 +54,19 @@ class ApiASGIHandler(ASGIHandler):
 SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
 
 
+STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
+
+
+def static_path_escapes(path: str) -> bool:
+    """Whether a ``/static/`` path names something outside the static directories.
+
+    Django's static finders refuse such a path with ``SuspiciousFileOperation``, which
+    ``ASGIStaticFilesHandler`` does not turn into a 404: a 500 with a traceback per request.
+    """
+    relative = posixpath.normpath(path[len(STATIC_PREFIX) :]).lstrip("/")
+    return relative == ".." or relative.startswith("../") or "\x00" in relative
+
+
 class HttpDispatch:
     """The admin and its SSO to the full Django stack; the API and probes to the API handler."""
 
@@ -60,7 +75,11 @@ class HttpDispatch:
         self.site = ASGIStaticFilesHandler(django_app)
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["path"].startswith(SITE_PREFIXES):
+        path = scope["path"]
+        if path.startswith(SITE_PREFIXES):
+            if path.startswith(STATIC_PREFIX) and static_path_escapes(path):
+                await errors.asgi_send(send, errors.unknown_route(scope["method"], path), scope)
+                return
             await self.site(scope, receive, send)
         else:
             await self.api(scope, receive, send)

@@ -52,6 +52,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_size_bytes: int = 10 * MiB
+    # Request line and headers together (431, or 414 for a request line, beyond it), the number of
+    # header fields (431), and how long a request may take to arrive in full, head and body (408).
+    max_request_head_size_bytes: int = 64 * 1024
+    max_request_headers: int = 100
+    request_read_timeout_s: float = 30.0
     cors_allowed_origins: tuple[str, ...] = ()
     debug: bool = False
     log_format: Literal["text", "json"] = "text"
@@ -62,6 +67,9 @@ class ServerConfig:
     sse_keepalive_s: float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
     workers: int = 1
+    # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
+    # (every request through the ASGI app).
+    direct_relay: bool = True
 
 
 @dataclass(frozen=True)
@@ -551,6 +559,9 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"REDIS_URL: must be a redis:// URL, got {c.redis_url!r}")
     positive = {
         "server.max_request_body_size_bytes": c.server.max_request_body_size_bytes,
+        "server.max_request_head_size_bytes": c.server.max_request_head_size_bytes,
+        "server.max_request_headers": c.server.max_request_headers,
+        "server.request_read_timeout_s": c.server.request_read_timeout_s,
         "responses.max_retained_bytes": c.responses.max_retained_bytes,
         "responses.max_upstream_sse_line_bytes": c.responses.max_upstream_sse_line_bytes,
         "responses.max_stream_event_bytes": c.responses.max_stream_event_bytes,

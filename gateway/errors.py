@@ -22,11 +22,14 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    414: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "request_too_large",
     503: "overloaded_error",
     529: "overloaded_error",
 }
@@ -100,10 +103,22 @@ class Conflict(GatewayError):
     code = "conflict"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UriTooLong(GatewayError):
+    status = 414
+    type = "invalid_request_error"
+    code = "uri_too_long"
 
 
 class UnsupportedMediaType(GatewayError):
@@ -116,6 +131,12 @@ class Unprocessable(GatewayError):
     status = 422
     type = "invalid_request_error"
     code = "unprocessable_entity"
+
+
+class HeaderFieldsTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
 
 
 class RateLimited(GatewayError):
@@ -206,6 +227,39 @@ def payload_too_large(limit: int) -> GatewayError:
     return PayloadTooLarge(
         f"Request body exceeds the maximum size of {limit} bytes.", headers={"Connection": "close"}
     )
+
+
+def unknown_route(method: str, path: str) -> GatewayError:
+    """The 404 for a path nothing serves."""
+    return NotFound(f"Invalid URL ({method} {path})", code="unknown_route")
+
+
+_CLOSE = {"Connection": "close"}
+
+
+def request_timeout(seconds: float) -> GatewayError:
+    """The 408 for a request whose head or body did not arrive in time (the connection is closed)."""
+    return RequestTimeout(f"The request was not received within {seconds:g}s.", headers=_CLOSE)
+
+
+def head_too_large(limit: int) -> GatewayError:
+    """The 431 for a request line and headers over ``limit`` bytes together."""
+    return HeaderFieldsTooLarge(
+        f"The request headers exceed the maximum size of {limit} bytes.", headers=_CLOSE
+    )
+
+
+def too_many_headers(limit: int) -> GatewayError:
+    return HeaderFieldsTooLarge(f"The request has more than {limit} header fields.", headers=_CLOSE)
+
+
+def uri_too_long(limit: int) -> GatewayError:
+    return UriTooLong(f"The request line exceeds the maximum size of {limit} bytes.", headers=_CLOSE)
+
+
+def malformed_request() -> GatewayError:
+    """The 400 for bytes that are not an HTTP/1.1 request (an unknown method, a broken request line)."""
+    return BadRequest("Invalid HTTP request received.", code="invalid_http_request", headers=_CLOSE)
 
 
 def render(exc: GatewayError, path: str, request_id: str | None) -> tuple[int, bytes, dict[str, str]]:

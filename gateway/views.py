@@ -64,14 +64,11 @@ async def head_root(request: HttpRequest) -> HttpResponse:
 
 
 async def unknown_route(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise errors.NotFound(f"Invalid URL ({request.method} {request.path})", code="unknown_route")
+    raise errors.unknown_route(request.method or "", request.path)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    return errors.django_response(
-        errors.NotFound(f"Invalid URL ({request.method} {request.path})", code="unknown_route"),
-        request,
-    )
+    return errors.django_response(errors.unknown_route(request.method or "", request.path), request)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:

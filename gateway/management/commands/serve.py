@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 from typing import Any
@@ -46,19 +47,29 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
-        from gateway.server import GatewayServerProtocol
+        from gateway.server import GatewayHttpProtocol, GatewayServerProtocol, missing_internals
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
+        # Both protocols enforce the [server] request limits; only the first relays below ASGI.
+        http: Any = GatewayServerProtocol if config.server.direct_relay else GatewayHttpProtocol
+        missing = missing_internals()
+        if missing:
+            http = "httptools"
+            logging.getLogger("gateway").warning(
+                "uvicorn differs from what gateway/server.py is built on (%s): serving with stock "
+                "uvicorn, without the pass-through relay and the [server] request limits",
+                ", ".join(missing),
+            )
         config_kwargs: dict[str, Any] = {
             "host": host,
             "port": port,
             "workers": workers,
             "loop": "uvloop",
-            "http": GatewayServerProtocol,
+            "http": http,
             "ws": "websockets",
             "lifespan": "off",
             "log_level": "warning",
