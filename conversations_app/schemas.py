@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, StrictBool, Tag, TypeAdapter, ValidationError
 
 from gateway import errors
 from gateway.ids import new_id
@@ -213,6 +213,87 @@ class CustomToolCallOutputItem(_Item):
     output: str | list[ContentPart]
 
 
+# Built-in tool items a client replays: the members the gateway reads are typed (SDK shapes), the
+# rest are kept as sent.
+class WebSearchSource(_Open):
+    url: str
+
+
+class WebSearchAction(_Open):
+    type: str
+    query: str | None = None
+    queries: list[str] | None = None
+    sources: list[WebSearchSource] | None = None
+    url: str | None = None
+    pattern: str | None = None
+
+
+class WebSearchCallItem(_Item):
+    type: Literal["web_search_call"]
+    action: WebSearchAction | None = None
+    status: str | None = None
+
+
+class CodeInterpreterOutput(_Open):
+    type: str
+    logs: str | None = None
+    url: str | None = None
+
+
+class CodeInterpreterCallItem(_Item):
+    type: Literal["code_interpreter_call"]
+    code: str | None = None
+    container_id: str | None = None
+    outputs: list[CodeInterpreterOutput] | None = None
+    status: str | None = None
+
+
+class McpCallItem(_Item):
+    type: Literal["mcp_call"]
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    approval_request_id: str | None = None
+    status: str | None = None
+
+
+class McpListedTool(_Open):
+    name: str
+    description: str | None = None
+
+
+class McpListToolsItem(_Item):
+    type: Literal["mcp_list_tools"]
+    server_label: str
+    tools: list[McpListedTool]
+    error: str | None = None
+
+
+class McpApprovalRequestItem(_Item):
+    type: Literal["mcp_approval_request"]
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(_Item):
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str
+    approve: StrictBool
+    reason: str | None = None
+
+
+TYPED_TOOL_ITEMS = (
+    "web_search_call",
+    "code_interpreter_call",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+)
+
+
 class ItemReference(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["item_reference"]
@@ -230,6 +311,8 @@ def _item_tag(value: Any) -> str | None:
     kind = value.get("type")
     if kind is None and "role" in value:
         return "message"
+    if kind in TYPED_TOOL_ITEMS:
+        return str(kind)
     if kind in GENERIC_ITEM_TYPES:
         return "generic"
     return kind if isinstance(kind, str) else None
@@ -243,6 +326,12 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ItemReference, Tag("item_reference")]
+    | Annotated[WebSearchCallItem, Tag("web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("code_interpreter_call")]
+    | Annotated[McpCallItem, Tag("mcp_call")]
+    | Annotated[McpListToolsItem, Tag("mcp_list_tools")]
+    | Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")]
     | Annotated[GenericItem, Tag("generic")],
     Discriminator(_item_tag),
 ]
@@ -325,7 +414,7 @@ def _param_path(prefix: str, loc: tuple[Any, ...], data: Any, *, missing: bool) 
     return path, value
 
 
-def _error_from_pydantic(exc: ValidationError, prefix: str, data: Any) -> errors.BadRequest:
+def error_from_pydantic(exc: ValidationError, prefix: str, data: Any) -> errors.BadRequest:
     # A ``str | list`` field reports a failure per branch; the one that got deepest into the data
     # is about the branch the client chose (a bad content part, not "expected a string").
     failures = exc.errors()
@@ -369,16 +458,6 @@ def _check_id(param: str, value: Any, kind: str) -> str:
     return value
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    return False
-
-
 def _normalize_message(data: dict[str, Any]) -> dict[str, Any]:
     content = data["content"]
     if isinstance(content, str):
@@ -409,15 +488,10 @@ def validate_item(raw: Any, param: str) -> NewItem:
     try:
         model = _ITEM_ADAPTER.validate_python(raw)
     except ValidationError as exc:
-        raise _error_from_pydantic(exc, param, raw) from None
+        raise error_from_pydantic(exc, param, raw) from None
     if isinstance(model, ItemReference):
         return NewItem(id=model.id, type="item_reference", data=None, param=param + ".id")
-    if _has_nul(raw):
-        raise errors.BadRequest(
-            f"Invalid '{param}': strings must not contain U+0000, which this service cannot store.",
-            param=param,
-            code="invalid_value",
-        )
+    errors.refuse_nul(raw, param)
     data = model.model_dump(mode="json", exclude_none=False)
     kind = data["type"]
     # Keep optional members the client did not send out of the stored item (OpenAI's output shape
@@ -429,6 +503,26 @@ def validate_item(raw: Any, param: str) -> NewItem:
     item_id = data.get("id") or new_id(ITEM_ID_PREFIXES.get(kind) or MINTED_PREFIXES.get(kind, "item"))
     data = {"id": item_id, **{k: v for k, v in data.items() if k != "id"}}
     return NewItem(id=item_id, type=kind, data=data, param=param)
+
+
+def check_input_item(raw: Any, param: str) -> None:
+    """One Responses input item against the same typed models (``param``: ``input[0]``).
+
+    Item types this service does not model pass unchanged, as they always have.
+    """
+    if not isinstance(raw, dict):
+        raise invalid_type(param, "an object", raw)
+    tag = _item_tag(raw)
+    if tag is None:
+        if "type" not in raw:
+            raise missing_parameter(param + ".type")
+        raise invalid_type(param + ".type", "a string", raw["type"])
+    if tag != "generic" and tag not in ITEM_TYPES:
+        return
+    try:
+        _ITEM_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        raise error_from_pydantic(exc, param, raw) from None
 
 
 def validate_items(raw: Any, *, param: str = "items", required: bool) -> list[NewItem]:
@@ -492,12 +586,7 @@ def validate_metadata(raw: Any, *, param: str = "metadata") -> dict[str, str]:
                 param=field,
                 code="string_above_max_length",
             )
-        if "\x00" in key or "\x00" in value:
-            raise errors.BadRequest(
-                f"Invalid '{field}': string contains U+0000, which this service cannot store.",
-                param=field,
-                code="invalid_value",
-            )
+        errors.refuse_nul({key: value}, param)
     return dict(raw)
 
 
