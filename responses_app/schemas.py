@@ -55,7 +55,7 @@ class ResponseCreateRequest(BaseModel):
     conversation: str | ConversationParam | None = None
     image: dict[str, Any] | None = None
     include: list[str] | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | list[Any] | None = None  # items: checked one by one (_check_items_and_tools)
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     # Validated before the model by inference_app.tools.validate_max_tool_calls (one implementation).
@@ -244,6 +244,8 @@ def _check_strict_types(raw: dict[str, Any]) -> None:
 def _check_items_and_tools(request: ResponseCreateRequest) -> None:
     if isinstance(request.input, list):
         for index, item in enumerate(request.input):
+            if not isinstance(item, dict):
+                raise errors.invalid_type(f"input[{index}]", "an object", item)
             if "type" not in item and "role" not in item:
                 raise errors.BadRequest(
                     f"Missing required parameter: 'input[{index}].type'.",
