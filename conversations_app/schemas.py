@@ -3,9 +3,10 @@
 Items are validated with pydantic models that follow the ``openai`` SDK's
 ``ResponseInputItemParam`` union: the shapes a conversation stores and replays (messages, function
 calls and their outputs, reasoning, custom tool calls, item references) are checked field by
-field; the other item types of the union (web search, computer, MCP, shell, …) are checked for
-their ``type`` and id and stored as sent. Unknown members are kept (``extra="allow"``) so newer
-SDK fields survive a round trip.
+field, and so are the built-in tool items the gateway replays (web search, code interpreter, MCP);
+the other item types of the union (computer, shell, …) are checked for their ``type`` and id and
+stored as sent. ``check_input_item`` applies the same models to a Responses input item. Unknown
+members are kept (``extra="allow"``) so newer SDK fields survive a round trip.
 
 Every refusal is an OpenAI-shaped 400: ``param`` names the offending field the way OpenAI does
 (``items[0].content[1].text``, ``metadata.key``) and ``code`` is OpenAI's
