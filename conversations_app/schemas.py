@@ -643,6 +643,7 @@ def parse_item_list_params(query: Any) -> ItemListParams:
         params.order = order
     if query.get("after"):
         params.after = query.get("after")
+        errors.refuse_nul(params.after, "after")
     params.include = validate_include(query_include(query))
     return params
 

@@ -325,6 +325,7 @@ def test_stored_lengths(gw: Gateway, transport: str, name: str) -> None:
         ("GET", "/v1/conversations/conv_%00", "conversation_id"),
         ("GET", "/v1/conversations/conv_%00/items", "conversation_id"),
         ("GET", "/v1/conversations/conv_1/items/msg_%00", "item_id"),
+        ("GET", "/v1/conversations/conv_1/items?after=msg_%00", "after"),
     ],
 )
 def test_nul_in_url_ids(gw: Gateway, method: str, path: str, param: str) -> None:
