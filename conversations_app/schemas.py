@@ -486,6 +486,7 @@ def validate_item(raw: Any, param: str) -> NewItem:
             _check_id(param + ".id", raw["id"], raw["type"])
     elif "id" in raw and raw["id"] is not None:
         _check_id(param + ".id", raw["id"], tag)
+    _refuse_reserved(raw, param)
     try:
         model = _ITEM_ADAPTER.validate_python(raw)
     except ValidationError as exc:
@@ -506,6 +507,15 @@ def validate_item(raw: Any, param: str) -> NewItem:
     return NewItem(id=item_id, type=kind, data=data, param=param)
 
 
+def _refuse_reserved(raw: dict[str, Any], param: str) -> None:
+    """Members named ``_…`` are the gateway's own (a tool call's private model view): never a client's."""
+    for key in raw:
+        if isinstance(key, str) and key.startswith("_"):
+            raise errors.BadRequest(
+                f"Unknown parameter: '{param}.{key}'.", param=f"{param}.{key}", code="unknown_parameter"
+            )
+
+
 def check_input_item(raw: Any, param: str) -> None:
     """One Responses input item against the same typed models (``param``: ``input[0]``).
 
@@ -518,6 +528,7 @@ def check_input_item(raw: Any, param: str) -> None:
         if "type" not in raw:
             raise missing_parameter(param + ".type")
         raise invalid_type(param + ".type", "a string", raw["type"])
+    _refuse_reserved(raw, param)
     if tag != "generic" and tag not in ITEM_TYPES:
         return
     try:

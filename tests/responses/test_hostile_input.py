@@ -174,6 +174,10 @@ REPLAYED_ITEMS = {
         {"input": [{"type": "reasoning", "id": "rs_1", "summary": 5}]},
         _type("input[0].summary", "an array", "an integer"),
     ),
+    "private_model_view": (
+        {"input": [{"type": "web_search_call", "id": "ws_1", "status": "completed", "_gateway": {}}]},
+        ("input[0]._gateway", "unknown_parameter", "Unknown parameter: 'input[0]._gateway'."),
+    ),
     "custom_call_input_number": (
         {"input": [{"type": "custom_tool_call", "call_id": "c1", "name": "f", "input": 5}]},
         _type("input[0].input", "a string", "an integer"),
