@@ -3,10 +3,10 @@
 Items are validated with pydantic models that follow the ``openai`` SDK's
 ``ResponseInputItemParam`` union: the shapes a conversation stores and replays (messages, function
 calls and their outputs, reasoning, custom tool calls, item references) are checked field by
-field, and so are the built-in tool items the gateway replays (web search, code interpreter, MCP);
-the other item types of the union (computer, shell, …) are checked for their ``type`` and id and
-stored as sent. ``check_input_item`` applies the same models to a Responses input item. Unknown
-members are kept (``extra="allow"``) so newer SDK fields survive a round trip.
+field. The tool items of the union (web search, code interpreter, MCP, computer, shell, …) have
+their members typed (all optional) and are stored as sent once checked. ``check_input_item``
+applies the same models to a Responses input item. Unknown members are kept (``extra="allow"``) so
+newer SDK fields survive a round trip.
 
 Every refusal is an OpenAI-shaped 400: ``param`` names the offending field the way OpenAI does
 (``items[0].content[1].text``, ``metadata.key``) and ``code`` is OpenAI's
@@ -285,14 +285,146 @@ class McpApprovalResponseItem(_Item):
     reason: str | None = None
 
 
-TYPED_TOOL_ITEMS = (
-    "web_search_call",
-    "code_interpreter_call",
-    "mcp_call",
-    "mcp_list_tools",
-    "mcp_approval_request",
-    "mcp_approval_response",
-)
+# The other tool items of the SDK union: their members typed (all optional: a replay is kept as sent).
+class FileSearchCallItem(_Item):
+    type: Literal["file_search_call"]
+    queries: list[str] | None = None
+    status: str | None = None
+    results: list[dict[str, Any]] | None = None
+
+
+class ComputerCallItem(_Item):
+    type: Literal["computer_call"]
+    call_id: str | None = None
+    action: dict[str, Any] | None = None
+    actions: list[dict[str, Any]] | None = None
+    pending_safety_checks: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+class ComputerCallOutputItem(_Item):
+    type: Literal["computer_call_output"]
+    call_id: str | None = None
+    output: dict[str, Any] | None = None
+    acknowledged_safety_checks: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+class ImageGenerationCallItem(_Item):
+    type: Literal["image_generation_call"]
+    result: str | None = None
+    status: str | None = None
+
+
+class LocalShellAction(_Open):
+    command: list[str] | None = None
+    env: dict[str, str] | None = None
+    timeout_ms: int | None = None
+    working_directory: str | None = None
+
+
+class LocalShellCallItem(_Item):
+    type: Literal["local_shell_call"]
+    call_id: str | None = None
+    action: LocalShellAction | None = None
+    status: str | None = None
+
+
+class LocalShellCallOutputItem(_Item):
+    type: Literal["local_shell_call_output"]
+    output: str | None = None
+    status: str | None = None
+
+
+class ShellAction(_Open):
+    commands: list[str] | None = None
+    max_output_length: int | None = None
+    timeout_ms: int | None = None
+
+
+class ShellCallItem(_Item):
+    type: Literal["shell_call"]
+    call_id: str | None = None
+    action: ShellAction | None = None
+    status: str | None = None
+
+
+class ShellCallOutputItem(_Item):
+    type: Literal["shell_call_output"]
+    call_id: str | None = None
+    output: list[dict[str, Any]] | None = None
+    max_output_length: int | None = None
+    status: str | None = None
+
+
+class PatchOperation(_Open):
+    type: str
+    path: str | None = None
+    diff: str | None = None
+
+
+class ApplyPatchCallItem(_Item):
+    type: Literal["apply_patch_call"]
+    call_id: str | None = None
+    operation: PatchOperation | None = None
+    status: str | None = None
+
+
+class ApplyPatchCallOutputItem(_Item):
+    type: Literal["apply_patch_call_output"]
+    call_id: str | None = None
+    output: str | None = None
+    status: str | None = None
+
+
+class CompactionItem(_Item):
+    type: Literal["compaction"]
+    encrypted_content: str | None = None
+
+
+class ProgramItem(_Item):
+    type: Literal["program"]
+    call_id: str | None = None
+    code: str | None = None
+    fingerprint: str | None = None
+
+
+class ProgramOutputItem(_Item):
+    type: Literal["program_output"]
+    call_id: str | None = None
+    result: str | None = None
+    status: str | None = None
+
+
+class ToolSearchOutputItem(_Item):
+    type: Literal["tool_search_output"]
+    call_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+TYPED_TOOL_ITEMS: dict[str, type[_Item]] = {
+    "web_search_call": WebSearchCallItem,
+    "code_interpreter_call": CodeInterpreterCallItem,
+    "mcp_call": McpCallItem,
+    "mcp_list_tools": McpListToolsItem,
+    "mcp_approval_request": McpApprovalRequestItem,
+    "mcp_approval_response": McpApprovalResponseItem,
+    "file_search_call": FileSearchCallItem,
+    "computer_call": ComputerCallItem,
+    "computer_call_output": ComputerCallOutputItem,
+    "image_generation_call": ImageGenerationCallItem,
+    "local_shell_call": LocalShellCallItem,
+    "local_shell_call_output": LocalShellCallOutputItem,
+    "shell_call": ShellCallItem,
+    "shell_call_output": ShellCallOutputItem,
+    "apply_patch_call": ApplyPatchCallItem,
+    "apply_patch_call_output": ApplyPatchCallOutputItem,
+    "compaction": CompactionItem,
+    "program": ProgramItem,
+    "program_output": ProgramOutputItem,
+    "tool_search_output": ToolSearchOutputItem,
+}
 
 
 class ItemReference(BaseModel):
@@ -312,8 +444,6 @@ def _item_tag(value: Any) -> str | None:
     kind = value.get("type")
     if kind is None and "role" in value:
         return "message"
-    if kind in TYPED_TOOL_ITEMS:
-        return str(kind)
     if kind in GENERIC_ITEM_TYPES:
         return "generic"
     return kind if isinstance(kind, str) else None
@@ -327,16 +457,19 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ItemReference, Tag("item_reference")]
-    | Annotated[WebSearchCallItem, Tag("web_search_call")]
-    | Annotated[CodeInterpreterCallItem, Tag("code_interpreter_call")]
-    | Annotated[McpCallItem, Tag("mcp_call")]
-    | Annotated[McpListToolsItem, Tag("mcp_list_tools")]
-    | Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")]
-    | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")]
     | Annotated[GenericItem, Tag("generic")],
     Discriminator(_item_tag),
 ]
 _ITEM_ADAPTER: TypeAdapter[Any] = TypeAdapter(InputItem)
+# Each typed tool item by its own model (the union's tags stay the core items above).
+_TOOL_ITEM_ADAPTERS: dict[str, TypeAdapter[Any]] = {
+    kind: TypeAdapter(model) for kind, model in TYPED_TOOL_ITEMS.items()
+}
+
+
+def _validate_item(raw: dict[str, Any]) -> Any:
+    adapter = _TOOL_ITEM_ADAPTERS.get(raw.get("type"))  # type: ignore[arg-type]
+    return (adapter or _ITEM_ADAPTER).validate_python(raw)
 
 
 class NewItem(BaseModel):
@@ -488,13 +621,14 @@ def validate_item(raw: Any, param: str) -> NewItem:
         _check_id(param + ".id", raw["id"], tag)
     _refuse_reserved(raw, param)
     try:
-        model = _ITEM_ADAPTER.validate_python(raw)
+        model = _validate_item(raw)
     except ValidationError as exc:
         raise error_from_pydantic(exc, param, raw) from None
     if isinstance(model, ItemReference):
         return NewItem(id=model.id, type="item_reference", data=None, param=param + ".id")
     errors.refuse_nul(raw, param)
-    data = model.model_dump(mode="json", exclude_none=False)
+    # Tool items of the union beyond the core ones are checked, then stored as sent.
+    data = dict(raw) if tag == "generic" else model.model_dump(mode="json", exclude_none=False)
     kind = data["type"]
     # Keep optional members the client did not send out of the stored item (OpenAI's output shape
     # has no nulls for them), but keep the defaults the API always returns.
@@ -532,7 +666,7 @@ def check_input_item(raw: Any, param: str) -> None:
     if tag != "generic" and tag not in ITEM_TYPES:
         return
     try:
-        _ITEM_ADAPTER.validate_python(raw)
+        _validate_item(raw)
     except ValidationError as exc:
         raise error_from_pydantic(exc, param, raw) from None
 

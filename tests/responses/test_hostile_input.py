@@ -178,6 +178,35 @@ REPLAYED_ITEMS = {
         {"input": [{"type": "web_search_call", "id": "ws_1", "status": "completed", "_gateway": {}}]},
         ("input[0]._gateway", "unknown_parameter", "Unknown parameter: 'input[0]._gateway'."),
     ),
+    "local_shell_command_string": (
+        {
+            "input": [
+                {
+                    "type": "local_shell_call",
+                    "id": "lsc_1",
+                    "call_id": "c",
+                    "action": {"type": "exec", "command": "ls"},
+                }
+            ]
+        },
+        _type("input[0].action.command", "an array", "a string"),
+    ),
+    "computer_output_number": (
+        {"input": [{"type": "computer_call_output", "call_id": "c", "output": 5}]},
+        _type("input[0].output", "an object", "an integer"),
+    ),
+    "apply_patch_path_number": (
+        {
+            "input": [
+                {"type": "apply_patch_call", "call_id": "c", "operation": {"type": "delete_file", "path": 5}}
+            ]
+        },
+        _type("input[0].operation.path", "a string", "an integer"),
+    ),
+    "compaction_content_number": (
+        {"input": [{"type": "compaction", "encrypted_content": 5}]},
+        _type("input[0].encrypted_content", "a string", "an integer"),
+    ),
     "custom_call_input_number": (
         {"input": [{"type": "custom_tool_call", "call_id": "c1", "name": "f", "input": 5}]},
         _type("input[0].input", "a string", "an integer"),
@@ -350,3 +379,17 @@ def test_unknown_item_types_still_pass(gw: Gateway) -> None:
         {"model": "m", "input": [{"role": "user", "content": "x"}, {"type": "mystery_item", "id": "p"}]}
     )
     assert r.status_code == 200, r.text
+
+
+def test_replayed_tool_items_are_stored_as_sent(gw: Gateway) -> None:
+    """Typed checking adds nothing to a stored item: optional members the client left out stay out."""
+    item = {
+        "type": "web_search_call",
+        "id": "ws_1",
+        "status": "completed",
+        "action": {"type": "search", "query": "q"},
+    }
+    r = httpx.post(f"{gw.url}/v1/conversations", json={"items": [item]}, timeout=30)
+    assert r.status_code == 200, r.text
+    listed = httpx.get(f"{gw.url}/v1/conversations/{r.json()['id']}/items", timeout=30).json()
+    assert listed["data"] == [item]
