@@ -203,6 +203,52 @@ def invalid_type(param: str, expected: str, value: Any) -> BadRequest:
     )
 
 
+def _nul_path(value: Any, param: str) -> str | None:
+    """The JSON path of the first string (key or value) in ``value`` that holds U+0000."""
+    if isinstance(value, str):
+        return param if "\x00" in value else None
+    if isinstance(value, list):
+        for index, member in enumerate(value):
+            found = _nul_path(member, f"{param}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        for key, member in value.items():
+            path = f"{param}.{key}" if param else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                return param  # the key itself cannot be named: the object holding it is
+            found = _nul_path(member, path)
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_nul(value: Any, param: str) -> None:
+    """The one rule for U+0000: no stored string or id may hold it (PostgreSQL cannot store it).
+
+    Raises a 400 whose ``param`` is the path of the first offending string inside ``value``.
+    """
+    found = _nul_path(value, param)
+    if found is not None:
+        where = f"'{found}'" if found else "request body"
+        raise BadRequest(
+            f"Invalid {where}: strings must not contain U+0000, which this service cannot store.",
+            param=found or None,
+            code="invalid_value",
+        )
+
+
+def refuse_too_long(value: Any, param: str, max_length: int) -> None:
+    """A string stored in a column of ``max_length`` characters: longer is a 400, on every database."""
+    if isinstance(value, str) and len(value) > max_length:
+        raise BadRequest(
+            f"Invalid '{param}': string too long. Expected a string with maximum length {max_length}, "
+            f"but got a string with length {len(value)} instead.",
+            param=param,
+            code="string_above_max_length",
+        )
+
+
 def is_anthropic_path(path: str) -> bool:
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 

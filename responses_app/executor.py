@@ -28,8 +28,9 @@ from django.db import close_old_connections
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
+from gateway.logging import request_id_var
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
-from responses_app import translate
+from responses_app import translate, upstream_events
 from responses_app.echo import echoed_tool, tool_usage
 from responses_app.events import Event, EventSink, EventTooLarge, StreamFailure, error_frame, read_sse
 from responses_app.schemas import NOT_FORWARDED, ResponseCreateRequest
@@ -243,6 +244,8 @@ class Executor:
         self._round = 0
         self._round_status = "completed"
         self._round_tier: str | None = None
+        self._round_streamed = False  # this round's output came as item events (not only at the end)
+        self._finishing = False  # _finish has begun: an error there ends with an ``error`` event
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
@@ -276,12 +279,52 @@ class Executor:
     # --- the run -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[Event]:
-        """Every event of the response, in order, ending with exactly one terminal or error event."""
+        """Every event of the response, in order, ending with exactly one terminal or error event.
+
+        The one outermost guard of every streaming path (SSE, WebSocket, background): an unexpected
+        exception is logged once, with the request id, and still ends the response ``failed``: a
+        ``response.failed`` event once the response has started (an ``error`` event before), and
+        the row stored as failed.
+        """
+        try:
+            async for event in self._run():
+                yield event
+        except Exception:
+            if self.final is not None or self.failure_event is not None:
+                log.exception("response %s failed after its terminal event", self.p.response_id)
+                return
+            log.exception(
+                "response %s failed unexpectedly (request %s); ending it failed",
+                self.p.response_id,
+                request_id_var.get(),
+            )
+            async for event in self._end_unexpected():
+                yield event
+
+    async def _end_unexpected(self) -> AsyncIterator[Event]:
+        message = "The gateway failed while generating this response."
+        if self.sink.sequence_number and not self._finishing:
+            self._fail(message, "server_error", None)
+            try:
+                async for event in self._finish("failed"):
+                    yield event
+                return
+            except Exception:
+                log.exception("ending response %s failed", self.p.response_id)
+                if self.final is not None or self.failure_event is not None:
+                    return
+        async for event in self._end_with_error("server_error", message):
+            yield event
+
+    async def _run(self) -> AsyncIterator[Event]:
         status = "completed"
         if self.tools is None:
             try:
                 await self.prepare_tools()
             except errors.GatewayError as exc:  # callers that did not prepare (WebSocket, background)
+                if self.p.background:  # its row exists: it must not stay in progress
+                    self.error = {"code": exc.code or "server_error", "message": exc.message}
+                    await self._store("failed", self.snapshot("failed"))
                 self.failure_event = error_frame(
                     code=exc.code, message=exc.message, param=exc.param, sequence_number=0
                 )
@@ -339,6 +382,7 @@ class Executor:
         self.error = {"code": code, "message": message}
 
     async def _finish(self, status: str) -> AsyncIterator[Event]:
+        self._finishing = True
         snapshot = self.snapshot(status)
         try:
             terminal = self.sink.make(TERMINAL_EVENT[status], response=snapshot)
@@ -440,6 +484,7 @@ class Executor:
             limit = self.config.responses.max_upstream_sse_line_bytes
             self._round_status = "completed"
             self._round_tier = None
+            self._round_streamed = False
             terminal_seen = False
             try:
                 async for name, data in read_sse(response, limit):
@@ -576,18 +621,14 @@ class Executor:
     # --- upstream /v1/responses events ---------------------------------------------------------
 
     def _on_responses_event(self, name: str | None, data: bytes) -> tuple[list[Event], bool]:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise StreamFailure("The upstream sent a malformed stream event.") from None
-        if not isinstance(event, dict):
-            raise StreamFailure("The upstream sent a malformed stream event.")
-        kind = event.get("type") or name
+        kind, event = upstream_events.responses_event(name, data)
         index = event.get("output_index")
         key = ("r", self._round, index)
         out: list[Event] = []
+        if kind in upstream_events.STREAMED_OUTPUT:
+            self._round_streamed = True
         if kind == "response.output_item.added":
-            item = event.get("item") or {}
+            item = event["item"]
             itype = item.get("type")
             if itype in ("message", "reasoning"):
                 out += self._ensure(key, itype)
@@ -600,10 +641,15 @@ class Executor:
         elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
             out += self._call_delta(key, _str(event.get("delta")))
         elif kind == "response.output_item.done":
-            out += self._item_done(key, event.get("item") or {})
+            out += self._item_done(key, event["item"])
         elif kind in ("response.completed", "response.incomplete"):
-            response = event.get("response") or {}
+            response = event["response"]
             out += self._close()
+            if not self._round_streamed:
+                # An upstream that sends its output only in the terminal event: taken from there.
+                for position, item in enumerate(response.get("output") or ()):
+                    out += self._item_done(("r", self._round, "terminal", position), item)
+                out += self._close()
             self._take_usage_responses(response.get("usage"))
             tier = response.get("service_tier")
             self._round_tier = tier if isinstance(tier, str) else None
@@ -617,7 +663,7 @@ class Executor:
             return out, True
         elif kind == "response.failed":
             error = (event.get("response") or {}).get("error") or {}
-            raise StreamFailure(_str(error.get("message")) or "The upstream response failed.")
+            raise StreamFailure(error.get("message") or "The upstream response failed.")
         elif kind == "error":
             raise StreamFailure(_str(event.get("message")) or "The upstream stream reported an error.")
         return out, False
@@ -669,12 +715,7 @@ class Executor:
     # --- upstream /v1/chat/completions chunks --------------------------------------------------
 
     def _on_chat_chunk(self, data: bytes) -> list[Event]:
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise StreamFailure("The upstream sent a malformed stream chunk.") from None
-        if not isinstance(chunk, dict):
-            raise StreamFailure("The upstream sent a malformed stream chunk.")
+        chunk = upstream_events.chat_chunk(data)
         if "error" in chunk:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else None
@@ -692,7 +733,7 @@ class Executor:
                 output_details=usage.get("completion_tokens_details"),
             )
         for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning") or delta.get("reasoning_content")

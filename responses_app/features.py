@@ -53,6 +53,23 @@ KNOWN_ITEM_TYPES = frozenset(
 )
 # Client tool-search state: refused until the tool_search tool is translated for the model.
 TOOL_SEARCH_ITEM_TYPES = frozenset({"tool_search_call", "tool_search_output"})
+# Items of the SDK's input union for capabilities the gateway does not have.
+UNRUNNABLE_ITEM_TYPES = frozenset(
+    {
+        "computer_call",
+        "computer_call_output",
+        "file_search_call",
+        "image_generation_call",
+        "local_shell_call",
+        "local_shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "additional_tools",
+        "configuration_update",
+        "program",
+        "program_output",
+    }
+)
 # Compaction items: refused until compaction is built.
 COMPACTION_ITEM_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
 
@@ -120,6 +137,12 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
         return  # the typed request model reports the missing or mistyped type
     if kind in COMPACTION_ITEM_TYPES or kind in TOOL_SEARCH_ITEM_TYPES:
         raise _unsupported(f"Input items of type '{kind}' are not supported by this gateway yet.", param)
+    if kind in UNRUNNABLE_ITEM_TYPES:
+        raise errors.BadRequest(
+            f"Input items of type '{kind}' are not supported by this gateway.",
+            param=param,
+            code="unsupported_value",
+        )
     if kind not in KNOWN_ITEM_TYPES:
         raise errors.BadRequest(
             f"Invalid value: '{kind}'. Unknown input item type.", param=param, code="invalid_value"

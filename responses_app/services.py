@@ -119,6 +119,7 @@ def response_prepare(
     elif request.previous_response_id is not None:
         history = _previous_history(request.previous_response_id, owner, parent_history)
     elif conversation_id is not None:
+        conversation_selectors.check_conversation_id(conversation_id, param="conversation")
         try:
             stored, revision = conversation_selectors.conversation_history(
                 conversation_id=conversation_id, owner=owner

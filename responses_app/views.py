@@ -203,6 +203,7 @@ async def _direct(call: Call) -> Outcome:
 @allow_methods("GET", "DELETE")
 async def response_detail(request: HttpRequest, response_id: str) -> HttpResponse:
     require_stored_state_access(request)
+    errors.refuse_nul(response_id, "response_id")
     owner = request_principal(request).owner
     if request.method == "DELETE":
         await _db(services.response_delete)(id=response_id, owner=owner)
@@ -283,6 +284,7 @@ def _int_param(
 @allow_methods("GET")
 async def response_input_items(request: HttpRequest, response_id: str) -> HttpResponse:
     require_stored_state_access(request)
+    errors.refuse_nul(response_id, "response_id")
     owner = request_principal(request).owner
     limit = _int_param(request, "limit", default=20, minimum=1, maximum=100)
     order = request.GET.get("order", "desc")
@@ -293,6 +295,7 @@ async def response_input_items(request: HttpRequest, response_id: str) -> HttpRe
             code="invalid_value",
         )
     after = request.GET.get("after")
+    errors.refuse_nul(after, "after")
 
     def page() -> tuple[list[dict[str, Any]], bool]:
         response = selectors.response_get(id=response_id, owner=owner)
@@ -314,6 +317,7 @@ async def response_input_items(request: HttpRequest, response_id: str) -> HttpRe
 @allow_methods("POST")
 async def response_cancel(request: HttpRequest, response_id: str) -> HttpResponse:
     require_stored_state_access(request)
+    errors.refuse_nul(response_id, "response_id")
     owner = request_principal(request).owner
     snapshot = await _db(services.response_cancel)(id=response_id, owner=owner)
     tasks.cancel_local(response_id)

@@ -67,7 +67,7 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
     ({"input": [{"role": "user", "content": "hi"}, {"type": "hologram_call"}]}, "invalid_value", "input[1]"),
     (
         {"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]},
-        "invalid_value",
+        "unsupported_value",  # an SDK item type for a capability the gateway does not have
         "input[0]",
     ),
     ({"prompt": {"id": "pmpt_1"}}, "unsupported_parameter", "prompt"),
