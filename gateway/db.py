@@ -43,17 +43,15 @@ def _pool() -> ThreadPoolExecutor:
     return _executor
 
 
-def _call(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    close_old_connections()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        close_old_connections()
-
-
 async def run_orm(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """``fn(*args, **kwargs)`` (synchronous ORM work) on an ORM worker thread; its result."""
     context = contextvars.copy_context()
-    return await asyncio.get_running_loop().run_in_executor(
-        _pool(), lambda: context.run(_call, fn, *args, **kwargs)
-    )
+
+    def call() -> R:
+        close_old_connections()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return await asyncio.get_running_loop().run_in_executor(_pool(), context.run, call)
