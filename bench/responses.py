@@ -92,10 +92,14 @@ def start_upstream() -> str:
 # --- the servers under test --------------------------------------------------------------------
 
 
-def start_gateway(upstream: str, database_url: str, data_dir: str) -> tuple[subprocess.Popen[Any], str]:
+def start_gateway(
+    upstream: str, database_url: str, data_dir: str, workers: int = 0
+) -> tuple[subprocess.Popen[Any], str]:
     env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": data_dir}
     if database_url:
         env["DATABASE_URL"] = database_url
+    if workers:
+        env["GATEWAY_SERVER_WORKERS"] = str(workers)
     gateway = GatewayProcess(env, log=os.devnull).wait(60)
     return gateway.proc, gateway.url
 
@@ -249,6 +253,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     parser.add_argument("--concurrency", default="16,64", help="comma-separated levels")
     parser.add_argument("--chain-turns", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=0, help="our server processes (0: the default)")
+    parser.add_argument("--modes", default="json,sse")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     per_level = 200 if args.quick else 800
@@ -268,7 +274,7 @@ def main() -> None:
         targets: dict[str, tuple[str, int]] = {}
         try:
             ours_db = postgres_url(args.postgres, "bench_gateway") if store == "postgres" else ""
-            proc, url = start_gateway(upstream, ours_db, f"{tmp}/gw-{store}")
+            proc, url = start_gateway(upstream, ours_db, f"{tmp}/gw-{store}", args.workers)
             procs.append(proc)
             targets["gateway"] = (url, proc.pid)
             if reference:
@@ -278,7 +284,7 @@ def main() -> None:
                 ref_proc, url = start_reference(reference, upstream, home, ref_db)
                 procs.append(ref_proc)
                 targets["reference"] = (url, ref_proc.pid)
-            for stream in (False, True):
+            for stream in [mode == "sse" for mode in args.modes.split(",")]:
                 for concurrency in levels:
                     for name, (base, pid) in targets.items():
                         body = {

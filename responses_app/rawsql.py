@@ -93,22 +93,39 @@ def _sql(vendor: str) -> dict[str, Any]:
     }
 
 
+@cache
 def _vendor() -> str:
+    """The default database's backend, looked up once (the connection proxy costs more than a
+    dictionary lookup on this path)."""
     return str(connection.vendor)
+
+
+@cache
+def _columns(model: type[models.Model]) -> tuple[tuple[str, str, Any], ...]:
+    """``(attribute, kind, field)`` of every concrete column of ``model``, in column order."""
+    plan = []
+    for field in model._meta.concrete_fields:
+        if isinstance(field, models.JSONField):
+            kind = "json"
+        elif isinstance(field, models.DateTimeField):
+            kind = "datetime"
+        else:
+            kind = ""
+        plan.append((field.attname, kind, field))
+    return tuple(plan)
 
 
 def _row(model: type[models.Model], values: dict[str, Any]) -> list[Any]:
     """One row of ``model`` as the ORM would write it: every concrete column in order, missing
     values from the field's default, JSON with orjson, dates adapted for the backend."""
-    ops = connection.ops
+    adapt_datetime = connection.ops.adapt_datetimefield_value
     row: list[Any] = []
-    for field in model._meta.concrete_fields:
-        name = field.attname
+    for name, kind, field in _columns(model):
         value = values[name] if name in values else field.get_default()
-        if isinstance(field, models.JSONField):
+        if kind == "json":
             value = dumps(value)
-        elif isinstance(field, models.DateTimeField) and value is not None:
-            value = ops.adapt_datetimefield_value(value)
+        elif kind == "datetime" and value is not None:
+            value = adapt_datetime(value)
         row.append(value)
     return row
 
