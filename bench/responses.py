@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import subprocess
@@ -185,9 +184,10 @@ async def load(base: str, body: dict[str, Any], concurrency: int, total: int) ->
     failures: list[str] = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        for _ in range(min(concurrency, 8)):  # warm-up
-            with contextlib.suppress(Exception):
-                await one(client, base, body)
+        for _ in range(2):  # warm-up, on every connection (so every server process warms up too)
+            await asyncio.gather(
+                *(one(client, base, body) for _ in range(concurrency)), return_exceptions=True
+            )
         queue = list(range(total))
 
         async def worker() -> None:
