@@ -31,7 +31,12 @@ from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 
 class ApiASGIHandler(ASGIHandler):
-    """Django's ASGI handler with the API middleware stack instead of ``settings.MIDDLEWARE``."""
+    """Django's ASGI handler with the API middleware stack instead of ``settings.MIDDLEWARE``.
+
+    Requests are served by Django's own ``__call__``, so each runs in its own
+    ``ThreadSensitiveContext``: Django's thread-sensitive internals never queue one request behind
+    another's on asgiref's single shared thread. ORM work goes through ``gateway.db.run_orm``.
+    """
 
     def load_middleware(self, is_async: bool = False) -> None:
         full = settings.MIDDLEWARE
@@ -40,13 +45,6 @@ class ApiASGIHandler(ASGIHandler):
             super().load_middleware(is_async=is_async)
         finally:
             settings.MIDDLEWARE = full
-
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        # Django wraps each request in a ThreadSensitiveContext, which starts (and stops) a fresh
-        # thread per request for its thread-sensitive internals. API views are async and do their
-        # database work on the shared pool, so the few thread-sensitive calls Django itself makes
-        # (signals, response.close) share asgiref's one long-lived thread instead.
-        await self.handle(scope, receive, send)
 
 
 # Browser-facing paths that need sessions, CSRF and static files; everything else (the API,

@@ -66,7 +66,8 @@ class ServerConfig:
     data_dir: str = "var"
     sse_keepalive_s: float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
-    workers: int = 1
+    # Server processes; 0: one per core when inference runs elsewhere, 1 with the embedded engine.
+    workers: int = 0
     # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
     # (every request through the ASGI app).
     direct_relay: bool = True
@@ -270,6 +271,18 @@ class Config:
     @property
     def broker_enabled(self) -> bool:
         return bool(self.redis_url)
+
+    @property
+    def server_workers(self) -> int:
+        """Server processes: ``[server] workers``, or when 0 one per core, unless the gateway hosts
+        the embedded engine (neither ``LLM_API_BASE`` nor ``REDIS_URL``), where each would load its own."""
+        if self.server.workers:
+            return self.server.workers
+        if not self.llm_api_base and not self.redis_url:
+            return 1
+        return max(
+            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
 
     @property
     def upstream_base(self) -> str:
@@ -597,7 +610,6 @@ def _validate(c: Config) -> None:
         "upstream.stall_timeout_s": c.upstream.stall_timeout_s,
         "upstream.pool_size": c.upstream.pool_size,
         "database.pool_max_size": c.database.pool_max_size,
-        "server.workers": c.server.workers,
         "inference.tensor_parallel_size": c.inference.tensor_parallel_size,
         "inference.stream_maxlen": c.inference.stream_maxlen,
         "inference.stream_ttl_s": c.inference.stream_ttl_s,
@@ -608,6 +620,8 @@ def _validate(c: Config) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name}: must be positive, got {value}")
+    if c.server.workers < 0:
+        raise ConfigError(f"server.workers: must be 0 (automatic) or positive, got {c.server.workers}")
     if not 0 < c.server.port < 65536:
         raise ConfigError(f"server.port: must be between 1 and 65535, got {c.server.port}")
     if c.database.pool_min_size > c.database.pool_max_size:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import errors
 from gateway.config import get_config
+from gateway.db import run_orm
 from gateway.metrics import exposition
 
 
@@ -42,7 +42,7 @@ async def ready(request: HttpRequest) -> HttpResponse:
 
     timeout = get_config().upstream.ready_timeout_s
     results = await asyncio.gather(
-        _probe("database", sync_to_async(_database_ping, thread_sensitive=False)(), timeout),
+        _probe("database", run_orm(_database_ping), timeout),
         _probe("upstream", get_upstream().ready(timeout), timeout + 0.1),
     )
     checks = {

@@ -15,7 +15,6 @@ snapshot is written *before* the terminal event, so a write failure reaches the 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from django.db import close_old_connections
 
 from gateway import errors
 from gateway.config import Config
+from gateway.db import run_orm
 from gateway.ids import new_id
 from gateway.logging import request_id_var
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
@@ -186,29 +185,6 @@ def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
         "usage": None,
         "user": r.user,
     }
-
-
-def _db(fn: Any) -> Any:
-    """``fn`` (synchronous ORM work) as a coroutine function run on the loop's worker pool.
-
-    What ``sync_to_async(thread_sensitive=False)`` did, without its per-call setup (measured at a
-    tenth of a stored response's CPU): the caller's context variables travel with the call, and
-    the thread's connections are tidied afterwards (``close_old_connections``: a pooled
-    PostgreSQL connection goes back to the pool). A cancelled caller stops waiting at once; the
-    work already started finishes on its thread, as before.
-    """
-
-    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(None, context.run, run, args, kwargs)
-
-    return call
 
 
 class Executor:
@@ -409,9 +385,13 @@ class Executor:
                 return
             except Exception as exc:
                 log.exception("storing response %s failed", self.p.response_id)
+                message = f"The response could not be stored: {type(exc).__name__}."
+                # What was generated is not stored; the row says failed, never completed.
+                self.output = []
+                await self._store_failed(message)
                 self.failure_event = error_frame(
                     code="storage_error",
-                    message=f"The response could not be stored: {type(exc).__name__}.",
+                    message=message,
                     param=None,
                     sequence_number=terminal.data["sequence_number"],
                 )
@@ -422,36 +402,31 @@ class Executor:
 
     async def _end_with_error(self, code: str, message: str) -> AsyncIterator[Event]:
         """End with an ``error`` event (the terminal event itself cannot be sent); store as failed."""
-        self.open = None
-        self.error = {"code": "server_error", "message": message}
         if self.p.store:
-            try:
-                await self._store("failed", self.snapshot("failed"))
-            except Exception:
-                log.exception("storing failed response %s failed", self.p.response_id)
+            await self._store_failed(message)
         self.failure_event = error_frame(
             code=code, message=message, param=None, sequence_number=self.sink.sequence_number
         )
         self.sink.sequence_number += 1
         yield self.failure_event
 
+    async def _store_failed(self, message: str) -> None:
+        """Store the response as ``failed`` with ``message`` (nothing else left to tell the client)."""
+        self.open = None
+        self.error = {"code": "server_error", "message": message}
+        try:
+            await self._store("failed", self.snapshot("failed"))
+        except Exception:
+            log.exception("storing failed response %s failed", self.p.response_id)
+
     async def _store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         from responses_app import services
-        from responses_app.history_cache import history_cache
 
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
         outcome = services.Outcome(status, snapshot, output_items, self.usage.as_dict(), self.error, terminal)
-        stored = services.response_store_on_loop(prepared=self.p, outcome=outcome)  # SQLite, lock free
-        if stored is None:
-            stored = await _db(services.response_store_final)(prepared=self.p, outcome=outcome)
-        self.stored = stored
-        if self.stored:
-            # The checkpoint just committed, ready for a continuation on this process.
-            history_cache.put(
-                self.p.response_id, self.p.owner, [*self.p.history, *self.p.new_items, *output_items]
-            )
+        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
 
     # --- one upstream round --------------------------------------------------------------------
 

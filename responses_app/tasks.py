@@ -20,7 +20,8 @@ from typing import Any
 from celery import shared_task
 
 from gateway.config import Config, get_config
-from responses_app.executor import Executor, Prepared, _db
+from gateway.db import run_orm
+from responses_app.executor import Executor, Prepared
 
 log = logging.getLogger("responses.background")
 
@@ -50,7 +51,7 @@ def cancel_local(response_id: str) -> None:
 async def run_background(prepared: Prepared, config: Config, *, upstream: Any = None) -> None:
     from responses_app import services
 
-    if not await _db(services.response_mark_in_progress)(id=prepared.response_id):
+    if not await run_orm(services.response_mark_in_progress, id=prepared.response_id):
         return  # cancelled before it started
     executor = Executor(prepared, config, upstream=upstream)
     pending: list[tuple[int, bytes]] = []
@@ -63,7 +64,9 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
             return
         batch = list(pending)
         pending.clear()
-        status = await _db(services.response_events_append)(response_id=prepared.response_id, events=batch)
+        status = await run_orm(
+            services.response_events_append, response_id=prepared.response_id, events=batch
+        )
         last_flush = time.monotonic()
         if status == "cancelled":
             cancelled = True
@@ -112,12 +115,13 @@ async def _run_stored(response_id: str) -> None:
     from responses_app.models import Response
     from responses_app.schemas import ResponseCreateRequest
 
-    row = await _db(lambda: Response.objects.filter(id=response_id).first())()
+    row = await run_orm(lambda: Response.objects.filter(id=response_id).first())
     if row is None or row.status != Response.Status.QUEUED:
         return
     config = get_config()
     request = ResponseCreateRequest.model_validate(row.request)
-    prepared = await _db(services.response_prepare)(
+    prepared = await run_orm(
+        services.response_prepare,
         request=request,
         raw=row.request,
         owner=row.owner,

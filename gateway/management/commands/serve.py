@@ -31,7 +31,7 @@ class Command(BaseCommand):
         host = options["host"] or config.server.host
         port = options["port"] or config.server.port
         server = options["server"] or config.server.asgi_server
-        workers = options["workers"] or config.server.workers
+        workers = options["workers"] or config.server_workers
         if workers == 1:
             # Embedded inference: start loading the engine now, while the server comes up, rather
             # than on the first request (it takes tens of seconds). /ready says when it serves.
