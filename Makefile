@@ -86,7 +86,12 @@ test-inference: install-inference
 	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE -u MODEL $(IPY) -m pytest tests/inference $(PYTEST_ARGS)
 
 ## Set up and run the whole suite: lint, then every test on SQLite and on PostgreSQL, then real vLLM.
-test: lint test-sqlite test-postgres test-inference
+## PostgreSQL and Redis are started (throwaway instances) when nothing answers on their addresses;
+## bubblewrap and Node.js/npm are installed when missing (tests/ensure_tools.sh).
+test: ensure-tools lint
+	tests/ensure_services.sh $(TEST_DATABASE_URL)
+	$(MAKE) test-sqlite test-postgres test-inference
+ensure-tools: ; tests/ensure_tools.sh
 
 clean:
 	rm -rf $(VENV) $(INFERENCE_VENV) var

@@ -1,18 +1,18 @@
-"""Responses benchmark: direct upstream vs this gateway vs the reference gateway (agentic-api 0.9.0).
+"""Responses benchmark: this gateway side by side with the reference gateway (agentic-api 0.9.0),
+on a SQLite file and on PostgreSQL, in one run.
 
-All three talk to the same scripted upstream (vLLM's /v1/responses SSE format, instant answers), so
-the figures are the gateways' own overhead: stored JSON and SSE responses at concurrency 1/16/64,
-and a 50-turn ``previous_response_id`` chain (per-turn latency must stay flat).
+Both talk to the same scripted upstream (vLLM's /v1/responses SSE format, instant answers), so the
+figures are the gateways' own overhead: stored JSON and SSE responses at concurrency 16 and 64
+(req/s, median latency, gateway CPU per request: the server's process tree, from /proc), and a
+``previous_response_id`` chain (per-turn latency must stay flat). Every request must end as a
+stored, completed response; errors are counted per cell and any error fails the run (exit 1).
 
     .venv/bin/python bench/responses.py [--reference /work/ref-venv/bin/agentic-server]
-        [--database-url postgres://postgres@127.0.0.1:5432/bench_responses] [--quick] [--chain-runs N]
-        [--reference-database-url postgres://postgres@127.0.0.1:5432/bench_reference]
+        [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--quick] [--concurrency 16,64]
 
-The gateway runs as ``manage.py serve`` (uvicorn, one worker); the reference as
-``agentic-server --llm-api-base … --skip-llm-ready-check``.
-
-``--chain-runs N`` runs the chain N times per target, alternating targets, and reports each turn's
-median over the runs (a 2-core machine shared with other work makes single chains noisy).
+The gateway runs as ``manage.py serve`` in its default configuration (as ``make run`` starts it);
+the reference as ``agentic-server --llm-api-base … --skip-llm-ready-check``, each on its own SQLite
+file, then each on a fresh PostgreSQL database (``bench_gateway``, ``bench_reference``).
 """
 
 from __future__ import annotations
@@ -91,25 +91,16 @@ def start_upstream() -> str:
 # --- the servers under test --------------------------------------------------------------------
 
 
-def start_gateway(upstream: str, database_url: str, data_dir: str) -> tuple[subprocess.Popen[Any], str]:
+def start_gateway(
+    upstream: str, database_url: str, data_dir: str, workers: int = 0
+) -> tuple[subprocess.Popen[Any], str]:
     env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": data_dir}
     if database_url:
         env["DATABASE_URL"] = database_url
+    if workers:
+        env["GATEWAY_SERVER_WORKERS"] = str(workers)
     gateway = GatewayProcess(env, log=os.devnull).wait(60)
     return gateway.proc, gateway.url
-
-
-def ensure_postgres_database(url: str) -> None:
-    """Create the (empty) database ``url`` names if it does not exist yet (PostgreSQL URLs only)."""
-    if not url.startswith(("postgres://", "postgresql://")):
-        return
-    import psycopg
-
-    base, _, name = url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def start_reference(
@@ -142,127 +133,199 @@ def start_reference(
 # --- load --------------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` and every process below it (server workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(times.get(p, 0.0) for p in tree)
+
+
 async def one(
     client: httpx.AsyncClient, base: str, body: dict[str, Any]
 ) -> tuple[float, dict[str, Any] | None]:
+    """One request; raises :class:`Failed` unless it ended as a stored, completed response."""
     started = time.perf_counter()
     if body.get("stream"):
-        completed = False
         async with client.stream("POST", f"{base}/v1/responses", json=body) as r:
-            assert r.status_code == 200, await r.aread()
-            async for line in r.aiter_lines():
-                if line.startswith("data: ") and '"response.completed"' in line:
-                    completed = True
-        assert completed
+            raw = await r.aread()
+        if r.status_code != 200 or b"event: response.completed" not in raw:
+            raise Failed(f"SSE {r.status_code}: {raw[-300:]!r}")
         return time.perf_counter() - started, None
     r = await client.post(f"{base}/v1/responses", json=body)
-    assert r.status_code == 200, r.text
+    if r.status_code != 200 or r.json().get("status") != "completed":
+        raise Failed(f"JSON {r.status_code}: {r.text[:300]}")
     return time.perf_counter() - started, r.json()
 
 
-async def load(base: str, body: dict[str, Any], concurrency: int, total: int) -> dict[str, float]:
+class Failed(Exception):
+    pass
+
+
+async def load(base: str, body: dict[str, Any], concurrency: int, total: int) -> dict[str, Any]:
     latencies: list[float] = []
+    failures: list[str] = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        for _ in range(min(concurrency, 8)):  # warm-up
-            await one(client, base, body)
+        for _ in range(2):  # warm-up, on every connection (so every server process warms up too)
+            await asyncio.gather(
+                *(one(client, base, body) for _ in range(concurrency)), return_exceptions=True
+            )
         queue = list(range(total))
 
         async def worker() -> None:
             while queue:
                 queue.pop()
-                latency, _ = await one(client, base, body)
-                latencies.append(latency)
+                try:
+                    latency, _ = await one(client, base, body)
+                except Exception as exc:  # counted: a run with errors is a failing result
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                else:
+                    latencies.append(latency)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    latencies.sort()
     return {
         "rps": total / elapsed,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p95_ms": latencies[int(len(latencies) * 0.95) - 1] * 1000,
+        "p50_ms": statistics.median(latencies) * 1000 if latencies else float("nan"),
+        "errors": len(failures),
+        "first_error": failures[0] if failures else "",
     }
 
 
-async def chain(base: str, turns: int, store_body: dict[str, Any]) -> list[float]:
+async def chain(base: str, turns: int, store_body: dict[str, Any]) -> tuple[list[float], int]:
     per_turn: list[float] = []
+    errors = 0
     async with httpx.AsyncClient(timeout=120) as client:
         previous = None
         for turn in range(turns):
             body = dict(store_body, input=f"turn {turn}: tell me more")
             if previous:
                 body["previous_response_id"] = previous
-            latency, answer = await one(client, base, body)
+            try:
+                latency, answer = await one(client, base, body)
+            except Failed:
+                errors += 1
+                continue
             assert answer is not None
             previous = answer["id"]
             per_turn.append(latency * 1000)
-    return per_turn
+    return per_turn, errors
+
+
+def postgres_url(base: str, name: str) -> str:
+    """A fresh, empty database ``name`` on the server of ``base`` (a PostgreSQL URL)."""
+    import psycopg
+
+    server = base.rsplit("/", 1)[0]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{server}/{name}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reference", default="/work/ref-venv/bin/agentic-server")
-    parser.add_argument("--database-url", default="")
     parser.add_argument(
-        "--reference-database-url",
-        default="",
-        help="the reference's store (default: its SQLite file); e.g. postgres://…/bench_ref to compare on PostgreSQL",
+        "--postgres",
+        default="postgres://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL server URL; fresh bench_* databases are created on it ('' : SQLite only)",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer requests (CI smoke)")
-    parser.add_argument("--chain-runs", type=int, default=1, help="chains per target (per-turn median)")
+    parser.add_argument("--quick", action="store_true", help="fewer requests")
+    parser.add_argument("--concurrency", default="16,64", help="comma-separated levels")
+    parser.add_argument("--chain-turns", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=0, help="our server processes (0: the default)")
+    parser.add_argument("--modes", default="json,sse")
     args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    per_level = 200 if args.quick else 800
 
     upstream = start_upstream()
     tmp = tempfile.mkdtemp(prefix="bench-responses-")
-    procs = []
-    targets: dict[str, str] = {"direct": upstream}
-    ensure_postgres_database(args.database_url)
-    proc, url = start_gateway(upstream, args.database_url, tmp + "/gw")
-    procs.append(proc)
-    targets["gateway"] = url
-    if args.reference and Path(args.reference).exists():
-        os.makedirs(tmp + "/ref", exist_ok=True)
-        ensure_postgres_database(args.reference_database_url)
-        proc, url = start_reference(args.reference, upstream, tmp + "/ref", args.reference_database_url)
-        procs.append(proc)
-        targets["reference"] = url
-    try:
-        scale = 1 if args.quick else 4
-        plan = [(1, 25 * scale), (16, 50 * scale), (64, 64 * scale)]
-        print("| mode | concurrency | target | req/s | p50 ms | p95 ms |")
-        print("|---|---|---|---|---|---|")
-        for stream in (False, True):
-            for concurrency, total in plan:
-                for name, base in targets.items():
-                    body: dict[str, Any] = {"model": "test-model", "input": "Hello there", "stream": stream}
-                    if name != "direct":
-                        body["store"] = True
-                    stats = asyncio.run(load(base, body, concurrency, total))
-                    mode = "SSE" if stream else "JSON"
-                    print(
-                        f"| {mode} | {concurrency} | {name} | {stats['rps']:.0f} | "
-                        f"{stats['p50_ms']:.1f} | {stats['p95_ms']:.1f} |",
-                        flush=True,
-                    )
-        turns = 50
-        print()
-        print("| target | turns 1-10 mean ms | turns 21-30 mean ms | turns 41-50 mean ms |")
-        print("|---|---|---|---|")
-        runs: dict[str, list[list[float]]] = {name: [] for name in targets if name != "direct"}
-        for _ in range(max(1, args.chain_runs)):
-            for name in runs:  # alternating, so both see the same machine
-                runs[name].append(
-                    asyncio.run(chain(targets[name], turns, {"model": "test-model", "store": True}))
+    reference = args.reference if args.reference and Path(args.reference).exists() else ""
+    if not reference:
+        print(f"(no reference at {args.reference!r}: ours only)")
+    stores = ["sqlite"] + (["postgres"] if args.postgres else [])
+    total_errors = 0
+    print("| store | mode | concurrency | target | req/s | p50 ms | CPU ms/req | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    chains: list[str] = []
+    for store in stores:
+        procs: list[subprocess.Popen[Any]] = []
+        targets: dict[str, tuple[str, int]] = {}
+        try:
+            ours_db = postgres_url(args.postgres, "bench_gateway") if store == "postgres" else ""
+            proc, url = start_gateway(upstream, ours_db, f"{tmp}/gw-{store}", args.workers)
+            procs.append(proc)
+            targets["gateway"] = (url, proc.pid)
+            if reference:
+                home = f"{tmp}/ref-{store}"
+                os.makedirs(home, exist_ok=True)
+                ref_db = postgres_url(args.postgres, "bench_reference") if store == "postgres" else ""
+                ref_proc, url = start_reference(reference, upstream, home, ref_db)
+                procs.append(ref_proc)
+                targets["reference"] = (url, ref_proc.pid)
+            for stream in [mode == "sse" for mode in args.modes.split(",")]:
+                for concurrency in levels:
+                    for name, (base, pid) in targets.items():
+                        body = {
+                            "model": "test-model",
+                            "input": "Hello there",
+                            "stream": stream,
+                            "store": True,
+                        }
+                        cpu = cpu_seconds(pid)
+                        stats = asyncio.run(load(base, body, concurrency, per_level))
+                        cpu_ms = (cpu_seconds(pid) - cpu) * 1000 / per_level
+                        total_errors += stats["errors"]
+                        mode = "SSE" if stream else "JSON"
+                        print(
+                            f"| {store} | {mode} | {concurrency} | {name} | {stats['rps']:.0f} | "
+                            f"{stats['p50_ms']:.1f} | {cpu_ms:.2f} | {stats['errors']} |",
+                            flush=True,
+                        )
+                        if stats["errors"]:
+                            print(f"  first error: {stats['first_error']}", flush=True)
+            for name, (base, _) in targets.items():
+                per_turn, errors = asyncio.run(
+                    chain(base, args.chain_turns, {"model": "test-model", "store": True})
                 )
-        for name, chains in runs.items():
-            per_turn = [statistics.median(run[t] for run in chains) for t in range(turns)]
-            means = [statistics.mean(per_turn[a:b]) for a, b in ((0, 10), (20, 30), (40, 50))]
-            print(f"| {name} | {means[0]:.1f} | {means[1]:.1f} | {means[2]:.1f} |", flush=True)
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+                total_errors += errors
+                thirds = [per_turn[: len(per_turn) // 3], per_turn[-(len(per_turn) // 3) :]]
+                means = [statistics.mean(t) if t else float("nan") for t in thirds]
+                chains.append(f"| {store} | {name} | {means[0]:.1f} | {means[1]:.1f} | {errors} |")
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(10)
+    print()
+    print(
+        f"| store | target | chain first third mean ms | last third mean ms | errors ({args.chain_turns} turns) |"
+    )
+    print("|---|---|---|---|---|")
+    print("\n".join(chains))
+    print()
+    print(f"total errors: {total_errors}" + ("  (a failing result)" if total_errors else ""))
+    sys.exit(1 if total_errors else 0)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Admin for ops teams: find conversations, read them as transcripts, delete them.
 
 Read-only by default (no add, no change); deleting needs the delete permission and goes through
-``services.conversation_delete`` like the API, so stored items outlive the conversation.
+``services.conversation_delete`` like the API, so stored items outlive the conversation. Items
+themselves are never changed or deleted here (stored checkpoints and conversations share them).
 """
 
 from __future__ import annotations
@@ -168,4 +169,9 @@ class ItemAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Items are immutable and shared: stored responses' checkpoints and conversations reference
+        # them, and processes cache checkpoints. Deleting one would rewrite stored histories.
         return False

@@ -74,8 +74,11 @@ class ConversationItem(models.Model):
             # Keyset pagination walks this index; it also makes a lost or interleaved append
             # that reused a position fail loudly instead of corrupting the order.
             models.UniqueConstraint(fields=["conversation", "position"], name="conv_item_position_uniq"),
-            # An item appears at most once in a conversation; this index also resolves `after`.
-            models.UniqueConstraint(fields=["conversation", "item"], name="conv_item_once_uniq"),
+        ]
+        indexes = [
+            # Resolves `after` and membership. Not unique: one request may list an item twice (each
+            # occurrence is its own entry); re-adding an item already there is refused by the service.
+            models.Index(fields=["conversation", "item"], name="conv_item_idx"),
         ]
 
     def __str__(self) -> str:

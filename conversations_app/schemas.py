@@ -3,9 +3,10 @@
 Items are validated with pydantic models that follow the ``openai`` SDK's
 ``ResponseInputItemParam`` union: the shapes a conversation stores and replays (messages, function
 calls and their outputs, reasoning, custom tool calls, item references) are checked field by
-field; the other item types of the union (web search, computer, MCP, shell, …) are checked for
-their ``type`` and id and stored as sent. Unknown members are kept (``extra="allow"``) so newer
-SDK fields survive a round trip.
+field. The tool items of the union (web search, code interpreter, MCP, computer, shell, …) have
+their members typed (all optional) and are stored as sent once checked. ``check_input_item``
+applies the same models to a Responses input item. Unknown members are kept (``extra="allow"``) so
+newer SDK fields survive a round trip.
 
 Every refusal is an OpenAI-shaped 400: ``param`` names the offending field the way OpenAI does
 (``items[0].content[1].text``, ``metadata.key``) and ``code`` is OpenAI's
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, StrictBool, Tag, TypeAdapter, ValidationError
 
 from gateway import errors
 from gateway.ids import new_id
@@ -213,6 +214,219 @@ class CustomToolCallOutputItem(_Item):
     output: str | list[ContentPart]
 
 
+# Built-in tool items a client replays: the members the gateway reads are typed (SDK shapes), the
+# rest are kept as sent.
+class WebSearchSource(_Open):
+    url: str
+
+
+class WebSearchAction(_Open):
+    type: str
+    query: str | None = None
+    queries: list[str] | None = None
+    sources: list[WebSearchSource] | None = None
+    url: str | None = None
+    pattern: str | None = None
+
+
+class WebSearchCallItem(_Item):
+    type: Literal["web_search_call"]
+    action: WebSearchAction | None = None
+    status: str | None = None
+
+
+class CodeInterpreterOutput(_Open):
+    type: str
+    logs: str | None = None
+    url: str | None = None
+
+
+class CodeInterpreterCallItem(_Item):
+    type: Literal["code_interpreter_call"]
+    code: str | None = None
+    container_id: str | None = None
+    outputs: list[CodeInterpreterOutput] | None = None
+    status: str | None = None
+
+
+class McpCallItem(_Item):
+    type: Literal["mcp_call"]
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    approval_request_id: str | None = None
+    status: str | None = None
+
+
+class McpListedTool(_Open):
+    name: str
+    description: str | None = None
+
+
+class McpListToolsItem(_Item):
+    type: Literal["mcp_list_tools"]
+    server_label: str
+    tools: list[McpListedTool]
+    error: str | None = None
+
+
+class McpApprovalRequestItem(_Item):
+    type: Literal["mcp_approval_request"]
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(_Item):
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str
+    approve: StrictBool
+    reason: str | None = None
+
+
+# The other tool items of the SDK union: their members typed (all optional: a replay is kept as sent).
+class FileSearchCallItem(_Item):
+    type: Literal["file_search_call"]
+    queries: list[str] | None = None
+    status: str | None = None
+    results: list[dict[str, Any]] | None = None
+
+
+class ComputerCallItem(_Item):
+    type: Literal["computer_call"]
+    call_id: str | None = None
+    action: dict[str, Any] | None = None
+    actions: list[dict[str, Any]] | None = None
+    pending_safety_checks: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+class ComputerCallOutputItem(_Item):
+    type: Literal["computer_call_output"]
+    call_id: str | None = None
+    output: dict[str, Any] | None = None
+    acknowledged_safety_checks: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+class ImageGenerationCallItem(_Item):
+    type: Literal["image_generation_call"]
+    result: str | None = None
+    status: str | None = None
+
+
+class LocalShellAction(_Open):
+    command: list[str] | None = None
+    env: dict[str, str] | None = None
+    timeout_ms: int | None = None
+    working_directory: str | None = None
+
+
+class LocalShellCallItem(_Item):
+    type: Literal["local_shell_call"]
+    call_id: str | None = None
+    action: LocalShellAction | None = None
+    status: str | None = None
+
+
+class LocalShellCallOutputItem(_Item):
+    type: Literal["local_shell_call_output"]
+    output: str | None = None
+    status: str | None = None
+
+
+class ShellAction(_Open):
+    commands: list[str] | None = None
+    max_output_length: int | None = None
+    timeout_ms: int | None = None
+
+
+class ShellCallItem(_Item):
+    type: Literal["shell_call"]
+    call_id: str | None = None
+    action: ShellAction | None = None
+    status: str | None = None
+
+
+class ShellCallOutputItem(_Item):
+    type: Literal["shell_call_output"]
+    call_id: str | None = None
+    output: list[dict[str, Any]] | None = None
+    max_output_length: int | None = None
+    status: str | None = None
+
+
+class PatchOperation(_Open):
+    type: str
+    path: str | None = None
+    diff: str | None = None
+
+
+class ApplyPatchCallItem(_Item):
+    type: Literal["apply_patch_call"]
+    call_id: str | None = None
+    operation: PatchOperation | None = None
+    status: str | None = None
+
+
+class ApplyPatchCallOutputItem(_Item):
+    type: Literal["apply_patch_call_output"]
+    call_id: str | None = None
+    output: str | None = None
+    status: str | None = None
+
+
+class CompactionItem(_Item):
+    type: Literal["compaction"]
+    encrypted_content: str | None = None
+
+
+class ProgramItem(_Item):
+    type: Literal["program"]
+    call_id: str | None = None
+    code: str | None = None
+    fingerprint: str | None = None
+
+
+class ProgramOutputItem(_Item):
+    type: Literal["program_output"]
+    call_id: str | None = None
+    result: str | None = None
+    status: str | None = None
+
+
+class ToolSearchOutputItem(_Item):
+    type: Literal["tool_search_output"]
+    call_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+TYPED_TOOL_ITEMS: dict[str, type[_Item]] = {
+    "web_search_call": WebSearchCallItem,
+    "code_interpreter_call": CodeInterpreterCallItem,
+    "mcp_call": McpCallItem,
+    "mcp_list_tools": McpListToolsItem,
+    "mcp_approval_request": McpApprovalRequestItem,
+    "mcp_approval_response": McpApprovalResponseItem,
+    "file_search_call": FileSearchCallItem,
+    "computer_call": ComputerCallItem,
+    "computer_call_output": ComputerCallOutputItem,
+    "image_generation_call": ImageGenerationCallItem,
+    "local_shell_call": LocalShellCallItem,
+    "local_shell_call_output": LocalShellCallOutputItem,
+    "shell_call": ShellCallItem,
+    "shell_call_output": ShellCallOutputItem,
+    "apply_patch_call": ApplyPatchCallItem,
+    "apply_patch_call_output": ApplyPatchCallOutputItem,
+    "compaction": CompactionItem,
+    "program": ProgramItem,
+    "program_output": ProgramOutputItem,
+    "tool_search_output": ToolSearchOutputItem,
+}
+
+
 class ItemReference(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["item_reference"]
@@ -247,6 +461,15 @@ InputItem = Annotated[
     Discriminator(_item_tag),
 ]
 _ITEM_ADAPTER: TypeAdapter[Any] = TypeAdapter(InputItem)
+# Each typed tool item by its own model (the union's tags stay the core items above).
+_TOOL_ITEM_ADAPTERS: dict[str, TypeAdapter[Any]] = {
+    kind: TypeAdapter(model) for kind, model in TYPED_TOOL_ITEMS.items()
+}
+
+
+def _validate_item(raw: dict[str, Any]) -> Any:
+    adapter = _TOOL_ITEM_ADAPTERS.get(raw.get("type"))  # type: ignore[arg-type]
+    return (adapter or _ITEM_ADAPTER).validate_python(raw)
 
 
 class NewItem(BaseModel):
@@ -325,7 +548,7 @@ def _param_path(prefix: str, loc: tuple[Any, ...], data: Any, *, missing: bool) 
     return path, value
 
 
-def _error_from_pydantic(exc: ValidationError, prefix: str, data: Any) -> errors.BadRequest:
+def error_from_pydantic(exc: ValidationError, prefix: str, data: Any) -> errors.BadRequest:
     # A ``str | list`` field reports a failure per branch; the one that got deepest into the data
     # is about the branch the client chose (a bad content part, not "expected a string").
     failures = exc.errors()
@@ -369,16 +592,6 @@ def _check_id(param: str, value: Any, kind: str) -> str:
     return value
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    return False
-
-
 def _normalize_message(data: dict[str, Any]) -> dict[str, Any]:
     content = data["content"]
     if isinstance(content, str):
@@ -406,19 +619,16 @@ def validate_item(raw: Any, param: str) -> NewItem:
             _check_id(param + ".id", raw["id"], raw["type"])
     elif "id" in raw and raw["id"] is not None:
         _check_id(param + ".id", raw["id"], tag)
+    _refuse_reserved(raw, param)
     try:
-        model = _ITEM_ADAPTER.validate_python(raw)
+        model = _validate_item(raw)
     except ValidationError as exc:
-        raise _error_from_pydantic(exc, param, raw) from None
+        raise error_from_pydantic(exc, param, raw) from None
     if isinstance(model, ItemReference):
         return NewItem(id=model.id, type="item_reference", data=None, param=param + ".id")
-    if _has_nul(raw):
-        raise errors.BadRequest(
-            f"Invalid '{param}': strings must not contain U+0000, which this service cannot store.",
-            param=param,
-            code="invalid_value",
-        )
-    data = model.model_dump(mode="json", exclude_none=False)
+    errors.refuse_nul(raw, param)
+    # Tool items of the union beyond the core ones are checked, then stored as sent.
+    data = dict(raw) if tag == "generic" else model.model_dump(mode="json", exclude_none=False)
     kind = data["type"]
     # Keep optional members the client did not send out of the stored item (OpenAI's output shape
     # has no nulls for them), but keep the defaults the API always returns.
@@ -429,6 +639,36 @@ def validate_item(raw: Any, param: str) -> NewItem:
     item_id = data.get("id") or new_id(ITEM_ID_PREFIXES.get(kind) or MINTED_PREFIXES.get(kind, "item"))
     data = {"id": item_id, **{k: v for k, v in data.items() if k != "id"}}
     return NewItem(id=item_id, type=kind, data=data, param=param)
+
+
+def _refuse_reserved(raw: dict[str, Any], param: str) -> None:
+    """Members named ``_…`` are the gateway's own (a tool call's private model view): never a client's."""
+    for key in raw:
+        if isinstance(key, str) and key.startswith("_"):
+            raise errors.BadRequest(
+                f"Unknown parameter: '{param}.{key}'.", param=f"{param}.{key}", code="unknown_parameter"
+            )
+
+
+def check_input_item(raw: Any, param: str) -> None:
+    """One Responses input item against the same typed models (``param``: ``input[0]``).
+
+    Item types this service does not model pass unchanged, as they always have.
+    """
+    if not isinstance(raw, dict):
+        raise invalid_type(param, "an object", raw)
+    tag = _item_tag(raw)
+    if tag is None:
+        if "type" not in raw:
+            raise missing_parameter(param + ".type")
+        raise invalid_type(param + ".type", "a string", raw["type"])
+    _refuse_reserved(raw, param)
+    if tag != "generic" and tag not in ITEM_TYPES:
+        return
+    try:
+        _validate_item(raw)
+    except ValidationError as exc:
+        raise error_from_pydantic(exc, param, raw) from None
 
 
 def validate_items(raw: Any, *, param: str = "items", required: bool) -> list[NewItem]:
@@ -492,12 +732,7 @@ def validate_metadata(raw: Any, *, param: str = "metadata") -> dict[str, str]:
                 param=field,
                 code="string_above_max_length",
             )
-        if "\x00" in key or "\x00" in value:
-            raise errors.BadRequest(
-                f"Invalid '{field}': string contains U+0000, which this service cannot store.",
-                param=field,
-                code="invalid_value",
-            )
+        errors.refuse_nul({key: value}, param)
     return dict(raw)
 
 
@@ -553,6 +788,7 @@ def parse_item_list_params(query: Any) -> ItemListParams:
         params.order = order
     if query.get("after"):
         params.after = query.get("after")
+        errors.refuse_nul(params.after, "after")
     params.include = validate_include(query_include(query))
     return params
 
@@ -572,11 +808,19 @@ def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str
         and "encrypted_content" in data
     ):
         data = {k: v for k, v in data.items() if k != "encrypted_content"}
-    if data.get("type") == "message" and "message.output_text.logprobs" not in include:
-        content = data.get("content")
-        if isinstance(content, list) and any(isinstance(p, dict) and "logprobs" in p for p in content):
-            data = dict(data)
-            data["content"] = [
-                {k: v for k, v in p.items() if k != "logprobs"} if isinstance(p, dict) else p for p in content
-            ]
+    if data.get("type") == "message" and isinstance(data.get("content"), list):
+        # An assistant's output_text part always carries ``logprobs`` (OpenAI sends [] unless
+        # ``include`` asks for them); other parts never do.
+        keep = "message.output_text.logprobs" in include
+        data = dict(data)
+        data["content"] = [_logprobs(part, keep) for part in data["content"]]
     return data
+
+
+def _logprobs(part: Any, keep: bool) -> Any:
+    if not isinstance(part, dict):
+        return part
+    if part.get("type") != "output_text":
+        return {k: v for k, v in part.items() if k != "logprobs"} if "logprobs" in part else part
+    logprobs = part.get("logprobs") if keep else None
+    return {**part, "logprobs": logprobs if isinstance(logprobs, list) else []}

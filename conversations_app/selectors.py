@@ -21,6 +21,7 @@ class NotFound(errors.NotFound):
 
 def check_conversation_id(conversation_id: str, *, param: str = "conversation_id") -> str:
     """A malformed id or another kind of id is a 400, before any lookup."""
+    errors.refuse_nul(conversation_id, param)
     if not has_prefix(conversation_id, "conv") or len(conversation_id) > 128:
         raise invalid_id(param, conversation_id, "conv")
     return conversation_id
@@ -28,6 +29,7 @@ def check_conversation_id(conversation_id: str, *, param: str = "conversation_id
 
 def check_item_id(item_id: str, *, param: str = "item_id") -> str:
     """Item ids carry a type prefix (``msg_``, ``fc_``, ``rs_`` …); anything else is a 400."""
+    errors.refuse_nul(item_id, param)
     prefix, sep, _rest = item_id.partition("_")
     if not sep or not prefix.isalpha() or not prefix.islower() or len(item_id) > 128:
         raise errors.BadRequest(
@@ -79,9 +81,9 @@ def conversation_items_list(
     entries = ConversationItem.objects.filter(conversation=conversation)
     if after is not None:
         check_item_id(after, param="after")
-        anchor = entries.filter(item_id=after).values_list("position", flat=True).first()
+        anchor = entries.filter(item_id=after).order_by("position").values_list("position", flat=True).first()
         if anchor is None:
-            raise item_not_found(after, param="after")
+            raise NotFound(f"No item found with id '{after}'", param="after")  # OpenAI's wording
         entries = (
             entries.filter(position__gt=anchor) if order == "asc" else entries.filter(position__lt=anchor)
         )

@@ -24,8 +24,9 @@ from gateway.ids import new_id
 
 
 def item_already_in_conversation(item_id: str) -> errors.BadRequest:
+    # OpenAI's own wording (the id is not in it).
     return errors.BadRequest(
-        f"Item with id '{item_id}' is already in the conversation.",
+        "Item already in conversation",
         param="items",
         code="item_already_in_conversation",
     )
@@ -42,15 +43,12 @@ def _locked_conversation(*, id: str, owner: str) -> Conversation:
 def _store_items(*, owner: str, conversation: Conversation, new_items: list[NewItem]) -> list[Item]:
     """Create (or, for references and re-sent stored items, look up) the items of one request.
 
-    An item is stored once: an id the owner already stored is referenced, not copied. Raises
-    before anything is written when an item is refused; the caller's transaction undoes the rest.
+    An item is stored once: an id the owner already stored is referenced, not copied. The same id
+    twice in one request is stored once and listed at both positions under the same public id (as
+    OpenAI answers); an id already in the conversation is refused. Raises before anything is
+    written when an item is refused; the caller's transaction undoes the rest.
     """
-    seen: set[str] = set()
-    for new in new_items:
-        if new.id in seen:
-            raise item_already_in_conversation(new.id)
-        seen.add(new.id)
-    ids = [new.id for new in new_items]
+    ids = list(dict.fromkeys(new.id for new in new_items))
     in_conversation = set(
         ConversationItem.objects.filter(conversation=conversation, item_id__in=ids).values_list(
             "item_id", flat=True
@@ -63,6 +61,10 @@ def _store_items(*, owner: str, conversation: Conversation, new_items: list[NewI
     result: list[Item] = []
     to_create: list[Item] = []
     for new in new_items:
+        earlier = next((item for item in result if item.id == new.id), None)
+        if earlier is not None:
+            result.append(earlier)  # a second occurrence in this request
+            continue
         stored = existing.get(new.id)
         if stored is not None and stored.owner != owner:
             stored = None
@@ -151,7 +153,7 @@ def conversation_item_delete(*, id: str, owner: str, item_id: str) -> Conversati
     if not deleted:
         raise item_not_found(item_id)
     Conversation.objects.filter(pk=conversation.pk).update(
-        revision=F("revision") + 1, item_count=F("item_count") - 1
+        revision=F("revision") + 1, item_count=F("item_count") - deleted
     )
     conversation.refresh_from_db()
     return conversation

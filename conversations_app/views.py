@@ -3,8 +3,8 @@
 Plain async Django views with ``gateway.http`` rather than DRF: the bodies are validated by our
 own schemas into OpenAI's error envelopes (DRF's parsers and serializers would add a second,
 differently-worded error path), the 405/JSON handling is the one every other route uses, and the
-ORM work of each request runs as one ``sync_to_async`` call — which is also what a DRF view would
-cost under ASGI.
+ORM work of each request runs as one :func:`gateway.db.run_orm` call, side by side with other
+requests' (never queued behind them on one thread).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 
 from conversations_app import schemas, selectors, services
 from conversations_app.models import Conversation, Item
 from gateway import errors
 from gateway.auth import require_stored_state_access
+from gateway.db import run_orm
 from gateway.http import allow_methods, json_response, parse_json_body
 from gateway.principal import request_principal
 
@@ -65,9 +65,7 @@ async def conversations(request: HttpRequest) -> HttpResponse:
     body = _body(request, allowed=("items", "metadata"))
     items = schemas.validate_items(body.get("items"), required=False)
     metadata = schemas.validate_metadata(body.get("metadata"))
-    conversation, _ = await sync_to_async(services.conversation_create)(
-        owner=owner, metadata=metadata, items=items
-    )
+    conversation, _ = await run_orm(services.conversation_create, owner=owner, metadata=metadata, items=items)
     return json_response(render_conversation(conversation))
 
 
@@ -76,7 +74,7 @@ async def conversation_detail(request: HttpRequest, conversation_id: str) -> Htt
     """``GET`` / ``POST`` (update metadata) / ``DELETE /v1/conversations/{id}``."""
     owner = await _owner(request)
     if request.method == "GET":
-        conversation = await sync_to_async(selectors.conversation_get)(id=conversation_id, owner=owner)
+        conversation = await run_orm(selectors.conversation_get, id=conversation_id, owner=owner)
         return json_response(render_conversation(conversation))
     if request.method == "POST":
         selectors.check_conversation_id(conversation_id)
@@ -84,11 +82,11 @@ async def conversation_detail(request: HttpRequest, conversation_id: str) -> Htt
         if "metadata" not in body:
             raise schemas.missing_parameter("metadata")
         metadata = schemas.validate_metadata(body["metadata"])
-        conversation = await sync_to_async(services.conversation_update)(
-            id=conversation_id, owner=owner, metadata=metadata
+        conversation = await run_orm(
+            services.conversation_update, id=conversation_id, owner=owner, metadata=metadata
         )
         return json_response(render_conversation(conversation))
-    await sync_to_async(services.conversation_delete)(id=conversation_id, owner=owner)
+    await run_orm(services.conversation_delete, id=conversation_id, owner=owner)
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
@@ -107,13 +105,11 @@ async def conversation_items(request: HttpRequest, conversation_id: str) -> Http
     selectors.check_conversation_id(conversation_id)
     if request.method == "GET":
         params = schemas.parse_item_list_params(request.GET)
-        return json_response(await sync_to_async(_list_items)(conversation_id, owner, params))
+        return json_response(await run_orm(_list_items, conversation_id, owner, params))
     include = schemas.validate_include(schemas.query_include(request.GET))
     body = _body(request, allowed=("items",))
     items = schemas.validate_items(body.get("items"), required=True)
-    stored = await sync_to_async(services.conversation_items_create)(
-        id=conversation_id, owner=owner, items=items
-    )
+    stored = await run_orm(services.conversation_items_create, id=conversation_id, owner=owner, items=items)
     return json_response(render_item_list(stored, has_more=False, include=include))
 
 
@@ -130,9 +126,9 @@ async def conversation_item(request: HttpRequest, conversation_id: str, item_id:
     selectors.check_item_id(item_id)
     if request.method == "GET":
         include = schemas.validate_include(schemas.query_include(request.GET))
-        item = await sync_to_async(_get_item)(conversation_id, owner, item_id)
+        item = await run_orm(_get_item, conversation_id, owner, item_id)
         return json_response(schemas.render_item(item.data, include))
-    conversation = await sync_to_async(services.conversation_item_delete)(
-        id=conversation_id, owner=owner, item_id=item_id
+    conversation = await run_orm(
+        services.conversation_item_delete, id=conversation_id, owner=owner, item_id=item_id
     )
     return json_response(render_conversation(conversation))

@@ -8,6 +8,7 @@ The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any
 
 import gc
 import os
+import posixpath
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
@@ -22,6 +23,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
+from gateway import errors  # noqa: E402
 from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
 from gateway.lifecycle import lifespan  # noqa: E402
@@ -30,7 +32,12 @@ from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 
 class ApiASGIHandler(ASGIHandler):
-    """Django's ASGI handler with the API middleware stack instead of ``settings.MIDDLEWARE``."""
+    """Django's ASGI handler with the API middleware stack instead of ``settings.MIDDLEWARE``.
+
+    Requests are served by Django's own ``__call__``, so each runs in its own
+    ``ThreadSensitiveContext``: Django's thread-sensitive internals never queue one request behind
+    another's on asgiref's single shared thread. ORM work goes through ``gateway.db.run_orm``.
+    """
 
     def load_middleware(self, is_async: bool = False) -> None:
         full = settings.MIDDLEWARE
@@ -40,17 +47,23 @@ class ApiASGIHandler(ASGIHandler):
         finally:
             settings.MIDDLEWARE = full
 
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        # Django wraps each request in a ThreadSensitiveContext, which starts (and stops) a fresh
-        # thread per request for its thread-sensitive internals. API views are async and do their
-        # database work on the shared pool, so the few thread-sensitive calls Django itself makes
-        # (signals, response.close) share asgiref's one long-lived thread instead.
-        await self.handle(scope, receive, send)
-
 
 # Browser-facing paths that need sessions, CSRF and static files; everything else (the API,
 # /health, /ready, /metrics, HEAD /) takes the lean API handler.
 SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
+
+
+STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
+
+
+def static_path_escapes(path: str) -> bool:
+    """Whether a ``/static/`` path names something outside the static directories.
+
+    Django's static finders refuse such a path with ``SuspiciousFileOperation``, which
+    ``ASGIStaticFilesHandler`` does not turn into a 404: a 500 with a traceback per request.
+    """
+    relative = posixpath.normpath(path[len(STATIC_PREFIX) :]).lstrip("/")
+    return relative == ".." or relative.startswith("../") or "\x00" in relative
 
 
 class HttpDispatch:
@@ -61,7 +74,11 @@ class HttpDispatch:
         self.site = ASGIStaticFilesHandler(django_app)
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["path"].startswith(SITE_PREFIXES):
+        path = scope["path"]
+        if path.startswith(SITE_PREFIXES):
+            if path.startswith(STATIC_PREFIX) and static_path_escapes(path):
+                await errors.asgi_send(send, errors.unknown_route(scope["method"], path), scope)
+                return
             await self.site(scope, receive, send)
         else:
             await self.api(scope, receive, send)

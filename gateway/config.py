@@ -36,9 +36,11 @@ SECRET_ENV = {
 WEB_SEARCH_KEY_ENV = {"searxng": "", "brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}
 WEB_SEARCH_DEFAULT_BASE = {
     "searxng": "",
-    "brave": "https://api.search.brave.com/res/v1/web/search",
-    "tavily": "https://api.tavily.com/search",
+    "brave": "https://api.search.brave.com",
+    "tavily": "https://api.tavily.com",
 }
+# The path each provider's search API has under its base URL ([web_search] base_url).
+WEB_SEARCH_PATH = {"searxng": "/search", "brave": "/res/v1/web/search", "tavily": "/search"}
 
 
 class ConfigError(Exception):
@@ -50,6 +52,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_size_bytes: int = 10 * MiB
+    # Request line and headers together (431, or 414 for a request line, beyond it), the number of
+    # header fields (431), and how long a request may take to arrive in full, head and body (408).
+    max_request_head_size_bytes: int = 64 * 1024
+    max_request_headers: int = 100
+    request_read_timeout_s: float = 30.0
     cors_allowed_origins: tuple[str, ...] = ()
     debug: bool = False
     log_format: Literal["text", "json"] = "text"
@@ -59,7 +66,11 @@ class ServerConfig:
     data_dir: str = "var"
     sse_keepalive_s: float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
-    workers: int = 1
+    # Server processes; 0: one per core when inference runs elsewhere, 1 with the embedded engine.
+    workers: int = 0
+    # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
+    # (every request through the ASGI app).
+    direct_relay: bool = True
     # SIGTERM: stop accepting, let in-flight responses finish this long, then end them as failed.
     shutdown_grace_s: float = 30.0
 
@@ -133,8 +144,13 @@ class WebSearchConfig:
 
     @property
     def endpoint(self) -> str:
-        """The provider URL: ``base_url`` or the provider's public endpoint."""
-        return self.base_url or WEB_SEARCH_DEFAULT_BASE[self.provider]
+        """The provider's search URL: its base URL (``base_url`` or the public default) plus the
+        provider's path; a base that already ends with that path is taken as it is."""
+        base = (self.base_url or WEB_SEARCH_DEFAULT_BASE[self.provider]).rstrip("/")
+        if not base:
+            return ""
+        path = WEB_SEARCH_PATH[self.provider]
+        return base if base.endswith(path) else base + path
 
     @property
     def key_env(self) -> str:
@@ -262,6 +278,18 @@ class Config:
     @property
     def broker_enabled(self) -> bool:
         return bool(self.redis_url)
+
+    @property
+    def server_workers(self) -> int:
+        """Server processes: ``[server] workers``, or when 0 one per core, unless the gateway hosts
+        the embedded engine (neither ``LLM_API_BASE`` nor ``REDIS_URL``), where each would load its own."""
+        if self.server.workers:
+            return self.server.workers
+        if not self.llm_api_base and not self.redis_url:
+            return 1
+        return max(
+            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
 
     @property
     def upstream_base(self) -> str:
@@ -561,6 +589,9 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"REDIS_URL: must be a redis:// URL, got {c.redis_url!r}")
     positive = {
         "server.max_request_body_size_bytes": c.server.max_request_body_size_bytes,
+        "server.max_request_head_size_bytes": c.server.max_request_head_size_bytes,
+        "server.max_request_headers": c.server.max_request_headers,
+        "server.request_read_timeout_s": c.server.request_read_timeout_s,
         "responses.max_retained_bytes": c.responses.max_retained_bytes,
         "responses.max_upstream_sse_line_bytes": c.responses.max_upstream_sse_line_bytes,
         "responses.max_stream_event_bytes": c.responses.max_stream_event_bytes,
@@ -596,7 +627,6 @@ def _validate(c: Config) -> None:
         "upstream.stall_timeout_s": c.upstream.stall_timeout_s,
         "upstream.pool_size": c.upstream.pool_size,
         "database.pool_max_size": c.database.pool_max_size,
-        "server.workers": c.server.workers,
         "inference.tensor_parallel_size": c.inference.tensor_parallel_size,
         "inference.stream_maxlen": c.inference.stream_maxlen,
         "inference.stream_ttl_s": c.inference.stream_ttl_s,
@@ -607,6 +637,8 @@ def _validate(c: Config) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name}: must be positive, got {value}")
+    if c.server.workers < 0:
+        raise ConfigError(f"server.workers: must be 0 (automatic) or positive, got {c.server.workers}")
     if not 0 < c.server.port < 65536:
         raise ConfigError(f"server.port: must be between 1 and 65535, got {c.server.port}")
     if c.database.pool_min_size > c.database.pool_max_size:

@@ -33,7 +33,7 @@ from gateway.fastpath import cors_headers
 from gateway.ids import request_id_for
 from gateway.logging import request_id_var
 from gateway.metrics import HTTP_IN_FLIGHT
-from gateway.middleware import record_request
+from gateway.middleware import READ_TIMED_OUT, record_request
 from gateway.passthrough import SSE_CONTENT_TYPE, DisconnectWatch, RawHeaders, Route
 from inference_app.http_client import HttpPool, describe
 from inference_app.upstream import HttpUpstream, UpstreamResponse, forward_headers, get_upstream
@@ -130,6 +130,12 @@ class _Response:
         await self._write(self.error_bytes(exc, path))
         self._complete()
 
+    def _unbegin(self) -> None:
+        """Forget a head that was built but never sent (a sized answer's, held for its body)."""
+        self.status = 0
+        self.chunked = False
+        self.cycle.response_started = False
+
     def begin(self, status: int, headers: RawHeaders) -> bytes:
         """The head for the upstream's status and (lower-cased) headers; a body without a length is
         chunked."""
@@ -159,6 +165,10 @@ class _Response:
                 else:
                     await self._write(chunk)
         except errors.GatewayError as exc:
+            if pending is not None:  # nothing sent yet: the error can still be the answer
+                self._unbegin()
+                await self.error(exc, self.cycle.scope["path"])
+                return
             if response.content_type != SSE_CONTENT_TYPE or not self.chunked:
                 self.cycle.transport.close()  # a sized body cannot carry an error: drop it
                 return
@@ -214,6 +224,9 @@ async def _read_body(protocol: HttpToolsProtocol, cycle: RequestResponseCycle, l
             body = bytes(cycle.body)
             cycle.body = bytearray()
             return body
+        refusal = cycle.scope.get(READ_TIMED_OUT)  # type: ignore[attr-defined]
+        if isinstance(refusal, errors.GatewayError):
+            raise refusal
         protocol.flow.resume_reading()
         await cycle.message_event.wait()
         cycle.message_event.clear()
@@ -242,7 +255,11 @@ async def _serve(
         await out.error(exc, path)
         return
     scope["principal"] = auth.principal
-    body = await _read_body(protocol, cycle, limit)
+    try:
+        body = await _read_body(protocol, cycle, limit)
+    except errors.RequestTimeout as exc:
+        await out.error(exc, path)
+        return
     if body is None:
         if not cycle.disconnected:
             out.extra = []  # as GatewayASGIMiddleware refuses it, below the CORS layer
@@ -515,6 +532,11 @@ class Relay(_Response):
             self.conn = None
             error = conn.error
             pool.discard(conn)
+            if self.pending is not None:  # nothing sent yet: the error can still be the answer
+                self.pending = None
+                self._unbegin()
+                self._error(error)
+                return
             if not self.chunked or _content_type(conn.raw_headers) != SSE_CONTENT_TYPE:
                 self._close()  # a sized body cannot carry an error: drop it
                 self._done(False)
@@ -542,6 +564,14 @@ class Relay(_Response):
             return
         self._put(self.error_bytes(exc, self.path))
         self._done(True)
+
+    def refuse(self, exc: errors.GatewayError) -> None:
+        """The protocol refuses the request (its body came too late): answer ``exc`` if nothing
+        was sent yet, else drop it."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+        self._error(exc)
 
     def _unexpected(self) -> None:
         """A bug: log it, and answer 500 if nothing was sent yet, else cut the response off."""

@@ -22,11 +22,14 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    414: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "request_too_large",
     503: "overloaded_error",
     529: "overloaded_error",
 }
@@ -100,10 +103,22 @@ class Conflict(GatewayError):
     code = "conflict"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UriTooLong(GatewayError):
+    status = 414
+    type = "invalid_request_error"
+    code = "uri_too_long"
 
 
 class UnsupportedMediaType(GatewayError):
@@ -116,6 +131,12 @@ class Unprocessable(GatewayError):
     status = 422
     type = "invalid_request_error"
     code = "unprocessable_entity"
+
+
+class HeaderFieldsTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
 
 
 class RateLimited(GatewayError):
@@ -182,6 +203,52 @@ def invalid_type(param: str, expected: str, value: Any) -> BadRequest:
     )
 
 
+def _nul_path(value: Any, param: str) -> str | None:
+    """The JSON path of the first string (key or value) in ``value`` that holds U+0000."""
+    if isinstance(value, str):
+        return param if "\x00" in value else None
+    if isinstance(value, list):
+        for index, member in enumerate(value):
+            found = _nul_path(member, f"{param}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        for key, member in value.items():
+            path = f"{param}.{key}" if param else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                return param  # the key itself cannot be named: the object holding it is
+            found = _nul_path(member, path)
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_nul(value: Any, param: str) -> None:
+    """The one rule for U+0000: no stored string or id may hold it (PostgreSQL cannot store it).
+
+    Raises a 400 whose ``param`` is the path of the first offending string inside ``value``.
+    """
+    found = _nul_path(value, param)
+    if found is not None:
+        where = f"'{found}'" if found else "request body"
+        raise BadRequest(
+            f"Invalid {where}: strings must not contain U+0000, which this service cannot store.",
+            param=found or None,
+            code="invalid_value",
+        )
+
+
+def refuse_too_long(value: Any, param: str, max_length: int) -> None:
+    """A string stored in a column of ``max_length`` characters: longer is a 400, on every database."""
+    if isinstance(value, str) and len(value) > max_length:
+        raise BadRequest(
+            f"Invalid '{param}': string too long. Expected a string with maximum length {max_length}, "
+            f"but got a string with length {len(value)} instead.",
+            param=param,
+            code="string_above_max_length",
+        )
+
+
 def is_anthropic_path(path: str) -> bool:
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
@@ -206,6 +273,39 @@ def payload_too_large(limit: int) -> GatewayError:
     return PayloadTooLarge(
         f"Request body exceeds the maximum size of {limit} bytes.", headers={"Connection": "close"}
     )
+
+
+def unknown_route(method: str, path: str) -> GatewayError:
+    """The 404 for a path nothing serves."""
+    return NotFound(f"Invalid URL ({method} {path})", code="unknown_route")
+
+
+_CLOSE = {"Connection": "close"}
+
+
+def request_timeout(seconds: float) -> GatewayError:
+    """The 408 for a request whose head or body did not arrive in time (the connection is closed)."""
+    return RequestTimeout(f"The request was not received within {seconds:g}s.", headers=_CLOSE)
+
+
+def head_too_large(limit: int) -> GatewayError:
+    """The 431 for a request line and headers over ``limit`` bytes together."""
+    return HeaderFieldsTooLarge(
+        f"The request headers exceed the maximum size of {limit} bytes.", headers=_CLOSE
+    )
+
+
+def too_many_headers(limit: int) -> GatewayError:
+    return HeaderFieldsTooLarge(f"The request has more than {limit} header fields.", headers=_CLOSE)
+
+
+def uri_too_long(limit: int) -> GatewayError:
+    return UriTooLong(f"The request line exceeds the maximum size of {limit} bytes.", headers=_CLOSE)
+
+
+def malformed_request() -> GatewayError:
+    """The 400 for bytes that are not an HTTP/1.1 request (an unknown method, a broken request line)."""
+    return BadRequest("Invalid HTTP request received.", code="invalid_http_request", headers=_CLOSE)
 
 
 def render(exc: GatewayError, path: str, request_id: str | None) -> tuple[int, bytes, dict[str, str]]:

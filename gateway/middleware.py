@@ -52,6 +52,11 @@ def route_label(path: str) -> str:
     return "/" + match.route if match.route else path
 
 
+# Scope key the server protocol (gateway.server) sets to a GatewayError when a request's body did not
+# arrive within [server] request_read_timeout_s: whoever reads the body answers it.
+READ_TIMED_OUT = "gateway.read_timed_out"
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -69,11 +74,11 @@ def record_request(method: str, path: str, route: str, status: int, seconds: flo
 class _HttpState:
     """One HTTP request's bookkeeping in :class:`GatewayASGIMiddleware`."""
 
-    __slots__ = ("received", "status", "too_large")
+    __slots__ = ("received", "refused", "status")
 
     def __init__(self) -> None:
         self.status = 0  # set when the response starts
-        self.too_large = False
+        self.refused = False  # answered here (body ceiling, read timeout): the app is ignored
         self.received = 0
 
 
@@ -112,26 +117,36 @@ class GatewayASGIMiddleware:
                     return
                 state.status = message["status"]
                 message["headers"] = [*message.get("headers", ()), rid_header]
-            elif state.too_large:
+            elif state.refused:
                 return  # the app answers after we already refused: drop it
             await send(message)
 
         async def receive_wrapper() -> Message:
-            if state.too_large:
+            if state.refused:
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 state.received += len(message.get("body", b""))
                 if state.received > limit:
-                    await self._refuse_too_large(scope, send_wrapper, state, limit)
+                    await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
+                    return {"type": "http.disconnect"}
+                timed_out = scope.get(READ_TIMED_OUT)
+                if timed_out is not None:
+                    await self._refuse(scope, send_wrapper, state, timed_out)
                     return {"type": "http.disconnect"}
             return message
 
         try:
             if declared is not None and declared.isdigit() and int(declared) > limit:
-                await self._refuse_too_large(scope, send_wrapper, state, limit)
+                await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
                 return
             await self.app(scope, receive_wrapper, send_wrapper)
+        except Exception as exc:
+            if state.status:
+                raise  # an answer has begun: the server cuts it off
+            # A bug below Django (Django renders its own): the envelope, not the server's plain 500.
+            logging.getLogger("gateway").exception("unhandled error on %s", scope.get("path", ""))
+            await errors.asgi_send(send_wrapper, errors.as_gateway_error(exc), scope)
         finally:
             HTTP_IN_FLIGHT.dec()
             elapsed = time.perf_counter() - started
@@ -142,11 +157,11 @@ class GatewayASGIMiddleware:
             record_request(method, path, route, status, elapsed, rid)
             request_id_var.reset(token)
 
-    async def _refuse_too_large(self, scope: Scope, send: Send, state: _HttpState, limit: int) -> None:
+    async def _refuse(self, scope: Scope, send: Send, state: _HttpState, exc: errors.GatewayError) -> None:
         if state.status:
             return
-        await errors.asgi_send(send, errors.payload_too_large(limit), scope)
-        state.too_large = True
+        await errors.asgi_send(send, exc, scope)
+        state.refused = True
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = _header(scope, b"x-request-id")

@@ -231,7 +231,7 @@ async def relay(
                 if not exchange.client_gone:
                     await send_error(send, scope, exc, extra_headers)
                 return
-            await _relay_response(response, send, exchange, route, extra_headers)
+            await _relay_response(response, scope, send, exchange, route, extra_headers)
     finally:
         if response is not None:
             await response.aclose()
@@ -239,6 +239,7 @@ async def relay(
 
 async def _relay_response(
     response: UpstreamResponse,
+    scope: Scope,
     send: Send,
     exchange: Exchange,
     route: Route,
@@ -247,11 +248,20 @@ async def _relay_response(
     raw_headers = _encode_headers(response.headers)
     if extra_headers:
         raw_headers.extend(extra_headers)
-    await send({"type": "http.response.start", "status": response.status, "headers": raw_headers})
+    head = {"type": "http.response.start", "status": response.status, "headers": raw_headers}
     length = response.header("content-length")
     remaining = int(length) if length and length.isdigit() else -1
+    start: Message | None = head
+    if remaining < 0:
+        await send(head)  # a body without a length (a stream): its head goes out at once
+        start = None
+    # A sized body's head waits for its first bytes (the server writes them together anyway):
+    # an upstream that breaks off before them still gets an error answer.
     try:
         async for chunk in response:
+            if start is not None:
+                await send(start)
+                start = None
             if remaining >= 0:
                 remaining -= len(chunk)
                 if remaining <= 0:
@@ -261,11 +271,17 @@ async def _relay_response(
                     return
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except errors.GatewayError as exc:
+        if start is not None:
+            exchange.finished = True
+            await send_error(send, scope, exc, extra_headers)
+            return
         if response.content_type != SSE_CONTENT_TYPE:
             raise  # a sized or plain body cannot carry an error: the connection is dropped
         exchange.finished = True
         await send({"type": "http.response.body", "body": route.stream_error(exc), "more_body": False})
         return
+    if start is not None:
+        await send(start)  # an empty sized body
     exchange.finished = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -11,14 +11,62 @@ without the body, so here they are held until the first body message and written
 one system call per response instead of two, which is a measurable share of a small pass-through
 request's cost (``docs/performance.md``). Streamed responses (no length: SSE, chunked) are written
 exactly as uvicorn writes them, so their headers still reach the client at once.
+
+:class:`GatewayHttpProtocol` also holds the ``[server]`` request limits (head size, header count,
+read timeout) and answers uvicorn's own refusals in the gateway's envelope.
+
+uvicorn internals relied on (uvicorn ``UVICORN_VERSION``, httptools 0.9.0; :func:`missing_internals`
+checks them, ``manage.py serve`` falls back to stock uvicorn when one is gone, and
+``tests/gateway/test_server_protocol.py`` fails when one moves): ``HttpToolsProtocol`` methods
+``_start_asgi_task``, ``on_response_complete``, ``_unset_keepalive_if_required``,
+``send_400_response`` (what ``data_received`` calls when the parser refuses bytes) and the
+httptools callbacks; its attributes ``parser``, ``url``, ``headers``, ``cycle``, ``pipeline``,
+``flow``, ``server_state``, ``timeout_keep_alive_task``; ``RequestResponseCycle`` and its
+``scope``, ``body``, ``more_body``, ``message_event``, ``response_started``, ``response_complete``,
+``disconnected``, ``keep_alive``; ``STATUS_LINE``. For the graceful shutdown
+(:class:`DrainingWebSocketProtocol`): ``WebSocketProtocol.shutdown`` and its attributes ``loop``,
+``transport``, ``handshake_completed_event``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+
+from gateway import errors
+from gateway.config import get_config
+
+UVICORN_VERSION = "0.54.0"
+_RELIED_ON = {
+    HttpToolsProtocol: (
+        "_start_asgi_task",
+        "on_response_complete",
+        "_unset_keepalive_if_required",
+        "send_400_response",
+        "on_message_begin",
+        "on_url",
+        "on_header",
+        "on_headers_complete",
+        "on_body",
+        "on_message_complete",
+        "shutdown",
+    ),
+    RequestResponseCycle: ("send", "receive", "run_asgi"),
+    WebSocketProtocol: ("shutdown", "connection_made"),
+}
+
+
+def missing_internals() -> list[str]:
+    """The uvicorn internals this module needs that the installed uvicorn lacks (the version too)."""
+    import uvicorn
+
+    missing = [] if uvicorn.__version__ == UVICORN_VERSION else [f"uvicorn=={UVICORN_VERSION}"]
+    for owner, names in _RELIED_ON.items():
+        missing += [f"{owner.__name__}.{name}" for name in names if not hasattr(owner, name)]
+    return missing
 
 
 class _HeldHead:
@@ -94,12 +142,190 @@ class CoalescingCycle(RequestResponseCycle):
         await super().send(message)
 
 
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing a request the protocol refuses (``_refusal``)."""
+
+
+# Longest path written to the access log for a request refused before it was parsed in full.
+_LOGGED_PATH = 256
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` whose requests run as :class:`CoalescingCycle`."""
+    """``HttpToolsProtocol`` whose requests run as :class:`CoalescingCycle`, within the server limits.
+
+    The limits (``[server]``) hold before any application sees a request, on every path:
+
+    - ``max_request_head_size_bytes``: the bytes of a request's head (request line and headers) are
+      counted as they arrive; past the limit it is refused, 414 when the request line is most of
+      it, else 431. httptools has no such limit and gathers a header in memory however long it is.
+    - ``max_request_headers``: more header fields is a 431.
+    - ``request_read_timeout_s``: a request, head and body, must arrive within this of its first
+      byte (a new connection's first request: of the connection's start). A late head is answered
+      408; a late body is answered 408 by whoever reads it (the relay, or the ASGI app told through
+      :data:`gateway.middleware.READ_TIMED_OUT`), and the connection is closed if nobody has
+      answered one timeout later.
+
+    Every refusal is the gateway's envelope (``gateway.errors``), also for what uvicorn answers
+    with plain text (bytes its parser refuses: ``send_400_response``), with ``Connection: close``.
+    The read deadline is one timer per connection, re-armed only when it fires.
+    """
+
+    _in_head = True  # the parser is on a request's head, or waiting for the next one
+    _head_bytes = 0  # bytes received since that head began
+    _began: float | None = None  # loop time the request being read began; None: none is
+    _read_timer: asyncio.TimerHandle | None = None
+    _refusal: errors.GatewayError | None = None  # what a _Refused raised in a callback refuses
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = get_config().server
+        self._max_head = limits.max_request_head_size_bytes
+        self._max_headers = limits.max_request_headers
+        self._read_timeout = limits.request_read_timeout_s
+        self._request_begins()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        timer, self._read_timer = self._read_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_head:
+            super().data_received(data)
+            return
+        self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self._max_head:
+            self._refuse(self._head_refusal(len(getattr(self, "url", b"")), self._head_bytes))
+
+    def _head_refusal(self, line: int, head: int) -> errors.GatewayError:
+        """The refusal of a head of ``head`` bytes, ``line`` of them the request line's URL."""
+        if 2 * line > head:  # the request line is most of it
+            return errors.uri_too_long(self._max_head)
+        return errors.head_too_large(self._max_head)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers bytes its parser refuses here, and a _Refused raised in a callback is one.
+        refusal, self._refusal = self._refusal, None
+        self._refuse(refusal or errors.malformed_request())
+
+    def on_message_begin(self) -> None:
+        self._request_begins()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._head_complete()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._request_read()
+        super().on_message_complete()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         cycle.__class__ = CoalescingCycle
         super()._start_asgi_task(cycle, app)
+
+    # -- the limits --------------------------------------------------------------------------
+
+    def _request_begins(self) -> None:
+        if self._began is None:
+            self._began = self.loop.time()
+            if self._read_timer is None:
+                self._read_timer = self.loop.call_at(self._began + self._read_timeout, self._read_due)
+
+    def _head_complete(self) -> None:
+        """The head is parsed: its bytes stop counting; too many header fields are refused."""
+        self._in_head = False
+        headers = self.headers
+        if len(headers) > self._max_headers:
+            self._refusal = errors.too_many_headers(self._max_headers)
+            raise _Refused
+        if self._head_bytes > self._max_head:
+            # What arrived with the head may be body too: measure the head itself (only then, it
+            # costs a microsecond). A head that began within the read that ended the request
+            # before it is counted from the next read on; it is still bounded by one read more.
+            line = len(self.url)
+            size = line + sum([len(name) + len(value) + 4 for name, value in headers])
+            if size > self._max_head:
+                self._refusal = self._head_refusal(line, size)
+                raise _Refused
+        if self.parser.should_upgrade():
+            self._began = None  # a WebSocket handshake: the connection is the consumer's from here
+
+    def _request_read(self) -> None:
+        """The request's last byte is in: the next bytes are the next request's head."""
+        self._began = None
+        self._in_head = True
+        self._head_bytes = 0
+
+    def _read_due(self) -> None:
+        self._read_timer = None
+        began = self._began
+        if began is None or self.transport.is_closing():
+            return  # no request is being read: the next one arms the timer again
+        due = began + self._read_timeout
+        if self.loop.time() < due:
+            self._read_timer = self.loop.call_at(due, self._read_due)
+            return
+        cycle = self.cycle
+        if self._in_head:
+            waiting = cycle is not None and not cycle.response_complete
+        else:
+            waiting = any(queued is cycle for queued, _ in self.pipeline)
+        if waiting:
+            # A pipelined request behind an answer still going out (uvicorn stops reading until
+            # its turn): its time starts again.
+            self._began = None
+            self._request_begins()
+            return
+        if self._in_head:
+            if self._head_bytes:
+                self._refuse(errors.request_timeout(self._read_timeout))
+            else:
+                self.transport.close()  # a connection that never sent a request
+            return
+        from gateway.middleware import READ_TIMED_OUT
+
+        scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+        if cycle.response_started or READ_TIMED_OUT in scope:
+            self.transport.close()  # answered already, or told to answer a timeout ago: give up
+            return
+        self._body_timed_out(cycle, errors.request_timeout(self._read_timeout))
+        self._began = None
+        self._request_begins()  # whoever reads the body has one timeout more to answer
+
+    def _body_timed_out(self, cycle: Any, exc: errors.GatewayError) -> None:
+        """Tell whoever reads ``cycle``'s body (the ASGI app's receive) to answer ``exc``."""
+        from gateway.middleware import READ_TIMED_OUT
+
+        cycle.scope[READ_TIMED_OUT] = exc
+        cycle.message_event.set()
+
+    def _refuse(self, exc: errors.GatewayError) -> None:
+        """Answer ``exc`` for a request no application has seen, in the envelope, and close."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # else an answer is on its way: just close
+            from gateway.ids import request_id_for
+            from gateway.middleware import record_request
+
+            url = getattr(self, "url", b"")
+            path = url.split(b"?", 1)[0][:_LOGGED_PATH].decode("latin-1")
+            rid = request_id_for(None)
+            status, body, headers = errors.render(exc, path, rid)
+            lines = [STATUS_LINE[status]]
+            lines += [b"%s: %s\r\n" % (name, value) for name, value in self.server_state.default_headers]
+            lines += [b"%s: %s\r\n" % (k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
+            lines.append(b"content-length: %d\r\nx-request-id: %s\r\n\r\n" % (len(body), rid.encode()))
+            transport.write(b"".join(lines) + body)
+            began = self._began
+            seconds = 0.0 if began is None else self.loop.time() - began
+            method = "-" if self._in_head else self.parser.get_method().decode("latin-1")
+            record_request(method, path, "unmatched", status, seconds, rid)
+        transport.close()
 
 
 _direct_module: Any = None
@@ -192,6 +418,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
 
     def on_message_begin(self) -> None:
         # uvicorn's scope is built only for a request that goes to the ASGI app (_scope()).
+        self._request_begins()
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
@@ -204,11 +431,12 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         self.scope["headers"] = headers
 
     def on_headers_complete(self) -> None:
+        self._head_complete()
         cycle = self.cycle
         if self.callbacks and (cycle is None or cycle.response_complete) and self._lean():
             return
         self._scope()
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)
 
     def _lean(self) -> bool:
         """Start a pass-through request on a :class:`LeanCycle`; False: it takes uvicorn's path."""
@@ -288,9 +516,10 @@ class GatewayServerProtocol(GatewayHttpProtocol):
             self.flow.resume_reading()  # the declared length is within the ceiling: read it all
 
     def on_message_complete(self) -> None:
+        self._request_read()
         cycle = self.cycle
         if type(cycle) is not LeanCycle:
-            super().on_message_complete()
+            HttpToolsProtocol.on_message_complete(self)
         elif cycle.response_complete:
             return
         else:
@@ -298,6 +527,13 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         relay = self.relay
         if relay is not None and relay.cycle is cycle:
             relay.body_complete()
+
+    def _body_timed_out(self, cycle: Any, exc: errors.GatewayError) -> None:
+        relay = self.relay
+        if relay is not None and relay.cycle is cycle:
+            relay.refuse(exc)
+            return
+        super()._body_timed_out(cycle, exc)
 
     # -- the connection ------------------------------------------------------------------------
 
@@ -355,16 +591,24 @@ class GatewayServerProtocol(GatewayHttpProtocol):
 # --- graceful shutdown (gateway.lifecycle; what `manage.py serve` runs) -------------------------
 
 
-class DrainingServerProtocol(GatewayServerProtocol):
-    """:class:`GatewayServerProtocol` whose shutdown starts the gateway's drain: the response in
-    flight on this connection still finishes (uvicorn's own behaviour), bounded by
-    ``[server] shutdown_grace_s``, after which it ends with a ``failed`` terminal event."""
+class _DrainOnShutdown:
+    """Starts the gateway's drain when uvicorn shuts a connection down: the response in flight on
+    it still finishes (uvicorn's own behaviour), bounded by ``[server] shutdown_grace_s``, after
+    which it ends with a ``failed`` terminal event (``gateway.lifecycle``)."""
 
     def shutdown(self) -> None:
         from gateway.lifecycle import drain
 
         drain.begin()
-        super().shutdown()
+        super().shutdown()  # type: ignore[misc]
+
+
+class DrainingServerProtocol(_DrainOnShutdown, GatewayServerProtocol):
+    """:class:`GatewayServerProtocol` as ``manage.py serve`` runs it (see :class:`_DrainOnShutdown`)."""
+
+
+class DrainingHttpProtocol(_DrainOnShutdown, GatewayHttpProtocol):
+    """:class:`GatewayHttpProtocol` as ``manage.py serve`` runs it with ``direct_relay = false``."""
 
 
 class DrainingWebSocketProtocol(WebSocketProtocol):

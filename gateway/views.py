@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import errors
 from gateway.config import get_config
+from gateway.db import run_orm
 from gateway.metrics import exposition
 
 
@@ -54,7 +54,7 @@ async def ready(request: HttpRequest) -> HttpResponse:
     config = get_config()
     timeout = config.upstream.ready_timeout_s
     probes = [
-        _probe("database", sync_to_async(_database_ping, thread_sensitive=False)(), timeout),
+        _probe("database", run_orm(_database_ping), timeout),
         _probe("upstream", get_upstream().ready(timeout), timeout + 0.1),
     ]
     if config.broker_enabled:
@@ -79,14 +79,11 @@ async def head_root(request: HttpRequest) -> HttpResponse:
 
 
 async def unknown_route(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise errors.NotFound(f"Invalid URL ({request.method} {request.path})", code="unknown_route")
+    raise errors.unknown_route(request.method or "", request.path)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    return errors.django_response(
-        errors.NotFound(f"Invalid URL ({request.method} {request.path})", code="unknown_route"),
-        request,
-    )
+    return errors.django_response(errors.unknown_route(request.method or "", request.path), request)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:

@@ -170,7 +170,7 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             log.warning("upstream sent a malformed response: %s", describe(exc))
-            self._fail(errors.UpstreamError(MID_RESPONSE if self.headers_done else UNREACHABLE))
+            self._fail(errors.UpstreamError(MID_RESPONSE))  # it answered: it was reached
             return
         if self.phase == _BODY:
             self.last_data = self.loop.time()
@@ -199,7 +199,8 @@ class _Connection(asyncio.Protocol):
                 self.message_done = True  # a body without length ends with the connection
                 self.phase = _DONE
         elif phase == _HEADERS and self.error is None:
-            self.error = errors.UpstreamError(UNREACHABLE)
+            # Lost before its answer's head was in: unreached if nothing came, else cut off.
+            self.error = errors.UpstreamError(MID_RESPONSE if self.received else UNREACHABLE)
         self._wake()
 
     def pause_writing(self) -> None:

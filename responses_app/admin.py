@@ -1,4 +1,8 @@
-"""Admin: stored responses with their items; payloads read-only and pretty-printed."""
+"""Admin: stored responses with their items; payloads read-only and pretty-printed.
+
+Deleting goes through ``services.response_delete`` like the API (one delete, the cached checkpoint
+dropped with it); there is no second path that changes stored responses.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,12 @@ import json
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.utils.html import format_html
 
 from conversations_app.models import Item
+from responses_app import services
 from responses_app.models import Response, ResponseEvent
 
 
@@ -58,6 +65,13 @@ class ResponseAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return False
+
+    def delete_model(self, request: HttpRequest, obj: Response) -> None:
+        services.response_delete(id=obj.id, owner=obj.owner)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Response]) -> None:
+        for response_id, owner in queryset.values_list("id", "owner"):
+            services.response_delete(id=response_id, owner=owner)
 
     @admin.display(description="total tokens")
     def total_tokens(self, obj: Response) -> Any:

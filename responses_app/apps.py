@@ -7,7 +7,6 @@ class ResponsesAppConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway import lifecycle
-        from responses_app import signals  # noqa: F401  (connects the history-cache receivers)
         from responses_app.tasks import sweep_forever
 
         lifecycle.on_startup(sweep_forever)  # the lease sweep, in every server process

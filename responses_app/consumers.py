@@ -34,12 +34,13 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from gateway import errors
 from gateway.auth.websocket import ensure_not_expired
 from gateway.config import Config, get_config
+from gateway.db import run_orm
 from gateway.lifecycle import drain
 from gateway.principal import scope_principal
 from inference_app.upstream import forward_headers
 from responses_app import runs, services
 from responses_app.events import Event, EventSink, EventTooLarge
-from responses_app.executor import Executor, Prepared, _db, base_snapshot
+from responses_app.executor import Executor, Prepared, base_snapshot
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 
 log = logging.getLogger("responses.websocket")
@@ -325,7 +326,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         parent_id = job.request.previous_response_id
         cached = self.checkpoints.get(parent_id) if parent_id is not None else None
         try:
-            prepared: Prepared = await _db(services.response_prepare)(
+            prepared: Prepared = await run_orm(
+                services.response_prepare,
                 request=job.request,
                 raw=job.raw,
                 owner=self.owner,
@@ -405,8 +407,10 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self._error(errors.PayloadTooLarge(exc.message, code="event_too_large"), job.stream_id)
             return False, None
         if prepared.store:
-            await _db(services.response_store_final)(
-                prepared=prepared, outcome=services.Outcome("completed", completed, [])
+            await run_orm(
+                services.response_store_final,
+                prepared=prepared,
+                outcome=services.Outcome("completed", completed, []),
             )
         await self._send(created_event.json)
         await self._send(completed_event.json)

@@ -15,7 +15,6 @@ snapshot is written *before* the terminal event, so a write failure reaches the 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,13 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from django.db import close_old_connections
 
 from gateway import errors
 from gateway.config import Config
+from gateway.db import run_orm
 from gateway.ids import new_id
+from gateway.logging import request_id_var
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
-from responses_app import translate
+from responses_app import translate, upstream_events
+from responses_app.echo import echoed_tool, tool_usage
 from responses_app.events import Event, EventSink, EventTooLarge, StreamFailure, error_frame, read_sse
 from responses_app.schemas import NOT_FORWARDED, ResponseCreateRequest
 from responses_app.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
@@ -139,65 +140,51 @@ def _stripped_tools(tools: list[Any]) -> list[Any]:
 
 
 def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
-    """The response object for ``p`` (no output yet)."""
+    """The response object for ``p`` (no output yet): every field of the SDK's ``Response``, with
+    OpenAI's defaults where the request set nothing."""
     r = p.request
     return {
         "id": p.response_id,
         "object": "response",
         "created_at": p.created_at,
         "status": status,
+        "access_programs": None,
         "background": bool(r.background),
         "completed_at": None,
         "conversation": {"id": p.conversation_id} if p.conversation_id else None,
         "error": None,
+        "image": None,
         "incomplete_details": None,
+        "input_transformations": None,
         "instructions": r.instructions,
         "max_output_tokens": r.max_output_tokens,
         "max_tool_calls": r.max_tool_calls,
         "metadata": r.metadata or {},
         "model": r.model,
+        "moderation": None,
         "output": [],
-        "parallel_tool_calls": True if r.parallel_tool_calls is None else r.parallel_tool_calls,
+        "parallel_tool_calls": r.parallel_tool_calls is True,  # false unless asked for (spec)
         "previous_response_id": p.previous_response_id,
         "prompt": r.prompt,
+        "prompt_cache_diagnostics": None,
+        "prompt_cache_key": None,  # request-scoped, never echoed (spec)
         "prompt_cache_options": p.raw.get("prompt_cache_options"),
-        "reasoning": r.reasoning or {"effort": None, "summary": None},
+        "prompt_cache_retention": r.prompt_cache_retention,
+        "reasoning": {"context": None, "effort": None, "summary": None, **(r.reasoning or {})},
         "safety_identifier": r.safety_identifier,
-        "service_tier": None,
+        "service_tier": r.service_tier or "auto",  # the served tier replaces it at the end
         "store": p.store,
         "temperature": 1.0 if r.temperature is None else r.temperature,
-        "text": r.text or {"format": {"type": "text"}},
+        "text": {"format": {"type": "text"}, "verbosity": "medium", **(r.text or {})},
         "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
-        "tools": _stripped_tools(r.tools or []),
-        "top_logprobs": r.top_logprobs,
+        "tools": [echoed_tool(t) for t in _stripped_tools(r.tools or [])],
+        "tool_usage": tool_usage([]),
+        "top_logprobs": r.top_logprobs or 0,
         "top_p": 1.0 if r.top_p is None else r.top_p,
         "truncation": r.truncation or "disabled",
         "usage": None,
         "user": r.user,
     }
-
-
-def _db(fn: Any) -> Any:
-    """``fn`` (synchronous ORM work) as a coroutine function run on the loop's worker pool.
-
-    What ``sync_to_async(thread_sensitive=False)`` did, without its per-call setup (measured at a
-    tenth of a stored response's CPU): the caller's context variables travel with the call, and
-    the thread's connections are tidied afterwards (``close_old_connections``: a pooled
-    PostgreSQL connection goes back to the pool). A cancelled caller stops waiting at once; the
-    work already started finishes on its thread, as before.
-    """
-
-    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(None, context.run, run, args, kwargs)
-
-    return call
 
 
 class Executor:
@@ -233,6 +220,8 @@ class Executor:
         self._round = 0
         self._round_status = "completed"
         self._round_tier: str | None = None
+        self._round_streamed = False  # this round's output came as item events (not only at the end)
+        self._finishing = False  # _finish has begun: an error there ends with an ``error`` event
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
@@ -254,7 +243,9 @@ class Executor:
         snap = base_snapshot(self.p, status)
         snap["output"] = list(self.output)
         snap["usage"] = self.usage.as_dict()
-        snap["service_tier"] = self.service_tier
+        snap["tool_usage"] = tool_usage(self.output)
+        if self.service_tier is not None:
+            snap["service_tier"] = self.service_tier
         snap["error"] = self.error
         snap["incomplete_details"] = self.incomplete_details
         if status in ("completed", "incomplete", "failed", "cancelled"):
@@ -264,12 +255,52 @@ class Executor:
     # --- the run -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[Event]:
-        """Every event of the response, in order, ending with exactly one terminal or error event."""
+        """Every event of the response, in order, ending with exactly one terminal or error event.
+
+        The one outermost guard of every streaming path (SSE, WebSocket, background): an unexpected
+        exception is logged once, with the request id, and still ends the response ``failed``: a
+        ``response.failed`` event once the response has started (an ``error`` event before), and
+        the row stored as failed.
+        """
+        try:
+            async for event in self._run():
+                yield event
+        except Exception:
+            if self.final is not None or self.failure_event is not None:
+                log.exception("response %s failed after its terminal event", self.p.response_id)
+                return
+            log.exception(
+                "response %s failed unexpectedly (request %s); ending it failed",
+                self.p.response_id,
+                request_id_var.get(),
+            )
+            async for event in self._end_unexpected():
+                yield event
+
+    async def _end_unexpected(self) -> AsyncIterator[Event]:
+        message = "The gateway failed while generating this response."
+        if self.sink.sequence_number and not self._finishing:
+            self._fail(message, "server_error", None)
+            try:
+                async for event in self._finish("failed"):
+                    yield event
+                return
+            except Exception:
+                log.exception("ending response %s failed", self.p.response_id)
+                if self.final is not None or self.failure_event is not None:
+                    return
+        async for event in self._end_with_error("server_error", message):
+            yield event
+
+    async def _run(self) -> AsyncIterator[Event]:
         status = "completed"
         if self.tools is None:
             try:
                 await self.prepare_tools()
             except errors.GatewayError as exc:  # callers that did not prepare (WebSocket, background)
+                if self.p.background:  # its row exists: it must not stay in progress
+                    self.error = {"code": exc.code or "server_error", "message": exc.message}
+                    await self._store("failed", self.snapshot("failed"))
                 self.failure_event = error_frame(
                     code=exc.code, message=exc.message, param=exc.param, sequence_number=0
                 )
@@ -336,6 +367,7 @@ class Executor:
         self.error = {"code": code, "message": message}
 
     async def _finish(self, status: str) -> AsyncIterator[Event]:
+        self._finishing = True
         snapshot = self.snapshot(status)
         try:
             terminal = self.sink.make(TERMINAL_EVENT[status], response=snapshot)
@@ -362,9 +394,13 @@ class Executor:
                 return
             except Exception as exc:
                 log.exception("storing response %s failed", self.p.response_id)
+                message = f"The response could not be stored: {type(exc).__name__}."
+                # What was generated is not stored; the row says failed, never completed.
+                self.output = []
+                await self._store_failed(message)
                 self.failure_event = error_frame(
                     code="storage_error",
-                    message=f"The response could not be stored: {type(exc).__name__}.",
+                    message=message,
                     param=None,
                     sequence_number=terminal.data["sequence_number"],
                 )
@@ -375,36 +411,31 @@ class Executor:
 
     async def _end_with_error(self, code: str, message: str) -> AsyncIterator[Event]:
         """End with an ``error`` event (the terminal event itself cannot be sent); store as failed."""
-        self.open = None
-        self.error = {"code": "server_error", "message": message}
         if self.p.store:
-            try:
-                await self._store("failed", self.snapshot("failed"))
-            except Exception:
-                log.exception("storing failed response %s failed", self.p.response_id)
+            await self._store_failed(message)
         self.failure_event = error_frame(
             code=code, message=message, param=None, sequence_number=self.sink.sequence_number
         )
         self.sink.sequence_number += 1
         yield self.failure_event
 
+    async def _store_failed(self, message: str) -> None:
+        """Store the response as ``failed`` with ``message`` (nothing else left to tell the client)."""
+        self.open = None
+        self.error = {"code": "server_error", "message": message}
+        try:
+            await self._store("failed", self.snapshot("failed"))
+        except Exception:
+            log.exception("storing failed response %s failed", self.p.response_id)
+
     async def _store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         from responses_app import services
-        from responses_app.history_cache import history_cache
 
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
         outcome = services.Outcome(status, snapshot, output_items, self.usage.as_dict(), self.error, terminal)
-        stored = services.response_store_on_loop(prepared=self.p, outcome=outcome)  # SQLite, lock free
-        if stored is None:
-            stored = await _db(services.response_store_final)(prepared=self.p, outcome=outcome)
-        self.stored = stored
-        if self.stored:
-            # The checkpoint just committed, ready for a continuation on this process.
-            history_cache.put(
-                self.p.response_id, self.p.owner, [*self.p.history, *self.p.new_items, *output_items]
-            )
+        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
 
     # --- one upstream round --------------------------------------------------------------------
 
@@ -437,6 +468,7 @@ class Executor:
             limit = self.config.responses.max_upstream_sse_line_bytes
             self._round_status = "completed"
             self._round_tier = None
+            self._round_streamed = False
             terminal_seen = False
             try:
                 async for name, data in read_sse(response, limit):
@@ -508,8 +540,10 @@ class Executor:
             tools += self.tools.responses_tools(())
         if tools:
             body["tools"] = tools
+            body["parallel_tool_calls"] = self.p.request.parallel_tool_calls is True
         else:
             body.pop("tools", None)
+            body.pop("parallel_tool_calls", None)
         if "tool_choice" in body:
             choice = self.client_tools.tool_choice(body["tool_choice"])
             body["tool_choice"] = self.tools.tool_choice(choice) if self.tools is not None else choice
@@ -538,8 +572,7 @@ class Executor:
             choice = translate.tool_choice_to_chat(tool_choice)
             if choice is not None:
                 body["tool_choice"] = choice
-            if r.parallel_tool_calls is not None:
-                body["parallel_tool_calls"] = r.parallel_tool_calls
+            body["parallel_tool_calls"] = r.parallel_tool_calls is True
         if r.max_output_tokens is not None:
             body["max_completion_tokens"] = r.max_output_tokens
         response_format = translate.text_to_response_format(r.text)
@@ -572,18 +605,14 @@ class Executor:
     # --- upstream /v1/responses events ---------------------------------------------------------
 
     def _on_responses_event(self, name: str | None, data: bytes) -> tuple[list[Event], bool]:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise StreamFailure("The upstream sent a malformed stream event.") from None
-        if not isinstance(event, dict):
-            raise StreamFailure("The upstream sent a malformed stream event.")
-        kind = event.get("type") or name
+        kind, event = upstream_events.responses_event(name, data)
         index = event.get("output_index")
         key = ("r", self._round, index)
         out: list[Event] = []
+        if kind in upstream_events.STREAMED_OUTPUT:
+            self._round_streamed = True
         if kind == "response.output_item.added":
-            item = event.get("item") or {}
+            item = event["item"]
             itype = item.get("type")
             if itype in ("message", "reasoning"):
                 out += self._ensure(key, itype)
@@ -596,10 +625,15 @@ class Executor:
         elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
             out += self._call_delta(key, _str(event.get("delta")))
         elif kind == "response.output_item.done":
-            out += self._item_done(key, event.get("item") or {})
+            out += self._item_done(key, event["item"])
         elif kind in ("response.completed", "response.incomplete"):
-            response = event.get("response") or {}
+            response = event["response"]
             out += self._close()
+            if not self._round_streamed:
+                # An upstream that sends its output only in the terminal event: taken from there.
+                for position, item in enumerate(response.get("output") or ()):
+                    out += self._item_done(("r", self._round, "terminal", position), item)
+                out += self._close()
             self._take_usage_responses(response.get("usage"))
             tier = response.get("service_tier")
             self._round_tier = tier if isinstance(tier, str) else None
@@ -613,7 +647,7 @@ class Executor:
             return out, True
         elif kind == "response.failed":
             error = (event.get("response") or {}).get("error") or {}
-            raise StreamFailure(_str(error.get("message")) or "The upstream response failed.")
+            raise StreamFailure(error.get("message") or "The upstream response failed.")
         elif kind == "error":
             raise StreamFailure(_str(event.get("message")) or "The upstream stream reported an error.")
         return out, False
@@ -665,12 +699,7 @@ class Executor:
     # --- upstream /v1/chat/completions chunks --------------------------------------------------
 
     def _on_chat_chunk(self, data: bytes) -> list[Event]:
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise StreamFailure("The upstream sent a malformed stream chunk.") from None
-        if not isinstance(chunk, dict):
-            raise StreamFailure("The upstream sent a malformed stream chunk.")
+        chunk = upstream_events.chat_chunk(data)
         if "error" in chunk:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else None
@@ -688,7 +717,7 @@ class Executor:
                 output_details=usage.get("completion_tokens_details"),
             )
         for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning") or delta.get("reasoning_content")

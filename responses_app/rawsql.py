@@ -1,47 +1,60 @@
-"""The two statements on the stored-response hot path, written as plain SQL.
+"""The one write path of a finished response, and the parent check of a continuation, in plain SQL.
 
-A continuation reads its parent's row and every stored response ends with one insert of its new
-items and its row. Through the ORM those cost more than the database work itself (query
-compilation, model instances, stdlib ``json`` for every JSON column); here the SQL is built once
-from the models' metadata and the JSON columns are written with orjson. The rows are exactly what
-the ORM would write (same columns, defaults and datetime adaptation); everything else (background
-responses, conversations, reads of snapshots) stays on the ORM.
+Every finished response — plain, background, conversation turn, stored over HTTP or WebSocket —
+is written by :func:`store_response`: its new items (existing ids are left alone) and its row.
+Through the ORM those statements cost more than the database work itself (query compilation,
+model instances, stdlib ``json`` for every JSON column), so the SQL is built once per backend from
+the models' metadata and the rows by one function, :func:`rows`, from the same metadata: the
+columns, the defaults and the value adaptation the ORM would apply (JSON columns with orjson).
 
-On PostgreSQL the items and the response go in one statement (a data-modifying CTE: atomic by
-itself, one round trip); on SQLite in one short transaction.
+The response row is an upsert that only ever replaces an unfinished row (``queued`` or
+``in_progress``: a background response's placeholder); a cancelled or finished row stays as it is
+and the call answers False.
 
-On a SQLite file database both may also run on the event loop itself (:func:`loop_reads_available`):
-the statements take tens of microseconds, a worker-thread round trip costs several times that. The
-event loop's thread has its own connection that never waits: in WAL mode a reader never waits for
-a writer, and the insert only runs when ``BEGIN IMMEDIATE`` gets the write lock at once. A busy or
-locked database sends the work to a worker thread instead (:class:`LoopReadUnavailable`, or False
-from :func:`insert_response_on_loop`), which waits for the lock as before. The loop's connection
-never checkpoints the WAL (that fsyncs); a worker thread runs a passive checkpoint every
-``_CHECKPOINT_EVERY`` loop commits, and every other connection keeps SQLite's automatic ones.
+One statement sequence per backend, always on Django's connection of the calling thread (ORM work
+from async code runs through ``gateway.db.run_orm``):
+
+- PostgreSQL: the items and the response in one statement (a data-modifying CTE, atomic by
+  itself); a caller's transaction (a conversation append) wraps it when there is one.
+- SQLite: one ``BEGIN IMMEDIATE`` transaction (``transaction_mode`` in settings) holding the items
+  and the response. Writers queue on a process-wide lock before they ask SQLite for the write lock,
+  so a burst of writers waits in order instead of in SQLite's busy handler, whose sleeps grow to
+  100 ms; between processes the busy timeout (settings) waits for the lock. No write is dropped for
+  lack of a lock.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
 import orjson
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from conversations_app.models import Item
 from responses_app.models import Response
 
-log = logging.getLogger("responses.rawsql")
-
 _OPTS = orjson.OPT_NON_STR_KEYS
+_OPEN = (Response.Status.QUEUED, Response.Status.IN_PROGRESS)
 # Item rows per INSERT statement (5 parameters each: within SQLite's 999-parameter limit).
 _BATCH = 150
+# The columns a finished response writes over its unfinished (background) row.
+FINAL_COLUMNS = (
+    "status",
+    "snapshot",
+    "usage",
+    "error",
+    "history_item_ids",
+    "input_item_count",
+    "completed_at",
+    "lease_expires_at",  # a finished response holds no lease
+)
+
+_sqlite_writer = threading.Lock()
 
 
 def dumps(value: Any) -> str | None:
@@ -61,167 +74,129 @@ def _sql(vendor: str) -> dict[str, Any]:
     q = connection.ops.quote_name
     responses, items = q(Response._meta.db_table), q(Item._meta.db_table)
     columns = tuple(str(field.column) for field in Response._meta.concrete_fields)
-    where = "WHERE id = %s AND owner = %s"
+    item_columns = tuple(str(field.column) for field in Item._meta.concrete_fields)
+    where = f"WHERE {q('id')} = %s AND {q('owner')} = %s"
+    update = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in FINAL_COLUMNS)
+    statuses = ", ".join(f"'{status}'" for status in _OPEN)
     return {
-        "status": f"SELECT status FROM {responses} {where}",
-        "status_ids": f"SELECT status, history_item_ids FROM {responses} {where}",
-        "items": f"INSERT INTO {items} (id, owner, {q('type')}, data, created_at) VALUES ",
+        "status": f"SELECT {q('status')} FROM {responses} {where}",
+        "status_ids": f"SELECT {q('status')}, {q('history_item_ids')} FROM {responses} {where}",
+        "items": f"INSERT INTO {items} ({', '.join(q(c) for c in item_columns)}) VALUES ",
+        "item_row": f"({', '.join(['%s'] * len(item_columns))})",
+        "item_columns": item_columns,
         "columns": columns,
         "response": (
             f"INSERT INTO {responses} ({', '.join(q(c) for c in columns)}) "
-            f"VALUES ({', '.join(['%s'] * len(columns))})"
+            f"VALUES ({', '.join(['%s'] * len(columns))}) "
+            f"ON CONFLICT ({q('id')}) DO UPDATE SET {update} "
+            f"WHERE {responses}.{q('status')} IN ({statuses})"
         ),
     }
 
 
-class LoopReadUnavailable(Exception):
-    """The event loop's read could not run (SQLite busy or locked): do it on a worker thread."""
+@cache
+def _vendor() -> str:
+    """The default database's backend, looked up once (the connection proxy costs more than a
+    dictionary lookup on this path)."""
+    return str(connection.vendor)
 
 
-# A passive WAL checkpoint on a worker thread after this many commits from the event loop.
-_CHECKPOINT_EVERY = 200
+@cache
+def _columns(model: type[models.Model]) -> tuple[tuple[str, str, Any], ...]:
+    """``(attribute, kind, field)`` of every concrete column of ``model``, in column order."""
+    plan = []
+    for field in model._meta.concrete_fields:
+        if isinstance(field, models.JSONField):
+            kind = "json"
+        elif isinstance(field, models.DateTimeField):
+            kind = "datetime"
+        else:
+            kind = ""
+        plan.append((field.attname, kind, field))
+    return tuple(plan)
 
 
-_loop_local = threading.local()
+def _row(model: type[models.Model], values: dict[str, Any]) -> list[Any]:
+    """One row of ``model`` as the ORM would write it: every concrete column in order, missing
+    values from the field's default, JSON with orjson, dates adapted for the backend."""
+    adapt_datetime = connection.ops.adapt_datetimefield_value
+    row: list[Any] = []
+    for name, kind, field in _columns(model):
+        value = values[name] if name in values else field.get_default()
+        if kind == "json":
+            value = dumps(value)
+        elif kind == "datetime" and value is not None:
+            value = adapt_datetime(value)
+        row.append(value)
+    return row
 
 
-_database: tuple[str, str | None] | None = None
+def rows(
+    *, items: list[dict[str, Any]], owner: str, response: dict[str, Any]
+) -> tuple[list[list[Any]], list[Any]]:
+    """The item rows (one per stored item) and the response row, from the models' metadata.
+
+    ``response`` holds the row's values by attribute name (``previous_response_id``); everything
+    missing takes the field's default.
+    """
+    now = timezone.now()
+    item_rows = [
+        _row(Item, {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now})
+        for item in items
+    ]
+    return item_rows, _row(Response, {"created_at": now, **response})
 
 
-def _db_info() -> tuple[str, str | None]:
-    """``(vendor, SQLite file or None)`` of the default database, looked up once per process
-    (``connection``'s thread-local proxy costs more than the statements on this path)."""
-    global _database
-    if _database is None:
-        in_memory = getattr(connection, "is_in_memory_db", None)
-        sqlite_file = None
-        if connection.vendor == "sqlite" and in_memory is not None and not in_memory():
-            sqlite_file = str(connection.settings_dict["NAME"])
-        _database = (connection.vendor, sqlite_file)
-    return _database
+@contextmanager
+def writing() -> Iterator[None]:
+    """One write transaction: queued behind this process's other writers on SQLite."""
+    if _vendor() == "sqlite" and not connection.in_atomic_block:
+        with _sqlite_writer, transaction.atomic():
+            yield
+        return
+    with transaction.atomic():
+        yield
 
 
-def loop_reads_available() -> bool:
-    """True when the parent check and the insert can run on the event loop: a SQLite file."""
-    return _db_info()[1] is not None
+def store_response(*, item_rows: list[list[Any]], response_row: list[Any]) -> bool:
+    """Insert the items (existing ids left alone) and insert, or finish, the response row.
+
+    Atomic on its own; inside :func:`writing` it joins the caller's transaction. False when the
+    row exists and is no longer ``queued`` / ``in_progress`` (cancelled meanwhile): nothing of the
+    response changes then (its new items may stay stored: they are referenced by nothing).
+    """
+    sql = _sql(_vendor())
+    width = len(sql["item_columns"])
+    batches = [
+        [value for row in item_rows[i : i + _BATCH] for value in row]
+        for i in range(0, len(item_rows), _BATCH)
+    ]
+    with connection.cursor() as cursor:
+        if _vendor() == "postgresql" and len(batches) <= 1:
+            if batches:
+                statement = f"WITH new_items AS ({_items_sql(batches[0], width)}) {sql['response']}"
+                cursor.execute(statement, [*batches[0], *response_row])
+            else:
+                cursor.execute(sql["response"], response_row)
+            return bool(cursor.rowcount)
+        with nullcontext() if connection.in_atomic_block else writing():
+            for batch in batches:
+                cursor.execute(_items_sql(batch, width), batch)
+            cursor.execute(sql["response"], response_row)
+            return bool(cursor.rowcount)
 
 
-def _on_event_loop() -> bool:
-    return asyncio._get_running_loop() is not None
-
-
-def _loop_connection() -> sqlite3.Connection:
-    name = _db_info()[1]
-    assert name is not None
-    held = getattr(_loop_local, "connection", None)
-    if held is not None and held[0] == name:
-        return held[1]  # type: ignore[no-any-return]
-    conn = sqlite3.connect(name, timeout=0, isolation_level=None, check_same_thread=True)
-    conn.execute("PRAGMA synchronous = NORMAL")  # as Django's connections (WAL: crash-safe)
-    # Checkpoints (which fsync) never run on the event loop: worker threads run them.
-    conn.execute("PRAGMA wal_autocheckpoint = 0")
-    _loop_local.connection = (name, conn)
-    return conn
+def _items_sql(batch: list[Any], width: int) -> str:
+    sql = _sql(_vendor())
+    return f"{sql['items']}{', '.join([sql['item_row']] * (len(batch) // width))} ON CONFLICT DO NOTHING"
 
 
 def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> tuple[str, list[str] | None] | None:
-    """``(status, history_item_ids or None)`` of the owner's response, or None when there is none.
-
-    Called on the event loop (only when :func:`loop_reads_available`), it reads through the loop's
-    own SQLite connection; :class:`LoopReadUnavailable` when SQLite cannot answer at once.
-    """
-    sql = _sql(_db_info()[0])["status_ids" if with_item_ids else "status"]
-    if _on_event_loop():
-        try:
-            found = _loop_connection().execute(sql.replace("%s", "?"), (response_id, owner))
-            row = found.fetchone()
-            found.close()
-        except sqlite3.OperationalError as exc:
-            raise LoopReadUnavailable(str(exc)) from None
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [response_id, owner])
-            row = cursor.fetchone()
+    """``(status, history_item_ids or None)`` of the owner's response, or None when there is none."""
+    sql = _sql(_vendor())["status_ids" if with_item_ids else "status"]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [response_id, owner])
+        row = cursor.fetchone()
     if row is None:
         return None
     return row[0], (loads(row[1]) if with_item_ids else None)
-
-
-def _insert_params(
-    items: list[tuple[str, str, str, str]], response: dict[str, Any]
-) -> tuple[list[list[Any]], list[Any]]:
-    ops = connection.ops
-    now = timezone.now()
-    created = ops.adapt_datetimefield_value(now)
-    item_params: list[Any] = []
-    for item in items:
-        item_params.extend(item)
-        item_params.append(created)
-    values = dict(response)
-    values.setdefault("created_at", now)
-    for name in ("created_at", "completed_at"):
-        if values.get(name) is not None:
-            values[name] = ops.adapt_datetimefield_value(values[name])
-    batches = [item_params[i : i + _BATCH * 5] for i in range(0, len(item_params), _BATCH * 5)]
-    return batches, [values[column] for column in _sql(_db_info()[0])["columns"]]
-
-
-def _item_rows_sql(batch: list[Any]) -> str:
-    rows = ", ".join(["(%s, %s, %s, %s, %s)"] * (len(batch) // 5))
-    return f"{_sql(_db_info()[0])['items']}{rows} ON CONFLICT DO NOTHING"
-
-
-def insert_response(*, items: list[tuple[str, str, str, str]], response: dict[str, Any]) -> None:
-    """Insert ``items`` (id, owner, type, data JSON; existing ids are left alone) and the response
-    row ``response`` (column → value, JSON columns already serialized) atomically."""
-    batches, response_params = _insert_params(items, response)
-    response_sql = _sql(_db_info()[0])["response"]
-    with connection.cursor() as cursor:
-        if _db_info()[0] == "postgresql" and len(batches) <= 1:
-            if batches:
-                sql = f"WITH new_items AS ({_item_rows_sql(batches[0])}) {response_sql}"
-                cursor.execute(sql, [*batches[0], *response_params])
-            else:
-                cursor.execute(response_sql, response_params)
-            return
-        with transaction.atomic():
-            for batch in batches:
-                cursor.execute(_item_rows_sql(batch), batch)
-            cursor.execute(response_sql, response_params)
-
-
-def insert_response_on_loop(*, items: list[tuple[str, str, str, str]], response: dict[str, Any]) -> bool:
-    """:func:`insert_response` on the event loop (only when :func:`loop_reads_available`), when
-    SQLite grants the write lock at once; False (nothing written) when it does not."""
-    batches, response_params = _insert_params(items, response)
-    try:
-        conn = _loop_connection()
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError:
-        return False  # another writer holds the lock: a worker thread waits for it instead
-    try:
-        for batch in batches:
-            conn.execute(_item_rows_sql(batch).replace("%s", "?"), batch)
-        conn.execute(_sql("sqlite")["response"].replace("%s", "?"), response_params)
-        conn.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    commits = getattr(_loop_local, "commits", 0) + 1
-    _loop_local.commits = commits
-    if commits % _CHECKPOINT_EVERY == 0:
-        asyncio.get_running_loop().run_in_executor(None, _checkpoint)
-    return True
-
-
-def _checkpoint() -> None:
-    from django.db import close_old_connections
-
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
-    except Exception:  # nobody awaits this; the next one (or any connection's own) catches up
-        log.warning("WAL checkpoint failed", exc_info=True)
-    finally:
-        close_old_connections()

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
+from conversations_app.schemas import check_input_item, error_from_pydantic
 from gateway import errors
+from responses_app.features import refuse_unsupported
 
 INT64_MAX = 9223372036854775807
 
@@ -54,7 +56,7 @@ class ResponseCreateRequest(BaseModel):
     conversation: str | ConversationParam | None = None
     image: dict[str, Any] | None = None
     include: list[str] | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | list[Any] | None = None  # items: checked one by one (_check_items_and_tools)
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     # Validated before the model by inference_app.tools.validate_max_tool_calls (one implementation).
@@ -195,6 +197,9 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
         raise validation_error(exc) from None
     _check_strict_types(raw)
     _check_items_and_tools(request)
+    _check_stored_lengths(request)
+    refuse_unsupported(raw)  # well-formed, but a feature the gateway does not build
+    errors.refuse_nul(raw, "")  # last: a string of the right type may still be unstorable
     return request, raw
 
 
@@ -241,6 +246,8 @@ def _check_strict_types(raw: dict[str, Any]) -> None:
 def _check_items_and_tools(request: ResponseCreateRequest) -> None:
     if isinstance(request.input, list):
         for index, item in enumerate(request.input):
+            if not isinstance(item, dict):
+                raise errors.invalid_type(f"input[{index}]", "an object", item)
             if "type" not in item and "role" not in item:
                 raise errors.BadRequest(
                     f"Missing required parameter: 'input[{index}].type'.",
@@ -263,6 +270,8 @@ def _check_items_and_tools(request: ResponseCreateRequest) -> None:
                     param=f"input[{index}].id",
                     code="missing_required_parameter",
                 )
+            # Every content part and replayed tool item, field by field (the Conversations models).
+            check_input_item(item, f"input[{index}]")
     for index, tool in enumerate(request.tools or ()):
         if not isinstance(tool.get("type"), str):
             raise errors.BadRequest(
@@ -276,6 +285,89 @@ def _check_items_and_tools(request: ResponseCreateRequest) -> None:
                 param=f"tools[{index}].name",
                 code="missing_required_parameter",
             )
+        _check_tool(tool, f"tools[{index}]")
+
+
+# --- client tool declarations: the types the executor reads (other tool types: their own checks) --
+
+
+class _Declared(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionTool(_Declared):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class CustomToolFormat(_Declared):
+    type: str
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class CustomTool(_Declared):
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+
+class NamespaceTool(_Declared):
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[dict[str, Any]]
+
+
+_TOOL_MODELS: dict[str, type[_Declared]] = {
+    "function": FunctionTool,
+    "custom": CustomTool,
+    "namespace": NamespaceTool,
+}
+
+
+def _check_tool(tool: dict[str, Any], param: str, *, members: tuple[str, ...] = ()) -> None:
+    kind = tool.get("type")
+    if members and kind not in members:
+        if not isinstance(kind, str):
+            raise errors.invalid_type(f"{param}.type", "a string", kind)
+        raise errors.BadRequest(
+            f"Invalid value: '{kind}'. Supported values are: "
+            + " and ".join(f"'{m}'" for m in members)
+            + ".",
+            param=f"{param}.type",
+            code="invalid_value",
+        )
+    model = _TOOL_MODELS.get(str(kind))
+    if model is None:
+        return
+    try:
+        model.model_validate(tool)
+    except ValidationError as exc:
+        raise error_from_pydantic(exc, param, tool) from None
+    if kind == "namespace":
+        for index, member in enumerate(tool["tools"]):
+            _check_tool(member, f"{param}.tools[{index}]", members=("function", "custom"))
+
+
+def _check_stored_lengths(request: ResponseCreateRequest) -> None:
+    """Strings stored in a column are held to its length here, the same on SQLite and PostgreSQL."""
+    from conversations_app.models import Item
+    from responses_app.models import Response
+
+    errors.refuse_too_long(request.model, "model", _max_length(Response, "model"))
+    if isinstance(request.input, list):
+        limit = _max_length(Item, "type")
+        for index, item in enumerate(request.input):
+            errors.refuse_too_long(item.get("type"), f"input[{index}].type", limit)
+
+
+def _max_length(model: Any, name: str) -> int:
+    return int(model._meta.get_field(name).max_length)
 
 
 # --- prompt_cache_options: the typed mode/TTL subset -------------------------------------------

@@ -1,7 +1,7 @@
 """Writes (and the request preparation that validates against stored state).
 
 Every function is keyword-only, synchronous and runs in one transaction; async callers use
-``executor._db`` (a worker thread, so the event loop never blocks on the database).
+``gateway.db.run_orm`` (a worker thread, so the event loop never blocks on the database).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gateway.config import Config
 from gateway.ids import new_id
 from responses_app import rawsql, selectors, translate
 from responses_app.executor import Prepared, base_snapshot, strip_credentials, web_search_available
+from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
@@ -62,17 +63,6 @@ def _references_items(request: ResponseCreateRequest) -> bool:
     return any(isinstance(item, dict) and isinstance(item.get("id"), str) for item in request.input)
 
 
-def parent_history_for_loop(request: ResponseCreateRequest, owner: str) -> list[dict[str, Any]] | None:
-    """The parent's cached checkpoint when :func:`response_prepare` can run on the event loop with
-    it (a ``previous_response_id`` continuation, nothing else stored referenced, the parent's
-    checkpoint cached here, the parent's row readable on the loop); else None."""
-    if request.previous_response_id is None or request.conversation is not None:
-        return None
-    if _references_items(request) or not rawsql.loop_reads_available():
-        return None
-    return history_cache.get(request.previous_response_id, owner)
-
-
 def response_prepare(
     *,
     request: ResponseCreateRequest,
@@ -83,14 +73,11 @@ def response_prepare(
     response_id: str | None = None,
     created_at: int | None = None,
     cached_history: list[dict[str, Any]] | None = None,
-    parent_history: list[dict[str, Any]] | None = None,
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
     ``cached_history`` is the checkpoint of ``previous_response_id`` when the caller holds it
     (the WebSocket transport's connection-local state); then the database is not consulted for it.
-    ``parent_history`` is the stored parent's checkpoint taken from the history cache (see
-    :func:`parent_history_for_loop`); the parent's row is still checked.
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -99,6 +86,7 @@ def response_prepare(
             param=None,
             code="mutually_exclusive_parameters",
         )
+    refuse_executor_only(raw)
     # Refused before any history lookup or inference (spec: prompt_cache_options).
     cache_options = check_prompt_cache_options(
         raw.get("prompt_cache_options"), supported=config.responses.prompt_cache_options_supported
@@ -116,8 +104,9 @@ def response_prepare(
     if request.previous_response_id is not None and cached_history is not None:
         history = list(cached_history)
     elif request.previous_response_id is not None:
-        history = _previous_history(request.previous_response_id, owner, parent_history)
+        history = _previous_history(request.previous_response_id, owner)
     elif conversation_id is not None:
+        conversation_selectors.check_conversation_id(conversation_id, param="conversation")
         try:
             stored, revision = conversation_selectors.conversation_history(
                 conversation_id=conversation_id, owner=owner
@@ -153,17 +142,14 @@ def response_prepare(
     )
 
 
-def _previous_history(
-    previous_id: str, owner: str, cached: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
+def _previous_history(previous_id: str, owner: str) -> list[dict[str, Any]]:
     """The checkpoint items of the owner's finished response ``previous_id``.
 
     The parent's row is always read (existence, owner, status: one indexed query), so deletes on
     any process and other owners' ids are honoured; only the items come from the in-process
     cache when it holds them.
     """
-    if cached is None:
-        cached = history_cache.get(previous_id, owner)
+    cached = history_cache.get(previous_id, owner)
     found = rawsql.parent_row(previous_id, owner, with_item_ids=cached is None)
     status, item_ids = found if found is not None else (None, None)
     if status is None:
@@ -257,26 +243,54 @@ class Outcome:
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
-    """Store the items once and the response with its checkpoint; False when it was cancelled."""
-    if prepared.background or prepared.conversation_id:
-        return _store_final_orm(prepared, outcome)
-    # A plain stored response (the hot path): one atomic insert of its new items and its row.
-    rawsql.insert_response(**_plain_rows(prepared, outcome))
-    return True
+    """Store a finished response: its new items once and its row with the checkpoint, in one
+    transaction (with the terminal event of a background response, and the append to its
+    conversation). False when the response was cancelled meanwhile (its row stays as it is).
+
+    Every finished response takes this path (:func:`rawsql.store_response`); the checkpoint is
+    then cached for a continuation on this process.
+    """
+    p = prepared
+    item_rows, response_row = rawsql.rows(
+        items=[*p.items_to_insert, *outcome.output_items],
+        owner=p.owner,
+        response=_response_values(p, outcome),
+    )
+    terminal_event = outcome.terminal_event if p.background else None
+    if terminal_event is None and not p.conversation_id:
+        stored = rawsql.store_response(item_rows=item_rows, response_row=response_row)
+    else:
+        with rawsql.writing():
+            stored = rawsql.store_response(item_rows=item_rows, response_row=response_row)
+            if stored and terminal_event is not None:
+                ResponseEvent.objects.create(
+                    response_id=p.response_id,
+                    sequence_number=terminal_event[0],
+                    data=terminal_event[1].decode(),
+                )
+            if stored and p.conversation_id:
+                conversation_services.conversation_append_items(
+                    conversation_id=p.conversation_id,
+                    owner=p.owner,
+                    item_ids=[item["id"] for item in (*p.new_items, *outcome.output_items)],
+                    expected_revision=p.conversation_revision,
+                )
+    if stored:
+        history_cache.put(p.response_id, p.owner, [*p.history, *p.new_items, *outcome.output_items])
+    return stored
 
 
-def response_store_on_loop(*, prepared: Prepared, outcome: Outcome) -> bool | None:
-    """:func:`response_store_final` on the event loop where that cannot wait (a plain response on
-    a SQLite file database whose write lock is free); None: call ``response_store_final`` on a
-    worker thread instead."""
-    if prepared.background or prepared.conversation_id or not rawsql.loop_reads_available():
-        return None
-    return True if rawsql.insert_response_on_loop(**_plain_rows(prepared, outcome)) else None
-
-
-def _final_fields(p: Prepared, outcome: Outcome) -> dict[str, Any]:
-    """The response row's fields that the end of the response decides (ORM values)."""
+def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
+    """The response row's values (by attribute name); the end of the response decides the
+    :data:`rawsql.FINAL_COLUMNS`, which are all a background response's placeholder takes."""
     return {
+        "id": p.response_id,
+        "owner": p.owner,
+        "model": p.request.model,
+        "background": p.background,
+        "previous_response_id": p.previous_response_id,
+        "conversation_id": p.conversation_id or "",
+        "request": strip_credentials(p.raw),
         "status": outcome.status,
         "snapshot": outcome.snapshot,
         "usage": outcome.usage,
@@ -285,73 +299,6 @@ def _final_fields(p: Prepared, outcome: Outcome) -> dict[str, Any]:
         "input_item_count": len(p.history) + len(p.new_items),
         "completed_at": timezone.now(),
     }
-
-
-def _plain_rows(p: Prepared, outcome: Outcome) -> dict[str, Any]:
-    """The item rows and the response row of a plain (not background, no conversation) response."""
-    dumps = rawsql.dumps
-    fields = _final_fields(p, outcome)
-    for name in ("snapshot", "usage", "error", "history_item_ids"):
-        fields[name] = dumps(fields[name])
-    return dict(
-        items=[
-            (item["id"], p.owner, item["type"], dumps(item) or "null")
-            for item in (*p.items_to_insert, *outcome.output_items)
-        ],
-        response={
-            "id": p.response_id,
-            "owner": p.owner,
-            "model": p.request.model,
-            "background": False,
-            "previous_response_id": p.previous_response_id,
-            "conversation_id": "",
-            "request": dumps(strip_credentials(p.raw)),
-            **fields,
-            "lease_owner": "",  # stored finished: no lease
-            "lease_expires_at": None,
-        },
-    )
-
-
-@transaction.atomic
-def _store_final_orm(p: Prepared, outcome: Outcome) -> bool:
-    """Background responses (an update of the queued row) and conversation turns (locked append)."""
-    new_rows = [
-        Item(id=item["id"], owner=p.owner, type=item["type"], data=item)
-        for item in (*p.items_to_insert, *outcome.output_items)
-    ]
-    Item.objects.bulk_create(new_rows, ignore_conflicts=True)
-    fields = _final_fields(p, outcome)
-    if p.background:
-        updated = Response.objects.filter(
-            id=p.response_id, status__in=[Response.Status.QUEUED, Response.Status.IN_PROGRESS]
-        ).update(**fields)
-        if not updated:
-            return False  # cancelled meanwhile: the cancelled snapshot stands
-        terminal_event = outcome.terminal_event
-        if terminal_event is not None:
-            ResponseEvent.objects.create(
-                response_id=p.response_id, sequence_number=terminal_event[0], data=terminal_event[1].decode()
-            )
-    else:
-        Response.objects.create(
-            id=p.response_id,
-            owner=p.owner,
-            model=p.request.model,
-            background=False,
-            previous_response_id=p.previous_response_id,
-            conversation_id=p.conversation_id or "",
-            request=strip_credentials(p.raw),
-            **fields,
-        )
-    if p.conversation_id:
-        conversation_services.conversation_append_items(
-            conversation_id=p.conversation_id,
-            owner=p.owner,
-            item_ids=[item["id"] for item in (*p.new_items, *outcome.output_items)],
-            expected_revision=p.conversation_revision,
-        )
-    return True
 
 
 def response_create_queued(
@@ -425,7 +372,10 @@ def response_cancel(*, id: str, owner: str) -> dict[str, Any]:
 
 
 def response_delete(*, id: str, owner: str) -> None:
-    """Delete the response record; its items stay (later responses' checkpoints share them)."""
+    """Delete the response record; its items stay (later responses' checkpoints share them).
+
+    Its cached checkpoint goes at once on this process; other processes check the parent's row
+    before every continuation, so they refuse it too."""
     response = selectors.response_get(id=id, owner=owner)
     response.delete()
     history_cache.discard(id)

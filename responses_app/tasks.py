@@ -29,7 +29,8 @@ from django.db import InterfaceError, OperationalError
 
 from gateway import errors
 from gateway.config import Config, get_config
-from responses_app.executor import Executor, Prepared, _db
+from gateway.db import run_orm
+from responses_app.executor import Executor, Prepared
 
 log = logging.getLogger("responses.background")
 
@@ -83,7 +84,7 @@ async def sweep_forever() -> None:
     interval = get_config().responses.sweep_interval_s
     while True:
         try:
-            failed = await _db(sweep_once)()
+            failed = await run_orm(sweep_once)
             if failed:
                 log.warning("lease sweep: %d unfinished background responses stored failed", failed)
         except Exception:
@@ -100,19 +101,22 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
     from responses_app import services
 
     if not config.broker_enabled:
-        snapshot: dict[str, Any] = await _db(services.response_create_queued)(
-            prepared=prepared, lease_owner=runner_id(), lease_s=config.responses.lease_s
+        snapshot: dict[str, Any] = await run_orm(
+            services.response_create_queued,
+            prepared=prepared,
+            lease_owner=runner_id(),
+            lease_s=config.responses.lease_s,
         )
         task = asyncio.get_running_loop().create_task(run_background(prepared, config))
         _running[prepared.response_id] = task
         task.add_done_callback(lambda _t: _running.pop(prepared.response_id, None))
         return snapshot
-    snapshot = await _db(services.response_create_queued)(prepared=prepared)
+    snapshot = await run_orm(services.response_create_queued, prepared=prepared)
     try:
         await asyncio.get_running_loop().run_in_executor(None, _send_task, prepared.response_id)
     except Exception as exc:
         log.error("background response %s: the broker refused its task: %s", prepared.response_id, exc)
-        await _db(services.response_delete_unsent)(id=prepared.response_id)
+        await run_orm(services.response_delete_unsent, id=prepared.response_id)
         raise errors.ServiceUnavailable(
             "Background responses are unavailable: the task broker (REDIS_URL) cannot be reached.",
             code="broker_unavailable",
@@ -138,8 +142,8 @@ async def _heartbeat(response_id: str, config: Config, runner: asyncio.Task[Any]
     while True:
         await asyncio.sleep(every)
         try:
-            renewed = await _db(services.response_lease_renew)(
-                id=response_id, lease_owner=owner, lease_s=lease_s
+            renewed = await run_orm(
+                services.response_lease_renew, id=response_id, lease_owner=owner, lease_s=lease_s
             )
         except Exception:
             log.exception("background response %s: lease renewal failed", response_id)
@@ -155,8 +159,11 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
 
     response_id = prepared.response_id
     try:
-        taken = await _db(services.response_lease_take)(
-            id=response_id, lease_owner=runner_id(), lease_s=config.responses.lease_s
+        taken = await run_orm(
+            services.response_lease_take,
+            id=response_id,
+            lease_owner=runner_id(),
+            lease_s=config.responses.lease_s,
         )
     except (OperationalError, InterfaceError) as exc:
         raise _NotStarted(str(exc)) from exc
@@ -174,7 +181,7 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
             return
         batch = list(pending)
         pending.clear()
-        status = await _db(services.response_events_append)(response_id=response_id, events=batch)
+        status = await run_orm(services.response_events_append, response_id=response_id, events=batch)
         last_flush = time.monotonic()
         if status == "cancelled":
             cancelled = True
@@ -208,7 +215,8 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
     except Exception as exc:
         log.exception("background response %s crashed", response_id)
         try:
-            await _db(services.response_fail_unfinished)(
+            await run_orm(
+                services.response_fail_unfinished,
                 id=response_id,
                 message=f"The background response failed: {type(exc).__name__}.",
             )
@@ -259,7 +267,7 @@ async def _run_stored(response_id: str) -> None:
 
     config = get_config()
     try:
-        row = await _db(lambda: Response.objects.filter(id=response_id).first())()
+        row = await run_orm(lambda: Response.objects.filter(id=response_id).first())
     except (OperationalError, InterfaceError) as exc:
         raise _NotStarted(str(exc)) from exc
     if row is None or row.is_terminal:
@@ -272,12 +280,15 @@ async def _run_stored(response_id: str) -> None:
 
         expired = row.lease_expires_at is None or row.lease_expires_at < timezone.now()
         if expired or not lease_owner_alive(row.lease_owner):
-            await _db(services.response_fail_unfinished)(id=row.id, message=services.LEASE_EXPIRED_MESSAGE)
+            await run_orm(
+                services.response_fail_unfinished, id=row.id, message=services.LEASE_EXPIRED_MESSAGE
+            )
             log.warning("background response %s: redelivered after its runner died; stored failed", row.id)
         return
     try:
         request = ResponseCreateRequest.model_validate(row.request)
-        prepared = await _db(services.response_prepare)(
+        prepared = await run_orm(
+            services.response_prepare,
             request=request,
             raw=row.request,
             owner=row.owner,
@@ -290,8 +301,10 @@ async def _run_stored(response_id: str) -> None:
         raise _NotStarted(str(exc)) from exc
     except Exception as exc:  # e.g. its parent was deleted meanwhile
         message = exc.message if isinstance(exc, errors.GatewayError) else type(exc).__name__
-        await _db(services.response_fail_unfinished)(
-            id=row.id, message=f"The background response could not start: {message}"
+        await run_orm(
+            services.response_fail_unfinished,
+            id=row.id,
+            message=f"The background response could not start: {message}",
         )
         return
     await run_background(prepared, config)

@@ -13,13 +13,13 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gateway import errors
 from gateway.auth import require_stored_state_access
 from gateway.config import get_config
+from gateway.db import run_orm
 from gateway.http import allow_methods, json_response
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
-from responses_app import rawsql, runs, selectors, services, tasks
+from responses_app import runs, selectors, services, tasks
 from responses_app.events import Event
-from responses_app.executor import Executor, Prepared, _db
-from responses_app.history_cache import history_cache
+from responses_app.executor import Executor, Prepared
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.tool_loop import ToolLoop, public_item
 
@@ -95,19 +95,11 @@ async def create(call: Call) -> Outcome:
         "headers": _upstream_headers(call.headers, call.credential_consumed),
         "config": config,
     }
-    prepared: Prepared | None = None
-    parent_history = services.parent_history_for_loop(parsed, call.principal.owner)
-    if parent_history is not None:
-        # A continuation whose checkpoint is cached: only the parent's row is read, on the loop.
-        try:
-            prepared = services.response_prepare(**arguments, parent_history=parent_history)
-        except rawsql.LoopReadUnavailable:
-            prepared = None
-    if prepared is None:
-        if services.prepare_reads_database(parsed):
-            prepared = await _db(services.response_prepare)(**arguments)
-        else:
-            prepared = services.response_prepare(**arguments)  # nothing stored referenced
+    prepared: Prepared
+    if services.prepare_reads_database(parsed):
+        prepared = await run_orm(services.response_prepare, **arguments)
+    else:
+        prepared = services.response_prepare(**arguments)  # nothing stored referenced
     if prepared.background:
         # Tool declarations, host policy and approvals are refused (400) before anything is queued;
         # MCP discovery happens when the work runs.
@@ -207,12 +199,12 @@ async def _direct(call: Call) -> Outcome:
 @allow_methods("GET", "DELETE")
 async def response_detail(request: HttpRequest, response_id: str) -> HttpResponse:
     require_stored_state_access(request)
+    errors.refuse_nul(response_id, "response_id")
     owner = request_principal(request).owner
     if request.method == "DELETE":
-        await _db(services.response_delete)(id=response_id, owner=owner)
-        history_cache.discard(response_id)
+        await run_orm(services.response_delete, id=response_id, owner=owner)
         return json_response({"id": response_id, "object": "response", "deleted": True})
-    response = await _db(selectors.response_get)(id=response_id, owner=owner)
+    response = await run_orm(selectors.response_get, id=response_id, owner=owner)
     if request.GET.get("stream") in ("true", "1", "True"):
         if not response.background:
             raise errors.BadRequest(
@@ -235,7 +227,7 @@ async def _tail(response_id: str, starting_after: int) -> AsyncIterator[bytes]:
     after = starting_after
     finished_checks = 0
     while True:
-        events = await _db(selectors.response_events_after)(response_id=response_id, after=after)
+        events = await run_orm(selectors.response_events_after, response_id=response_id, after=after)
         for event in events:
             after = event.sequence_number
             data = event.data
@@ -245,7 +237,7 @@ async def _tail(response_id: str, starting_after: int) -> AsyncIterator[bytes]:
                 return
         if events:
             continue
-        status = await _db(selectors.response_status)(id=response_id)
+        status = await run_orm(selectors.response_status, id=response_id)
         if status is None or status not in ("queued", "in_progress"):
             finished_checks += 1
             if finished_checks > 2:  # terminal and nothing more arrives (e.g. cancelled)
@@ -287,6 +279,7 @@ def _int_param(
 @allow_methods("GET")
 async def response_input_items(request: HttpRequest, response_id: str) -> HttpResponse:
     require_stored_state_access(request)
+    errors.refuse_nul(response_id, "response_id")
     owner = request_principal(request).owner
     limit = _int_param(request, "limit", default=20, minimum=1, maximum=100)
     order = request.GET.get("order", "desc")
@@ -297,12 +290,13 @@ async def response_input_items(request: HttpRequest, response_id: str) -> HttpRe
             code="invalid_value",
         )
     after = request.GET.get("after")
+    errors.refuse_nul(after, "after")
 
     def page() -> tuple[list[dict[str, Any]], bool]:
         response = selectors.response_get(id=response_id, owner=owner)
         return selectors.response_input_items(response=response, after=after, limit=limit, order=order)
 
-    data, has_more = await _db(page)()
+    data, has_more = await run_orm(page)
     data = [public_item(item) for item in data]
     return json_response(
         {
@@ -318,10 +312,19 @@ async def response_input_items(request: HttpRequest, response_id: str) -> HttpRe
 @allow_methods("POST")
 async def response_cancel(request: HttpRequest, response_id: str) -> HttpResponse:
     require_stored_state_access(request)
+    errors.refuse_nul(response_id, "response_id")
     owner = request_principal(request).owner
-    snapshot = await _db(services.response_cancel)(id=response_id, owner=owner)
+    snapshot = await run_orm(services.response_cancel, id=response_id, owner=owner)
     tasks.cancel_local(response_id)
     return json_response(snapshot)
+
+
+@allow_methods("POST")
+async def response_compact(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/responses/compact``: refused until compaction is built (never a silent 405)."""
+    raise errors.NotImplementedFeature(
+        "POST /v1/responses/compact is not supported by this gateway yet.", param=None
+    )
 
 
 @allow_methods("POST")
@@ -336,7 +339,8 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
     raw.setdefault("model", "")
     parsed, raw = parse_create_request(orjson.dumps(raw))
     config = get_config()
-    prepared = await _db(services.response_prepare)(
+    prepared = await run_orm(
+        services.response_prepare,
         request=_without_store(parsed),
         raw=raw,
         owner=request_principal(request).owner,

@@ -20,12 +20,12 @@ CACHE = ROOT / "tests" / ".cache"
 
 
 def codex_cli() -> Path:
-    """``$CODEX_BIN``, else the cached Codex CLI (skips without npm)."""
+    """``$CODEX_BIN``, else the cached Codex CLI (fails without npm)."""
     return _npm_cli("CODEX_BIN", "codex", "@openai/codex", CODEX_VERSION, "codex")
 
 
 def claude_code_cli() -> Path:
-    """``$CLAUDE_CODE_BIN``, else the cached Claude Code CLI (skips without npm)."""
+    """``$CLAUDE_CODE_BIN``, else the cached Claude Code CLI (fails without npm)."""
     return _npm_cli(
         "CLAUDE_CODE_BIN", "claude-code", "@anthropic-ai/claude-code", CLAUDE_CODE_VERSION, "claude"
     )
@@ -42,7 +42,11 @@ def _npm_cli(env: str, folder: str, package: str, version: str, command: str) ->
         return binary
     npm = shutil.which("npm")
     if npm is None:
-        pytest.skip(f"npm is not installed; this end-to-end test needs it to install {package}")
+        # Not a skip: `make test` installs npm (tests/ensure_tools.sh); the test cannot run without it.
+        pytest.fail(
+            f"npm is not installed; this end-to-end test needs it to install {package} "
+            "(tests/ensure_tools.sh installs it)"
+        )
     prefix.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", f"{package}@{version}"],

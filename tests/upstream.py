@@ -65,6 +65,9 @@ class ScriptedUpstream:
         self.requests: list[Recorded] = []
         self.scripts: dict[str, deque[Handler]] = defaultdict(deque)
         self.models = [MODEL]
+        # Concurrency, counted rather than timed: requests being answered now, and the most at once.
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -145,6 +148,8 @@ class ScriptedUpstream:
         )
         # Which client connection carried the request (tests check connection reuse with it).
         rec.extra["peer"] = request.transport.get_extra_info("peername") if request.transport else None
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             if not raw:
                 rec.body = await request.read()
@@ -159,6 +164,8 @@ class ScriptedUpstream:
             if rec not in self.requests:
                 self.requests.append(rec)
             raise
+        finally:
+            self.in_flight -= 1
 
     async def default(self, request: web.Request, rec: Recorded) -> web.StreamResponse:
         """vLLM's behaviour for a tiny model when no script is queued."""
@@ -615,6 +622,30 @@ def sse(
         return response
 
     return handler
+
+
+class Meeting:
+    """Holds the requests of its handlers until ``count`` requests are in flight at ``upstream``
+    (or ``timeout`` passed), then lets them all go.
+
+    Concurrent callers meet here however slowly they start; one that waits for another's answer
+    first cannot, and the upstream's ``peak_in_flight`` tells which happened.
+    """
+
+    def __init__(self, upstream: ScriptedUpstream, count: int, timeout: float = 10.0) -> None:
+        self.upstream, self.count, self.timeout = upstream, count, timeout
+        self.met = False
+
+    def handler(self, inner: Handler) -> Handler:
+        async def handler(request: web.Request, rec: Recorded) -> web.StreamResponse:
+            deadline = time.monotonic() + self.timeout
+            while not self.met and time.monotonic() < deadline:
+                self.met = self.upstream.in_flight >= self.count
+                if not self.met:
+                    await asyncio.sleep(0.005)
+            return await inner(request, rec)
+
+        return handler
 
 
 def hang() -> Handler:

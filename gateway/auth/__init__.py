@@ -216,11 +216,10 @@ def owned_get(
 async def aowned_get(
     queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
 ) -> M:
-    """:func:`owned_get` for async code."""
-    obj = await owned(queryset, principal).filter(**lookup).afirst()
-    if obj is None:
-        raise errors.NotFound(not_found)
-    return obj
+    """:func:`owned_get` for async code (on an ORM thread: ``gateway.db.run_orm``)."""
+    from gateway.db import run_orm
+
+    return await run_orm(lambda: owned_get(queryset, principal, not_found=not_found, **lookup))
 
 
 __all__ = [

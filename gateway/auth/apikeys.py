@@ -17,14 +17,14 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from gateway import errors
+from gateway.db import run_orm
 
 if TYPE_CHECKING:
     from gateway.models import ApiKey
@@ -89,22 +89,6 @@ def pin_no_keys() -> None:
     _snapshot = Snapshot(float("inf"), {})
 
 
-def _in_worker_thread(func: Any) -> Any:
-    """Run ``func`` in a pool thread and hand its database connection back when done.
-
-    Pool threads outlive requests and Django closes only the request thread's connection: without
-    this, every pool thread would keep one PostgreSQL pool connection checked out forever.
-    """
-
-    def run(*args: Any) -> Any:
-        try:
-            return func(*args)
-        finally:
-            connection.close()
-
-    return sync_to_async(run, thread_sensitive=False)
-
-
 def _load_snapshot() -> Snapshot:
     from gateway.models import ApiKey
 
@@ -150,7 +134,7 @@ async def _reload(current: Snapshot | None) -> Snapshot:
     global _snapshot
     generation = _generation
     try:
-        fresh = await _in_worker_thread(_load_snapshot)()
+        fresh = await run_orm(_load_snapshot)
     except DatabaseError as exc:
         log.warning("cannot read the API keys: %s", exc)
         if current is None:
@@ -190,7 +174,7 @@ async def record_use(key: ActiveKey) -> None:
     if not use_due(key):
         return
     _last_touched[key.id] = time.monotonic()
-    await _in_worker_thread(_touch)(key.id)
+    await run_orm(_touch, key.id)
 
 
 # -- services and selectors (management command, admin) ----------------------------------------

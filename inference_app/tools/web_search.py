@@ -131,10 +131,7 @@ async def _search_one(
     endpoint = ws.endpoint
     hits: list[SearchHit] = []
     if provider == "searxng":
-        url = endpoint.rstrip("/")
-        if not url.endswith("/search"):
-            url += "/search"
-        data = await _fetch(session, "GET", url, "searxng", params={"q": query, "format": "json"})
+        data = await _fetch(session, "GET", endpoint, "searxng", params={"q": query, "format": "json"})
         for r in data.get("results") or []:
             hits.append(
                 SearchHit(str(r.get("title") or ""), str(r.get("url") or ""), str(r.get("content") or ""))

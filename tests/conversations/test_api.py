@@ -97,6 +97,7 @@ def test_assistant_string_content_becomes_output_text(client: openai.OpenAI) -> 
         "type": "output_text",
         "text": "sure",
         "annotations": [],
+        "logprobs": [],
     }
 
 
@@ -432,19 +433,53 @@ def test_item_already_in_conversation_is_400_and_stores_nothing(client: openai.O
     with pytest.raises(openai.BadRequestError) as exc:
         client.conversations.items.create(conversation.id, items=[user("new"), user("x", id="msg_fixed1")])
     assert error_of(exc) == {
-        "message": "Item with id 'msg_fixed1' is already in the conversation.",
+        "message": "Item already in conversation",
         "type": "invalid_request_error",
         "param": "items",
         "code": "item_already_in_conversation",
     }
-    # The same id twice in one batch is refused the same way.
-    with pytest.raises(openai.BadRequestError) as twice:
-        client.conversations.items.create(
-            conversation.id, items=[user("a", id="msg_twice"), user("b", id="msg_twice")]
-        )
-    assert error_of(twice)["code"] == "item_already_in_conversation"
     assert texts(client.conversations.items.list(conversation.id).data) == ["x"]
     assert Item.objects.count() == 1
+
+
+def test_same_id_twice_in_one_request_is_listed_twice(client: openai.OpenAI) -> None:
+    """OpenAI answers 200 and lists both occurrences under the same public id."""
+    conversation = client.conversations.create(items=[user("x")])
+    added = client.conversations.items.create(
+        conversation.id, items=[user("a", id="msg_twice"), user("b"), user("a", id="msg_twice")]
+    )
+    assert [i.id for i in added.data][0::2] == ["msg_twice", "msg_twice"]
+    listed = client.conversations.items.list(conversation.id, order="asc").data
+    assert [i.id for i in listed][1:] == ["msg_twice", added.data[1].id, "msg_twice"]
+    assert texts(listed) == ["x", "a", "b", "a"]
+    assert Item.objects.filter(id="msg_twice").count() == 1  # stored once
+    # Re-adding an id already in the conversation stays a 400.
+    with pytest.raises(openai.BadRequestError) as again:
+        client.conversations.items.create(conversation.id, items=[user("a", id="msg_twice")])
+    assert error_of(again)["code"] == "item_already_in_conversation"
+    # Deleting the id detaches every occurrence.
+    client.conversations.items.delete("msg_twice", conversation_id=conversation.id)
+    assert texts(client.conversations.items.list(conversation.id, order="asc").data) == ["x", "b"]
+    assert Conversation.objects.get(id=conversation.id).item_count == 2
+
+
+def test_assistant_output_text_always_carries_logprobs(client: openai.OpenAI) -> None:
+    said = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "hi", "annotations": []}],
+    }
+    conversation = client.conversations.create(items=[user("q"), said])
+    for include in ([], ["message.output_text.logprobs"]):
+        listed = httpx.get(
+            f"{client.base_url}conversations/{conversation.id}/items",
+            params={"order": "asc", "include": include},
+            headers={"authorization": "Bearer sk-test"},
+        ).json()["data"]
+        assert listed[1]["content"] == [
+            {"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}
+        ]
+        assert "logprobs" not in listed[0]["content"][0]  # input_text has none
 
 
 def test_items_create_limits(client: openai.OpenAI) -> None:
@@ -563,7 +598,7 @@ def test_list_parameter_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.conversations.items.list(conversation.id, after="msg_notinhere")
     assert error_of(missing) == {
-        "message": "Item with id 'msg_notinhere' not found.",
+        "message": "No item found with id 'msg_notinhere'",  # OpenAI's wording for a cursor
         "type": "invalid_request_error",
         "param": "after",
         "code": None,

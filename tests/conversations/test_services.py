@@ -191,11 +191,6 @@ def test_services_and_selectors_filter_by_owner() -> None:
 
 
 # ---------------------------------------------------------------------------------- concurrency
-postgres_only = pytest.mark.skipif(
-    "connection.vendor != 'postgresql'", reason="real concurrent writers need PostgreSQL"
-)
-
-
 def _run_threads(count: int, target: Any) -> list[Any]:
     results: list[Any] = [None] * count
     barrier = threading.Barrier(count)
@@ -216,7 +211,6 @@ def _run_threads(count: int, target: Any) -> list[Any]:
     return results
 
 
-@postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_racing_appends_one_wins_the_others_get_409() -> None:
     conversation = make_conversation(ALICE, "q")
@@ -240,7 +234,6 @@ def test_racing_appends_one_wins_the_others_get_409() -> None:
     assert revision == 2
 
 
-@postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_racing_appends_that_retry_lose_and_interleave_nothing() -> None:
     conversation = make_conversation(ALICE, "q")

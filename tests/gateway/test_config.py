@@ -192,3 +192,17 @@ def test_startup_refusal_stops_the_process() -> None:
     assert proc.returncode != 0
     assert "OIDC_AUDIENCE: must be set together with OIDC_ISSUER" in proc.stderr
     assert proc.stderr.count("Traceback") == 0
+
+
+def test_server_workers_default_to_one_per_core_unless_the_engine_is_embedded() -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert load_config({}).server_workers == 1  # the embedded engine: one process loads it
+    assert load_config({"LLM_API_BASE": "http://vllm:8000"}).server_workers == cores
+    assert load_config({"REDIS_URL": "redis://127.0.0.1:6379/0"}).server_workers == cores
+    explicit = {"LLM_API_BASE": "http://vllm:8000", "GATEWAY_SERVER_WORKERS": "3"}
+    assert load_config(explicit).server_workers == 3
+    with pytest.raises(ConfigError) as info:
+        load_config({"GATEWAY_SERVER_WORKERS": "-1"})
+    assert "server.workers" in str(info.value)

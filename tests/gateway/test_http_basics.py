@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -220,8 +221,74 @@ def test_admin_login_page(live_gateway: LiveServer) -> None:
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("raw_path", "path"),
+    [
+        ("/static/..%2f..%2fetc%2fpasswd", "/static/../../etc/passwd"),
+        ("/static/admin/..%2f..%2f..%2fsettings.py", "/static/admin/../../../settings.py"),
+        ("/static/..", "/static/.."),
+        ("/static/a%00b", "/static/a\x00b"),
+    ],
+)
+def test_static_traversal_is_a_404_without_a_traceback(
+    live_gateway: LiveServer, caplog: pytest.LogCaptureFixture, raw_path: str, path: str
+) -> None:
+    answer = raw_http(live_gateway.port, f"GET {raw_path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 Not Found\r\n")
+    assert orjson.loads(body) == {
+        "error": {
+            "message": f"Invalid URL (GET {path})",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unknown_route",
+        }
+    }
+    deadline = time.monotonic() + 5  # the access line is written once the answer is out
+    while not [r for r in caplog.records if r.name == "gateway.access"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    access = [r.getMessage() for r in caplog.records if r.name == "gateway.access"]
+    assert len(access) == 1 and " 404 " in access[0]
+    assert [r for r in caplog.records if r.levelno >= 40] == []
+
+
+def test_a_missing_static_file_is_a_404(live_gateway: LiveServer) -> None:
+    r = httpx.get(f"{live_gateway.url}/static/admin/css/nope.css")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "unknown_route"
+
+
 @pytest.mark.django_db
 def test_admin_superuser_can_log_in(client, django_user_model) -> None:  # type: ignore[no-untyped-def]
     django_user_model.objects.create_superuser("root", "root@example.com", "pw-123456")
     assert client.login(username="root", password="pw-123456")
     assert client.get("/admin/").status_code == 200
+
+
+def test_an_error_below_django_is_a_500_envelope_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """What raises out of the ASGI app before answering (the static handler did, on a traversal)
+    is answered in the envelope and logged once with its traceback, not uvicorn's plain text."""
+    from gateway.middleware import GatewayASGIMiddleware
+
+    async def broken(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise ValueError("a bug")
+
+    server = LiveServer(GatewayASGIMiddleware(broken)).start()
+    try:
+        r = httpx.get(f"{server.url}/somewhere")
+    finally:
+        server.stop()
+    assert r.status_code == 500
+    assert r.json() == {
+        "error": {
+            "message": "The server had an error while processing your request.",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
+    }
+    errors = [rec for rec in caplog.records if rec.levelno >= 40]
+    assert [(rec.name, rec.getMessage()) for rec in errors] == [("gateway", "unhandled error on /somewhere")]
+    assert errors[0].exc_info is not None and isinstance(errors[0].exc_info[1], ValueError)
+    access = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.access"]
+    assert len(access) == 1 and "GET /somewhere 500" in access[0]

@@ -7,7 +7,6 @@ with Anthropic headers and body fields preserved." Upstream error bodies are rel
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anthropic
@@ -266,9 +265,7 @@ def test_disconnect_cancels_upstream_messages_stream(gw: LiveServer, upstream: S
         "POST", f"{gw.url}/v1/messages", json={"model": "m", "max_tokens": 8, "messages": [], "stream": True}
     ) as r:
         next(r.iter_raw())
-    started = time.monotonic()
     assert upstream.wait_disconnected(upstream.last("/v1/messages"), timeout=3)
-    assert time.monotonic() - started < 1.0
 
 
 def test_head_root_answers_200_cleanly(live_gateway: LiveServer) -> None:

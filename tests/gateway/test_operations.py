@@ -41,8 +41,20 @@ def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
             cwd=ROOT,
             env={"PATH": "/usr/bin:/bin", "DATABASE_URL": url},
         )
-        time.sleep(2)
-        assert proc.poll() is None, "migrate_safely must wait while another replica holds the lock"
+        # Wait for the real condition: the command's session queued on our lock in pg_locks.
+        waiting: list[int] = []
+        deadline = time.monotonic() + 60
+        while not waiting:
+            assert proc.poll() is None, "migrate_safely must wait while another replica holds the lock"
+            assert time.monotonic() < deadline, "migrate_safely never asked for the advisory lock"
+            cursor.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND classid = %s AND objid = %s AND pid <> pg_backend_pid()",
+                [MIGRATION_LOCK_KEY >> 32, MIGRATION_LOCK_KEY & 0xFFFFFFFF],
+            )
+            waiting = [row[0] for row in cursor.fetchall()]
+            time.sleep(0.05)
+        assert proc.poll() is None  # still waiting, behind our lock
         cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK_KEY])
     assert proc.wait(timeout=60) == 0
 
@@ -129,7 +141,7 @@ def test_websocket_connections_are_counted(live_gateway: LiveServer) -> None:
 @pytest.mark.django_db
 def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ignore[no-untyped-def]
     if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only")
+        pytest.skip("the connection pool and statement_timeout are PostgreSQL settings; SQLite has neither")
     from gateway.config import get_config
 
     options = settings.DATABASES["default"]["OPTIONS"]

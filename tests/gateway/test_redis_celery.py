@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from channels_redis.core import RedisChannelLayer
 
 from gateway.celery import app as celery_app
 from tests.conftest import REDIS_URL
@@ -19,15 +18,6 @@ def test_without_redis_tasks_run_in_process(settings) -> None:  # type: ignore[n
 
     assert celery_app.conf.task_always_eager is True
     assert ping.delay().get(timeout=1) == "pong"
-
-
-async def test_channel_layer_over_real_redis() -> None:
-    layer = RedisChannelLayer(hosts=[REDIS_URL])
-    channel = await layer.new_channel()
-    await layer.send(channel, {"type": "hello", "text": "over redis"})
-    message = await layer.receive(channel)
-    assert message == {"type": "hello", "text": "over redis"}
-    await layer.flush()
 
 
 def test_celery_over_real_redis_broker() -> None:

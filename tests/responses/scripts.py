@@ -62,6 +62,9 @@ class Script:
     delay_s: float = 0.0  # pause before each event
     error_status: int | None = None  # answer with this HTTP error instead of a stream
     error_message: str = "upstream exploded"
+    # Rewrites the stream before it is sent (tests/responses/hostile.py): for ``responses`` the
+    # ``(event type, data)`` list, for ``chat_completions`` the list of chunk dicts.
+    mutate: Any = None
 
 
 def _hex() -> str:
@@ -374,12 +377,20 @@ def handler(script: Script, wire: str = "responses") -> Any:
                 status=script.error_status,
             )
         if wire == "responses":
+            events = responses_events(script, body)
+            if script.mutate is not None:
+                script.mutate(events)
             frames = [
                 b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-                for kind, data in responses_events(script, body)
+                for kind, data in events
             ]
         else:
-            frames = [b"data: " + payload + b"\n\n" for payload in chat_chunks(script, body)]
+            payloads = chat_chunks(script, body)
+            if script.mutate is not None:
+                chunks = [orjson.loads(p) for p in payloads[:-1]]
+                script.mutate(chunks)
+                payloads = [orjson.dumps(c) for c in chunks] + payloads[-1:]
+            frames = [b"data: " + payload + b"\n\n" for payload in payloads]
         if script.truncate_after is not None:
             frames = frames[: script.truncate_after]
         if script.malformed_at is not None:

@@ -70,5 +70,8 @@ def test_a_worker_task_closes_its_upstream_connections(gw: Gateway, broker: None
             time.sleep(0.05)
         else:
             raise AssertionError("the background response did not complete")
-    time.sleep(0.2)  # the task's finally block runs after its last database write
-    assert pools() <= before
+    # The task's finally block (closing its pools) runs after its last database write: wait for it.
+    deadline = time.monotonic() + 20
+    while pools() > before:
+        assert time.monotonic() < deadline, f"{pools()} upstream pools left open (was {before})"
+        time.sleep(0.02)

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import httpx
 import orjson
 import pytest
-from django.db import connection
+from aiohttp import web
 
 from tests.responses.conftest import Gateway
-from tests.responses.scripts import text
+from tests.responses.scripts import Script, handler, path_for, text
+from tests.upstream import Gate, Recorded
+
+
+def _held(inner: Any, gate: Gate) -> Any:
+    """``inner``, answering only once ``gate`` is open."""
+
+    async def answer(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        await gate.wait()
+        return await inner(request, rec)
+
+    return answer
 
 
 def _conversation(gw: Gateway, items: list[dict[str, object]] | None = None) -> str:
@@ -61,20 +74,28 @@ def test_conversation_and_previous_response_id_together_is_400(gw: Gateway) -> N
 
 @pytest.mark.parametrize("wire", ["responses"])
 def test_concurrent_responses_on_one_conversation_do_not_interleave(gw: Gateway, wire: str) -> None:
-    """Two responses racing on one conversation: one appends, the other gets 409 conversation_locked."""
-    if connection.vendor != "postgresql":
-        pytest.skip("concurrency is proven on PostgreSQL")
+    """Two responses racing on one conversation: one appends, the other gets 409 conversation_locked.
+
+    On the default database (SQLite) as on PostgreSQL: both answers are held at the upstream until
+    both requests reached it, so both read the same history before either appends."""
     conv_id = _conversation(gw)
-    gw.script(text("Answer A"), delay_s=0.05)
-    gw.script(text("Answer B"), delay_s=0.05)
+    release = Gate()
+    for answer in ("Answer A", "Answer B"):
+        gw.upstream.script(path_for(wire), _held(handler(Script([text(answer)]), wire), release))
     results: dict[str, httpx.Response] = {}
 
     def run(name: str) -> None:
         results[name] = gw.post({"model": "test-model", "input": f"Question {name}", "conversation": conv_id})
 
     threads = [threading.Thread(target=run, args=(n,)) for n in ("A", "B")]
+    seen = len(gw.upstream_bodies())
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 30
+    while len(gw.upstream_bodies()) < seen + 2:  # both requests reached the upstream
+        assert time.monotonic() < deadline, "the two requests never reached the upstream"
+        time.sleep(0.01)
+    release.open()
     for t in threads:
         t.join()
     statuses = sorted(r.status_code for r in results.values())

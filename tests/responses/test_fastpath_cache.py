@@ -15,7 +15,6 @@ import pytest
 from django.db import connection
 
 from gateway.auth import apikeys
-from responses_app import views
 from responses_app.history_cache import HistoryCache, history_cache
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
@@ -121,16 +120,6 @@ def test_store_false_responses_are_not_cached(gw: Gateway) -> None:
     assert not Response.objects.filter(id=r.json()["id"]).exists()
 
 
-def test_an_item_edit_outside_the_api_empties_the_cache(gw: Gateway) -> None:
-    from conversations_app.models import Item
-
-    first = _turn(gw, None, "one").json()
-    assert first["id"] in history_cache
-    item = Item.objects.get(id=first["output"][0]["id"])
-    item.save()  # e.g. the admin
-    assert len(history_cache) == 0
-
-
 def test_the_cache_is_bounded_by_bytes_and_copies_out(gateway_config: Any) -> None:
     cache = HistoryCache()
     item = {"type": "message", "id": "msg_1", "content": [{"type": "input_text", "text": "x" * 1000}]}
@@ -218,7 +207,10 @@ def test_cors_and_request_id_on_the_fast_path(gw: Gateway, settings: Any) -> Non
 
 
 def test_an_unexpected_error_is_a_server_error_envelope(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+
     async def broken(call: Any) -> Any:
+        calls.append(call)
         raise RuntimeError("boom")
 
     monkeypatch.setattr("responses_app.fastpath.create", broken)
@@ -230,30 +222,7 @@ def test_an_unexpected_error_is_a_server_error_envelope(gw: Gateway, monkeypatch
         "param": None,
         "code": "internal_error",
     }
-    assert views.create is not broken
-
-
-def test_a_busy_database_sends_loop_work_to_a_worker_thread(
-    gw: Gateway, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import sqlite3
-
-    from responses_app import rawsql
-
-    first = _turn(gw, None, "one").json()
-    tried: list[str] = []
-
-    def busy() -> Any:
-        tried.append("loop")
-        raise sqlite3.OperationalError("database is locked")
-
-    monkeypatch.setattr(rawsql, "loop_reads_available", lambda: True)
-    monkeypatch.setattr(rawsql, "_loop_connection", busy)
-    second = _turn(gw, first["id"], "two")
-    assert second.status_code == 200, second.text
-    assert tried == ["loop", "loop"]  # the parent check, then the insert
-    assert len(gw.upstream_bodies()[-1]["input"]) == 3
-    assert Response.objects.filter(id=second.json()["id"]).exists()
+    assert len(calls) == 1  # the request took the fast path, whose failure this envelope reports
 
 
 def test_a_client_leaving_a_stream_cancels_the_upstream_request(gw: Gateway) -> None:

@@ -1,8 +1,8 @@
 """The checkpoint cache with two real server processes sharing one SQLite file database.
 
-This is the production shape the in-memory test database cannot show: each process has its own
-history cache, and (on a SQLite file) the parent check of a cached continuation runs on the event
-loop through its own connection. A delete on one process must be seen by the other at once.
+This is the production shape one test process cannot show: each process has its own history
+cache, and only the database is shared. A delete on one process must be seen by the other at once
+(every continuation checks its parent's row; the cache only holds payloads).
 """
 
 from __future__ import annotations

@@ -238,3 +238,44 @@ def test_the_largest_value_is_accepted(tools_gw: ToolsGateway) -> None:
     gw.script(text("ok"))
     final = gw.create({"model": "m", "input": "x", "tools": [WS], "max_tool_calls": 9223372036854775807})
     assert final["max_tool_calls"] == 9223372036854775807
+
+
+def test_approved_mcp_calls_count_against_the_limit(tools_gw: ToolsGateway, mcp_server: Any) -> None:
+    """``mcp_approval_response`` continuations run approved calls under the continuation's limit."""
+    gw = tools_gw
+    _, record, url = mcp_server
+    mcp = {"type": "mcp", "server_label": "local", "server_url": url, "require_approval": "always"}
+    gw.script(
+        call("mcp__local__tool_0", args(text="a"), call_id="call_m1"),
+        call("mcp__local__tool_1", args(text="b"), call_id="call_m2"),
+    )
+    first = gw.create({"model": "m", "input": "x", "tools": [mcp]})
+    requests = [i for i in first["output"] if i["type"] == "mcp_approval_request"]
+    assert [r["name"] for r in requests] == ["tool_0", "tool_1"]
+    assert record.calls == []
+
+    gw.script(text("Only one ran."))
+    approvals = [
+        {"type": "mcp_approval_response", "approval_request_id": r["id"], "approve": True} for r in requests
+    ]
+    final = gw.create(
+        {
+            "model": "m",
+            "previous_response_id": first["id"],
+            "input": approvals,
+            "tools": [mcp],
+            "max_tool_calls": 1,
+        }
+    )
+    assert final["status"] == "completed"
+    # The second approved call is over the limit: not run, its item omitted, the model told why.
+    assert [(i["type"], i.get("status")) for i in final["output"]] == [
+        ("mcp_call", "completed"),
+        ("message", "completed"),
+    ]
+    assert final["output"][0]["approval_request_id"] == requests[0]["id"]
+    assert record.calls == [("tool_0", {"text": "a"})]
+    seen = outputs_seen(gw, 1)
+    assert seen[requests[0]["id"]] == "tool_0 got a"
+    assert seen[requests[1]["id"]] == LIMIT_1
+    assert offered_tools(gw, 1) == []  # the limit is spent: no gateway tools for the model

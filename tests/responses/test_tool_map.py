@@ -15,14 +15,8 @@ from responses_app.translate import upstream_tool_name
 from tests.responses.conftest import Gateway, check_sdk_event
 from tests.responses.scripts import call, text
 
-NAMESPACE = {
-    "type": "namespace",
-    "name": "crm",
-    "description": "Customer tools.",
-    "tools": [
-        {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}},
-    ],
-}
+MEMBERS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+NAMESPACE = {"type": "namespace", "name": "crm", "description": "Customer tools.", "tools": MEMBERS}
 CUSTOM = {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}
 
 
@@ -47,7 +41,10 @@ def test_namespace_members_are_flattened_and_restored(gw: Gateway) -> None:
     for event in events:
         check_sdk_event(event)
     final = events[-1]["response"]
-    assert final["tools"] == [NAMESPACE, {"type": "web_search"}]  # the client's own declarations
+    # The client's own declarations, normalized as OpenAI echoes them.
+    echoed_namespace = {**NAMESPACE, "tools": [{**m, "output_schema": None} for m in MEMBERS]}
+    assert final["tools"][0] == echoed_namespace
+    assert final["tools"][1]["type"] == "web_search" and final["tools"][1]["search_context_size"] == "medium"
 
 
 def test_custom_tool_is_one_string_argument_upstream(gw: Gateway) -> None:

@@ -248,7 +248,6 @@ def test_request_scoped_fields_forwarded_and_not_inherited(gw: Gateway) -> None:
             "cache_salt": "salt",
             "top_k": 5,
             "stream_options": {"include_obfuscation": False},
-            "context_management": [{"type": "compaction", "compact_threshold": 1000}],
         }
     ).json()
     sent = gw.upstream_bodies()[-1]
@@ -259,7 +258,6 @@ def test_request_scoped_fields_forwarded_and_not_inherited(gw: Gateway) -> None:
     assert sent["top_k"] == 5
     for gateway_owned in (
         "stream_options",
-        "context_management",
         "conversation",
         "previous_response_id",
         "background",

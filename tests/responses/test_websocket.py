@@ -21,7 +21,7 @@ from responses_app.models import Response
 from tests.responses.scripts import Script, handler, text
 from tests.responses.wsutil import Client, RawSocketClient, connect, create, lane
 from tests.servers import LiveServer
-from tests.upstream import Recorded
+from tests.upstream import Meeting, Recorded
 
 NOT_FOUND = "Previous response with id '{}' not found."
 
@@ -128,28 +128,32 @@ def test_default_lane_events_carry_no_stream_id(gw: LiveServer, upstream: Any) -
 
 
 def test_lanes_run_concurrently_and_fifo_within_a_lane(gw: LiveServer, upstream: Any) -> None:
-    for _ in range(4):
-        script(upstream, "slow", " answer", delay_s=0.08)
+    # Lanes a and b: each answer waits at the upstream until both requests are there.
+    meeting = Meeting(upstream, 2)
+    for _ in range(2):
+        upstream.script("/v1/responses", meeting.handler(handler(Script([text("slow", " answer")]))))
+    # Two requests on lane a: the first one's answer is slow; the second must wait for it.
+    for _ in range(2):
+        script(upstream, "slow", " answer", delay_s=0.05)
 
-    async def scenario() -> tuple[float, list[dict[str, Any]], float]:
+    async def scenario() -> tuple[int, list[dict[str, Any]], int]:
         async with await connect(gw.url) as ws:
             c = Client(ws)
-            started = time.monotonic()
             await c.send(create(stream_id="a", store=False, input="a1"))
             await c.send(create(stream_id="b", store=False, input="b1"))
             await c.until_terminal(2)
-            parallel = time.monotonic() - started
-            started = time.monotonic()
+            parallel = upstream.peak_in_flight
+            while upstream.in_flight:  # the upstream's handlers are returning
+                await asyncio.sleep(0.01)
+            upstream.peak_in_flight = 0
             await c.send(create(stream_id="a", store=False, input="a2"))
             await c.send(create(stream_id="a", store=False, input="a3"))
             events = await c.until_terminal(2)
-            serial = time.monotonic() - started
-            return parallel, events, serial
+            return parallel, events, upstream.peak_in_flight
 
     parallel, events, serial = run(scenario())
-    # One answer takes ~0.8 s (10 events x 0.08 s).
-    assert parallel < 1.3, f"two lanes took {parallel:.2f}s: they did not run concurrently"
-    assert serial > 1.5, f"one lane took {serial:.2f}s for two requests: they overlapped"
+    assert parallel == 2, "two lanes did not run concurrently"
+    assert serial == 1, "two requests of one lane overlapped at the upstream"
     kinds = [e["type"] for e in events]
     # FIFO: the second request's response.created comes after the first one's response.completed.
     first_done = kinds.index("response.completed")

@@ -4,8 +4,6 @@ worker from the real Redis (db 9), with results awaited without blocking the eve
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -97,43 +95,45 @@ async def test_calls_run_on_the_worker(
 async def test_five_calls_run_concurrently_on_workers(
     celery_app: Any, worker: Any, provider: SearchProvider, tools_config: Config
 ) -> None:
-    await run_gateway_calls([search("warm", "warm")], config=tools_config, celery_app=celery_app)
-    provider.delay_s = 0.1
-    started = time.monotonic()
+    provider.hold_until = 5  # each call waits at the provider until all five are there
     results = await run_gateway_calls(
         [search(f"c{i}", f"q{i}") for i in range(5)], config=tools_config, celery_app=celery_app
     )
-    elapsed = time.monotonic() - started
     assert [r.call_id for r in results] == ["c0", "c1", "c2", "c3", "c4"]
     assert all(r.ok for r in results)
-    assert elapsed < 0.45, f"5 calls through Celery took {elapsed:.3f}s"
+    assert provider.peak_in_flight == 5, "the 5 calls ran one after another on the workers"
 
 
 async def test_the_event_loop_is_not_blocked_while_waiting(
     celery_app: Any, worker: Any, provider: SearchProvider, tools_config: Config
 ) -> None:
-    provider.delay_s = 0.3
-    ticks = 0
+    """While the gateway waits for the worker's result, another task on its event loop runs: here
+    it sends the provider the second request the worker's search is held for."""
+    import aiohttp
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
+    provider.hold_until = 2
+
+    async def second_request() -> None:
+        while provider.in_flight < 1:  # the worker's search is at the provider, held
             await asyncio.sleep(0.01)
-            ticks += 1
+        url = f"{provider.url}/search?q=y&format=json"
+        async with aiohttp.ClientSession() as session, session.get(url) as r:
+            assert r.status == 200
 
-    task = asyncio.create_task(ticker())
+    task = asyncio.create_task(second_request())
     try:
         [result] = await run_gateway_calls([search("c", "x")], config=tools_config, celery_app=celery_app)
+        await asyncio.wait_for(task, 10)
     finally:
         task.cancel()
     assert result.ok
-    assert ticks >= 15  # ~30 ticks fit into 0.3 s when the loop is free
+    assert provider.peak_in_flight == 2, "the event loop was blocked while the call ran on the worker"
 
 
 async def test_a_timeout_becomes_a_failed_result(
     celery_app: Any, worker: Any, provider: SearchProvider, gateway_config: Callable[..., Config]
 ) -> None:
-    provider.slow_delay_s = 1.5
+    provider.slow_delay_s = 3.0
     # The worker reads the process config too: both sides time out at 0.5 s.
     config = gateway_config(
         redis_url=REDIS_URL,
@@ -141,11 +141,11 @@ async def test_a_timeout_becomes_a_failed_result(
         web_search__base_url=provider.url,
         tools__call_timeout_s=0.5,
     )
-    started = time.monotonic()
     results = await run_gateway_calls(
         [search("slow", "slow query"), search("fast", "fast query")], config=config, celery_app=celery_app
     )
-    assert time.monotonic() - started < 1.4
+    # The round ended while the provider was still answering the slow call: nobody waited for it.
+    assert provider.in_flight == 1
     assert results[0].call_id == "slow" and results[0].status == "failed"
     assert results[0].error == "web_search call timed out after 0.5 s"
     assert results[1].call_id == "fast" and results[1].ok
@@ -155,27 +155,31 @@ async def test_without_a_worker_the_call_times_out_cleanly(celery_app: Any, tool
     config = replace(tools_config, tools__call_timeout_s=0.5)
     started = time.monotonic()
     [result] = await run_gateway_calls([search("c", "nobody home")], config=config, celery_app=celery_app)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # a bound against hanging, not a speed check
     assert result.status == "failed" and result.error == "web_search call timed out after 0.5 s"
 
 
-@pytest.mark.skipif(
-    shutil.which("bwrap") is None and not os.environ.get("CI"), reason="bubblewrap (bwrap) is not installed"
-)
 async def test_sandbox_abuse_on_the_worker_leaves_it_serving(
     celery_app: Any, worker: Any, tools_config: Config
 ) -> None:
-    bombs = [
-        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-        "x = []\nwhile True:\n    x.append(bytearray(64 * 1024 * 1024))\n",
-        "while True:\n    pass\n",
-    ]
-    for source in bombs:
+    stopped = {  # which limit stops a spinning program first depends on the machine's load
+        "wall-clock time limit of 5 s exceeded; the program was stopped",
+        "the program was stopped: CPU time limit of 2 s exceeded",
+    }
+    fork_bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    memory_bomb = "x = []\nwhile True:\n    x.append(bytearray(64 * 1024 * 1024))\n"
+    endless = "while True:\n    pass\n"
+    for source in (fork_bomb, memory_bomb, endless):
         started = time.monotonic()
         [bad] = await run_gateway_calls([code("bomb", source)], config=tools_config, celery_app=celery_app)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 10  # a bound against hanging (the wall-clock limit is 5 s)
         assert bad.call_id == "bomb"
-        assert bad.status == "failed" or "MemoryError" in bad.output
+        if source is memory_bomb:  # the allocation fails inside the program: its traceback is the output
+            assert bad.status == "completed" and bad.error is None
+            assert bad.output.endswith("MemoryError\n\n[exit status 1]"), bad.output
+        else:
+            assert bad.status == "failed" and bad.error in stopped, bad.error
+            assert bad.output == f"[{bad.error}]"
         [ok] = await run_gateway_calls(
             [code("ok", "print(6 * 7)")], config=tools_config, celery_app=celery_app
         )

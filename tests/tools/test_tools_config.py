@@ -33,7 +33,24 @@ def test_web_search_env_overrides_and_provider_keys() -> None:
     c = load_config({"WEB_SEARCH_PROVIDER": "tavily", "BRAVE_API_KEY": "bk", "TAVILY_API_KEY": "tk"})
     assert c.web_search.endpoint == "https://api.tavily.com/search" and c.web_search_api_key == "tk"
     c = load_config({"WEB_SEARCH_PROVIDER": "searxng", "WEB_SEARCH_BASE_URL": "http://searx:8080"})
-    assert c.web_search.endpoint == "http://searx:8080" and c.web_search_api_key == ""
+    assert c.web_search.endpoint == "http://searx:8080/search" and c.web_search_api_key == ""
+
+
+@pytest.mark.parametrize(
+    ("provider", "base", "endpoint"),
+    [
+        ("brave", "http://127.0.0.1:8080", "http://127.0.0.1:8080/res/v1/web/search"),
+        ("brave", "http://127.0.0.1:8080/", "http://127.0.0.1:8080/res/v1/web/search"),
+        ("tavily", "http://127.0.0.1:8080", "http://127.0.0.1:8080/search"),
+        ("searxng", "http://searx:8080/", "http://searx:8080/search"),
+        ("searxng", "http://searx:8080/search", "http://searx:8080/search"),
+        ("brave", "", "https://api.search.brave.com/res/v1/web/search"),
+        ("tavily", "", "https://api.tavily.com/search"),
+    ],
+)
+def test_base_url_is_the_providers_base_for_all_three(provider: str, base: str, endpoint: str) -> None:
+    c = load_config({"WEB_SEARCH_PROVIDER": provider, "WEB_SEARCH_BASE_URL": base})
+    assert c.web_search.endpoint == endpoint
 
 
 def test_api_key_env_names_the_variable(tmp_path: Path) -> None:

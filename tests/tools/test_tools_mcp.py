@@ -3,6 +3,8 @@ discovery with pagination and allowed_tools, limits, calls over streamable HTTP 
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,6 +103,56 @@ async def test_a_name_resolving_to_loopback_is_refused_under_a_wildcard() -> Non
     with pytest.raises(BadRequest) as info:
         await check_server_allowed(McpServer(label="x", url="http://localhost:1/mcp", tool_index=0), config)
     assert info.value.message.startswith("MCP server host 'localhost' resolves to a loopback")
+
+
+def fake_dns(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[str]]) -> None:
+    """Answer name lookups of the running event loop (the gateway's resolver seam) from ``answers``."""
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+
+    async def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if host not in answers:
+            return await real(host, port, *args, **kwargs)
+        return [
+            (
+                socket.AF_INET6 if ":" in address else socket.AF_INET,
+                socket.SOCK_STREAM,
+                socket.IPPROTO_TCP,
+                "",
+                (address, port, 0, 0) if ":" in address else (address, port),
+            )
+            for address in answers[host]
+        ]
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+
+
+@pytest.mark.parametrize("private", ["10.0.0.5", "127.0.0.1", "169.254.169.254", "fd00::1"])
+async def test_a_name_resolving_to_public_and_private_addresses_is_refused(
+    monkeypatch: pytest.MonkeyPatch, private: str
+) -> None:
+    """One private answer among public ones is enough: the connection could go to any of them."""
+    fake_dns(
+        monkeypatch,
+        {"mixed.example.com": ["93.184.215.14", private], "public.example.com": ["93.184.215.14"]},
+    )
+    config = load_config({"MCP_ALLOWED_HOSTS": "*.example.com"})
+    await check_server_allowed(
+        McpServer(label="x", url="https://public.example.com/mcp", tool_index=0), config
+    )
+    with pytest.raises(BadRequest) as info:
+        await check_server_allowed(
+            McpServer(label="x", url="https://mixed.example.com/mcp", tool_index=2), config
+        )
+    assert (info.value.status, info.value.param, info.value.code) == (
+        400,
+        "tools[2].server_url",
+        "invalid_value",
+    )
+    assert info.value.message == (
+        "MCP server host 'mixed.example.com' resolves to a loopback, private or link-local address; "
+        "only hosts listed exactly in [mcp] allowed_hosts may do so."
+    )
 
 
 async def test_an_exact_entry_allows_a_private_host() -> None:

@@ -5,21 +5,16 @@ Every hostile program fails cleanly within its bound, and a normal call right af
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from typing import Any
 
 import orjson
-import pytest
 
 from gateway.config import Config, load_config, replace
 from inference_app.tools import ToolResult, classify_tools, run_gateway_calls
 
-# In CI the sandbox tests must run (.ci/run installs bubblewrap): never skip them there.
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None and not os.environ.get("CI"), reason="bubblewrap (bwrap) is not installed"
-)
+# No skip without bubblewrap: `make test` installs it (tests/ensure_tools.sh); without it these fail
+# with the sandbox's own "is not installed" error.
 
 
 def sandbox_config(**changes: Any) -> Config:
@@ -173,7 +168,7 @@ async def test_a_sleeping_program_hits_the_wall_clock_limit() -> None:
     assert result.status == "failed"
     assert result.error == "wall-clock time limit of 1 s exceeded; the program was stopped"
     assert result.outputs == [{"type": "logs", "logs": "start\n"}]
-    assert elapsed < 3
+    assert elapsed < 10  # stopped, not slept out (60 s): a bound, not a speed check
     await assert_still_serving()
 
 
@@ -182,7 +177,7 @@ async def test_output_is_capped() -> None:
     result = await run_code(
         "while True:\n    print('x' * 1000)\n", sandbox_config(code_interpreter__max_output_bytes=10_000)
     )
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # a bound against hanging, not a speed check
     assert result.status == "failed"
     assert result.error == "output limit of 10000 bytes exceeded; the program was stopped"
     assert result.outputs is not None and len(result.outputs[0]["logs"]) == 10_000
@@ -210,7 +205,7 @@ async def test_the_call_timeout_kills_a_running_sandbox() -> None:
     config = sandbox_config(code_interpreter__wall_time_s=30.0, tools__call_timeout_s=0.5)
     started = time.monotonic()
     result = await run_code("import time\ntime.sleep(30)\n", config)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # stopped, not slept out (30 s): a bound, not a speed check
     assert result.status == "failed"
     assert result.error == "code_interpreter call timed out after 0.5 s"
     await assert_still_serving()

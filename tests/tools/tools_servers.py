@@ -41,11 +41,19 @@ class SearchProvider:
     requests: list[SearchRequest] = field(default_factory=list)
     # Queries containing "slow" answer after this long (one slow call in a fast round).
     slow_delay_s: float = 5.0
+    # Concurrency, counted here rather than timed: requests being answered now, and the most at once.
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    # Hold each request until this many are in flight (or ``hold_s`` passed): concurrent callers
+    # then meet here however slowly they start, and serial ones cannot raise the peak.
+    hold_until: int = 0
+    hold_s: float = 5.0
 
     def __post_init__(self) -> None:
         self.port = free_port()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._released = False
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
@@ -67,6 +75,20 @@ class SearchProvider:
         return out
 
     async def _handle(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.in_flight >= self.hold_until:
+                self._released = True  # the meeting happened: let everyone held go
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.hold_s
+            while self.hold_until and not self._released and loop.time() < deadline:
+                await asyncio.sleep(0.005)
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         body: Any = None
         if request.method == "POST":
             body = orjson.loads(await request.read())

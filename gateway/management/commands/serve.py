@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 from typing import Any
@@ -30,7 +31,7 @@ class Command(BaseCommand):
         host = options["host"] or config.server.host
         port = options["port"] or config.server.port
         server = options["server"] or config.server.asgi_server
-        workers = options["workers"] or config.server.workers
+        workers = options["workers"] or config.server_workers
         if workers == 1:
             # Embedded inference: start loading the engine now, while the server comes up, rather
             # than on the first request (it takes tens of seconds). /ready says when it serves.
@@ -47,20 +48,37 @@ class Command(BaseCommand):
         import uvicorn
 
         from gateway.lifecycle import FLUSH_MARGIN_S
-        from gateway.server import DrainingServerProtocol, DrainingWebSocketProtocol
+        from gateway.server import (
+            DrainingHttpProtocol,
+            DrainingServerProtocol,
+            DrainingWebSocketProtocol,
+            missing_internals,
+        )
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
+        # Both protocols enforce the [server] request limits and start the drain on SIGTERM
+        # (gateway.lifecycle); only the first relays below ASGI.
+        http: Any = DrainingServerProtocol if config.server.direct_relay else DrainingHttpProtocol
+        ws: Any = DrainingWebSocketProtocol
+        missing = missing_internals()
+        if missing:
+            http, ws = "httptools", "websockets"
+            logging.getLogger("gateway").warning(
+                "uvicorn differs from what gateway/server.py is built on (%s): serving with stock "
+                "uvicorn, without the pass-through relay and the [server] request limits",
+                ", ".join(missing),
+            )
         config_kwargs: dict[str, Any] = {
             "host": host,
             "port": port,
             "workers": workers,
             "loop": "uvloop",
-            "http": DrainingServerProtocol,
-            "ws": DrainingWebSocketProtocol,
+            "http": http,
+            "ws": ws,
             # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
             "lifespan": "on",
             # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end

@@ -1,0 +1,50 @@
+"""The response object's shape where OpenAI fills in defaults: echoed tool declarations and the
+built-in tools' usage."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from inference_app.tools.base import WEB_SEARCH_TYPES
+
+WEB_SEARCH_LOCATION = {"type": "approximate", "city": None, "country": "US", "region": None, "timezone": None}
+
+
+def echoed_tool(tool: Any) -> Any:
+    """A declared tool as OpenAI echoes it: function tools with ``output_schema`` (null unless
+    given), web search with its defaults filled in."""
+    if not isinstance(tool, dict):
+        return tool
+    kind = tool.get("type")
+    if kind == "function":
+        return {**tool, "output_schema": tool.get("output_schema")}
+    if kind == "namespace" and isinstance(tool.get("tools"), list):
+        return {**tool, "tools": [echoed_tool(member) for member in tool["tools"]]}
+    if kind in WEB_SEARCH_TYPES:
+        location = tool.get("user_location")
+        out = {**tool, "search_context_size": tool.get("search_context_size") or "medium"}
+        if location is None:
+            out["user_location"] = dict(WEB_SEARCH_LOCATION)
+        elif isinstance(location, dict):
+            out["user_location"] = {
+                **{k: None for k in WEB_SEARCH_LOCATION},
+                **location,
+                "type": "approximate",
+            }
+        return out
+    return tool
+
+
+# Usage of the built-in tools OpenAI reports on every response (image generation never runs here).
+_IMAGE_GEN_USAGE = {
+    "input_tokens": 0,
+    "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
+    "output_tokens": 0,
+    "total_tokens": 0,
+}
+
+
+def tool_usage(output: list[dict[str, Any]]) -> dict[str, Any]:
+    searches = sum(1 for i in output if i.get("type") == "web_search_call" and i.get("status") == "completed")
+    return {"image_gen": copy.deepcopy(_IMAGE_GEN_USAGE), "web_search": {"num_requests": searches}}

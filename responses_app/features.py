@@ -1,0 +1,168 @@
+"""What the gateway does with each part of a ``responses.create`` request: honour it, forward it on
+purpose, or refuse it.
+
+A request feature the gateway does not implement is never accepted silently: it is refused with a
+400 naming its ``param`` before any history lookup, storage or inference, on every route (HTTP
+JSON, SSE, WebSocket and direct routing). The issues that build a feature replace its refusal here
+with the feature. ``docs/responses.md`` has the same table in prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway import errors
+from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
+
+# Tools the gateway runs itself or hands to the client.
+RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES
+# Tool types the OpenAI SDK defines that need a capability the gateway does not have.
+UNRUNNABLE_TOOL_TYPES = frozenset(
+    {
+        "file_search",
+        "computer",
+        "computer_use_preview",
+        "image_generation",
+        "local_shell",
+        "apply_patch",
+        "programmatic_tool_calling",
+        "tool_search",
+    }
+)
+
+# Input item types the gateway translates for the model (and stores).
+KNOWN_ITEM_TYPES = frozenset(
+    {
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "web_search_call",
+        "code_interpreter_call",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "mcp_call",
+        "item_reference",
+        "shell_call",
+        "shell_call_output",
+    }
+)
+# Client tool-search state: refused until the tool_search tool is translated for the model.
+TOOL_SEARCH_ITEM_TYPES = frozenset({"tool_search_call", "tool_search_output"})
+# Items of the SDK's input union for capabilities the gateway does not have.
+UNRUNNABLE_ITEM_TYPES = frozenset(
+    {
+        "computer_call",
+        "computer_call_output",
+        "file_search_call",
+        "image_generation_call",
+        "local_shell_call",
+        "local_shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "additional_tools",
+        "configuration_update",
+        "program",
+        "program_output",
+    }
+)
+# Compaction items: refused until compaction is built.
+COMPACTION_ITEM_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
+
+# Top-level request fields the gateway does not implement: refused when set (non-null).
+UNBUILT_FIELDS = ("context_management", "multi_agent")
+# OpenAI-only request fields with no meaning in front of vLLM: refused when set (non-null).
+REFUSED_FIELDS = ("access_programs", "background_options", "image", "moderation", "prompt")
+
+
+def _unsupported(message: str, param: str) -> errors.BadRequest:
+    return errors.BadRequest(message, param=param, code="unsupported_parameter")
+
+
+def refuse_unsupported(raw: Mapping[str, Any]) -> None:
+    """Raise the 400 for the first part of ``raw`` the gateway does not implement."""
+    for name in UNBUILT_FIELDS:
+        if raw.get(name) is not None:
+            raise _unsupported(f"'{name}' is not supported by this gateway yet.", name)
+    for name in REFUSED_FIELDS:
+        if raw.get(name) is not None:
+            raise _unsupported(f"'{name}' is not supported by this gateway.", name)
+    tools = raw.get("tools")
+    if isinstance(tools, list):
+        for index, tool in enumerate(tools):
+            if isinstance(tool, Mapping):
+                _check_tool(tool, f"tools[{index}]")
+    items = raw.get("input")
+    if isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                _check_item(item, f"input[{index}]")
+
+
+def _check_tool(tool: Mapping[str, Any], param: str) -> None:
+    kind = tool.get("type")
+    if not isinstance(kind, str):
+        return  # the typed request model reports the missing type
+    if kind in UNRUNNABLE_TOOL_TYPES:
+        raise errors.BadRequest(
+            f"Tool type '{kind}' is not supported by this gateway.",
+            param=f"{param}.type",
+            code="unsupported_value",
+        )
+    if kind not in RUNNABLE_TOOL_TYPES:
+        raise errors.BadRequest(
+            f"Invalid value: '{kind}'. Unknown tool type.", param=f"{param}.type", code="invalid_value"
+        )
+    if tool.get("async"):
+        raise _unsupported(
+            "Async tools ('async': true) are not supported by this gateway yet.", f"{param}.async"
+        )
+    members = tool.get("tools") if kind == "namespace" else None
+    if isinstance(members, list):
+        for index, member in enumerate(members):
+            if isinstance(member, Mapping) and member.get("async"):
+                raise _unsupported(
+                    "Async tools ('async': true) are not supported by this gateway yet.",
+                    f"{param}.tools[{index}].async",
+                )
+
+
+def _check_item(item: Mapping[str, Any], param: str) -> None:
+    kind = item.get("type", "message" if "role" in item else None)
+    if not isinstance(kind, str):
+        return  # the typed request model reports the missing or mistyped type
+    if kind in COMPACTION_ITEM_TYPES or kind in TOOL_SEARCH_ITEM_TYPES:
+        raise _unsupported(f"Input items of type '{kind}' are not supported by this gateway yet.", param)
+    if kind in UNRUNNABLE_ITEM_TYPES:
+        raise errors.BadRequest(
+            f"Input items of type '{kind}' are not supported by this gateway.",
+            param=param,
+            code="unsupported_value",
+        )
+    if kind not in KNOWN_ITEM_TYPES:
+        raise errors.BadRequest(
+            f"Invalid value: '{kind}'. Unknown input item type.", param=param, code="invalid_value"
+        )
+    if item.get("async"):
+        raise _unsupported("Async tool calls are not supported by this gateway yet.", f"{param}.async")
+
+
+def refuse_executor_only(raw: Mapping[str, Any]) -> None:
+    """Parts the executor cannot serve yet (direct routing passes them to the upstream as sent)."""
+    items = raw.get("input")
+    if not isinstance(items, list):
+        return
+    for index, item in enumerate(items):
+        content = item.get("content") if isinstance(item, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for part_index, part in enumerate(content):
+            if isinstance(part, Mapping) and part.get("type") == "input_file":
+                raise _unsupported(
+                    "'input_file' content is not supported on this route yet: the gateway cannot resolve files.",
+                    f"input[{index}].content[{part_index}]",
+                )

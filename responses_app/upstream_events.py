@@ -1,0 +1,261 @@
+"""Typed parsing of what the upstream streams to the executor, on both wires.
+
+vLLM's ``/v1/responses`` SSE events and ``/v1/chat/completions`` chunks are checked here, member by
+member, before the executor reads them: every member the executor acts on has its JSON type
+(strict: ``"12"`` is not a token count, ``true`` is not an index). Anything that does not fit is an
+upstream error (:class:`StreamFailure`): the response ends ``failed`` with a message naming the
+event and the member, never a crash, a cut stream or silently zeroed usage.
+
+The parsers return plain dicts (``TypedDict`` validation), so the executor keeps its dict handling;
+members it does not read are kept as sent. One normalization: tool-call ``arguments`` sent as a
+JSON object (or array) become its JSON text, as the Responses API carries them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict
+
+from responses_app.events import StreamFailure
+
+_STRICT = ConfigDict(extra="allow", strict=True)
+
+
+def _json_text(value: Any) -> Any:
+    return orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+
+
+# Tool-call arguments: a string, or a JSON object/array serialized as JSON (never Python's repr).
+Arguments = Annotated[str, BeforeValidator(_json_text)]
+Counts = dict[str, int | None]
+
+
+# --- /v1/responses events ------------------------------------------------------------------------
+
+
+@with_config(_STRICT)
+class Part(TypedDict, total=False):
+    type: str
+    text: str
+    refusal: str
+
+
+@with_config(_STRICT)
+class Item(TypedDict, total=False):
+    type: str  # required below (``_ItemRequired``)
+    id: str | None
+    status: str | None
+    call_id: str | None
+    name: str | None
+    arguments: Arguments | None
+    input: str | None
+    content: list[Part] | None
+    summary: list[Part] | None
+
+
+@with_config(_STRICT)
+class ResponsesUsage(TypedDict, total=False):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: Counts | None
+    output_tokens_details: Counts | None
+
+
+@with_config(_STRICT)
+class UpstreamError(TypedDict, total=False):
+    message: str | None
+
+
+@with_config(_STRICT)
+class ResponseBody(TypedDict, total=False):
+    status: str | None
+    usage: ResponsesUsage | None
+    service_tier: str | None
+    output: list[Item] | None
+    incomplete_details: dict[str, Any] | None
+    error: UpstreamError | None
+
+
+@with_config(_STRICT)
+class ItemEvent(TypedDict, total=False):
+    output_index: int | None
+    item: Item
+
+
+@with_config(_STRICT)
+class DeltaEvent(TypedDict, total=False):
+    output_index: int | None
+    delta: str
+
+
+@with_config(_STRICT)
+class ResponseEvent(TypedDict, total=False):
+    response: ResponseBody
+
+
+@with_config(_STRICT)
+class ErrorEvent(TypedDict, total=False):
+    message: str | None
+
+
+_ITEM_EVENT = TypeAdapter(ItemEvent)
+_DELTA_EVENT = TypeAdapter(DeltaEvent)
+_RESPONSE_EVENT = TypeAdapter(ResponseEvent)
+_ERROR_EVENT = TypeAdapter(ErrorEvent)
+
+# The events the executor acts on, by type; others are read for nothing but their type.
+RESPONSES_EVENTS: dict[str, TypeAdapter[Any]] = {
+    "response.output_item.added": _ITEM_EVENT,
+    "response.output_item.done": _ITEM_EVENT,
+    "response.output_text.delta": _DELTA_EVENT,
+    "response.reasoning_text.delta": _DELTA_EVENT,
+    "response.reasoning_summary_text.delta": _DELTA_EVENT,
+    "response.function_call_arguments.delta": _DELTA_EVENT,
+    "response.custom_tool_call_input.delta": _DELTA_EVENT,
+    "response.created": _RESPONSE_EVENT,
+    "response.in_progress": _RESPONSE_EVENT,
+    "response.completed": _RESPONSE_EVENT,
+    "response.incomplete": _RESPONSE_EVENT,
+    "response.failed": _RESPONSE_EVENT,
+    "error": _ERROR_EVENT,
+}
+# Members an event of that type cannot do without.
+_REQUIRED = {
+    "response.output_item.added": ("item",),
+    "response.output_item.done": ("item",),
+    "response.completed": ("response",),
+    "response.incomplete": ("response",),
+}
+
+
+def responses_event(name: str | None, data: bytes) -> tuple[str, dict[str, Any]]:
+    """One upstream ``/v1/responses`` SSE event: its type and its checked members."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamFailure("The upstream sent a malformed stream event.") from None
+    if not isinstance(event, dict):
+        raise StreamFailure("The upstream sent a malformed stream event: expected a JSON object.")
+    kind = event.get("type", name)
+    if not isinstance(kind, str):
+        raise StreamFailure("The upstream sent a malformed stream event: 'type' is not a string.")
+    adapter = RESPONSES_EVENTS.get(kind)
+    if adapter is None:
+        return kind, event
+    for member in _REQUIRED.get(kind, ()):
+        if member not in event:
+            raise StreamFailure(f"The upstream sent a malformed '{kind}' event: '{member}' is missing.")
+    checked = _check(adapter, event, f"'{kind}' event")
+    if "item" in checked and "type" not in checked["item"]:
+        raise StreamFailure(f"The upstream sent a malformed '{kind}' event: 'item.type' is missing.")
+    return kind, checked
+
+
+# --- /v1/chat/completions chunks -----------------------------------------------------------------
+
+
+@with_config(_STRICT)
+class ChatFunction(TypedDict, total=False):
+    name: str | None
+    arguments: Arguments | None
+
+
+@with_config(_STRICT)
+class ChatToolCall(TypedDict, total=False):
+    index: int
+    id: str | None
+    type: str | None
+    function: ChatFunction | None
+
+
+@with_config(_STRICT)
+class ChatDelta(TypedDict, total=False):
+    role: str | None
+    content: str | None
+    reasoning: str | None
+    reasoning_content: str | None
+    tool_calls: list[ChatToolCall] | None
+
+
+@with_config(_STRICT)
+class ChatChoice(TypedDict, total=False):
+    index: int
+    delta: ChatDelta | None
+    finish_reason: str | None
+
+
+@with_config(_STRICT)
+class ChatUsage(TypedDict, total=False):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: Counts | None
+    completion_tokens_details: Counts | None
+
+
+@with_config(_STRICT)
+class ChatChunk(TypedDict, total=False):
+    choices: list[ChatChoice] | None
+    usage: ChatUsage | None
+    service_tier: str | None
+
+
+_CHAT_CHUNK = TypeAdapter(ChatChunk)
+
+
+def chat_chunk(data: bytes) -> dict[str, Any]:
+    """One upstream ``/v1/chat/completions`` stream chunk with its checked members.
+
+    An ``error`` chunk (vLLM's mid-stream error) is returned as it came; the caller raises it.
+    """
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamFailure("The upstream sent a malformed stream chunk.") from None
+    if not isinstance(chunk, dict):
+        raise StreamFailure("The upstream sent a malformed stream chunk: expected a JSON object.")
+    if "error" in chunk:
+        return chunk
+    return _check(_CHAT_CHUNK, chunk, "stream chunk")
+
+
+def _check(adapter: TypeAdapter[Any], value: dict[str, Any], what: str) -> dict[str, Any]:
+    try:
+        return dict(adapter.validate_python(value))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        path = _path(first["loc"])
+        raise StreamFailure(
+            f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}."
+        ) from None
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith("function-") or part in ("str", "int", "none"):
+            continue  # validator labels, not members
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+# Events that carry output as it is generated; an upstream that sends none of them in a round has
+# its output taken from the terminal event.
+STREAMED_OUTPUT = frozenset(
+    {
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+    }
+)

@@ -1,0 +1,64 @@
+"""``gateway.db.run_orm``: results, errors and context travel; calls overlap; cancellation is safe."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from gateway.db import run_orm
+
+# The pool threads tidy their connections before and after every call.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+
+def test_result_error_and_context_travel() -> None:
+    def work(a: int, *, b: int) -> tuple[int, str, str]:
+        return a + b, request_id.get(), threading.current_thread().name
+
+    def broken() -> None:
+        raise ValueError("nope")
+
+    async def main() -> None:
+        request_id.set("req_1")
+        total, seen, thread = await run_orm(work, 1, b=2)
+        assert (total, seen) == (3, "req_1")
+        assert thread != threading.current_thread().name
+        with pytest.raises(ValueError, match="nope"):
+            await run_orm(broken)
+
+    asyncio.run(main())
+
+
+def test_unrelated_calls_overlap() -> None:
+    async def main() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(run_orm(time.sleep, 0.3) for _ in range(8)))
+        return time.perf_counter() - started
+
+    assert asyncio.run(main()) < 0.3 * 3  # serialized: 2.4 s
+
+
+def test_a_cancelled_caller_stops_waiting_and_the_work_finishes() -> None:
+    finished = threading.Event()
+
+    def slow() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_orm(slow))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not finished.is_set()
+        assert await run_orm(lambda: 7) == 7  # the pool still serves
+
+    asyncio.run(main())
+    assert finished.wait(5)

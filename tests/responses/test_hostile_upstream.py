@@ -1,0 +1,219 @@
+"""A hostile upstream never crashes the executor: every malformed stream ends ``failed``.
+
+The scripted upstream sends vLLM's own stream with one member made wrong (tests/responses/hostile.py)
+on both executor wires. Each kind must end with ``response.failed`` naming the malformed event, the
+stream terminated, and the row stored failed; over JSON, WebSocket and background runs too. The
+outermost guard is checked with one injected fault per streaming path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from responses_app.models import Response, ResponseEvent
+from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
+from tests.responses.hostile import CHAT_KINDS, HOSTILE_PARTS, RESPONSES_KINDS
+from tests.responses.scripts import call, text
+from tests.responses.test_failures import _assert_failed
+from tests.responses.wsutil import Client, connect, create
+
+CASES = [("responses", kind) for kind in RESPONSES_KINDS] + [
+    ("chat_completions", kind) for kind in CHAT_KINDS
+]
+TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+
+
+def _kinds(wire: str) -> dict[str, Any]:
+    return RESPONSES_KINDS if wire == "responses" else CHAT_KINDS
+
+
+def test_at_least_twenty_kinds_per_wire() -> None:
+    assert len(RESPONSES_KINDS) >= 20 and len(CHAT_KINDS) >= 20
+
+
+@pytest.mark.parametrize(("wire", "kind"), CASES)
+def test_malformed_upstream_stream_ends_failed(gw: Gateway, wire: str, kind: str) -> None:
+    gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
+    final = _assert_failed(gw, gw.stream({"model": "m", "input": "x", "tools": TOOLS}), "malformed")
+    assert final["error"]["code"] == "server_error"
+    assert not [i for i in final["output"] if i.get("status") == "in_progress"]
+
+
+SAMPLE = [
+    ("responses", "item_done_item_is_number"),
+    ("responses", "usage_input_tokens_is_string"),
+    ("chat_completions", "delta_is_number"),
+    ("chat_completions", "tool_calls_is_number"),
+]
+
+
+@pytest.mark.parametrize(("wire", "kind"), SAMPLE)
+def test_malformed_upstream_json_and_background(gw: Gateway, wire: str, kind: str) -> None:
+    gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
+    r = gw.post({"model": "m", "input": "x", "tools": TOOLS})
+    assert r.status_code == 200, r.text  # the failed response object, as after any upstream failure
+    body = r.json()
+    check_sdk_response(body)
+    assert body["status"] == "failed" and "malformed" in body["error"]["message"]
+    assert Response.objects.get(id=body["id"]).status == "failed"
+
+    gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
+    created = gw.post({"model": "m", "input": "x", "tools": TOOLS, "background": True}).json()
+    row = _wait_terminal(created["id"])
+    assert row.status == "failed" and "malformed" in row.snapshot["error"]["message"]
+    stored = [e.data for e in ResponseEvent.objects.filter(response_id=created["id"])]
+    assert '"type":"response.failed"' in stored[-1]
+
+
+@pytest.mark.parametrize(("wire", "kind"), SAMPLE)
+def test_malformed_upstream_websocket(gw: Gateway, wire: str, kind: str) -> None:
+    gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(input="x", tools=TOOLS))
+            events = await c.until_terminal()
+            await c.nothing_more(0.2)
+            return events
+
+    events = asyncio.run(scenario())
+    assert events[-1]["type"] == "response.failed"
+    assert "malformed" in events[-1]["response"]["error"]["message"]
+    assert Response.objects.get(id=events[-1]["response"]["id"]).status == "failed"
+
+
+def _wait_terminal(rid: str, timeout: float = 10) -> Response:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = Response.objects.get(id=rid)
+        if row.status not in ("queued", "in_progress"):
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"{rid} is still {row.status}")
+
+
+# --- what a lenient upstream sends that is still well-formed -------------------------------------
+
+
+@pytest.fixture
+def wire() -> str:
+    return "responses"
+
+
+def _only_terminal(events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Keep ``response.created``, ``response.in_progress`` and ``response.completed`` only."""
+    events[:] = [
+        (k, d) for k, d in events if k in ("response.created", "response.in_progress", "response.completed")
+    ]
+
+
+def test_output_only_in_the_terminal_event_is_taken_from_there(gw: Gateway) -> None:
+    gw.script(*HOSTILE_PARTS, mutate=_only_terminal)
+    events = gw.stream({"model": "m", "input": "x", "tools": TOOLS})
+    assert events[-1]["type"] == "response.completed"
+    for event in events:
+        check_sdk_event(event)
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["message", "function_call"]
+    assert final["output"][0]["content"][0]["text"] == "Hello there"
+    assert final["output"][1]["arguments"] == '{"q":"x"}'
+    types = [e["type"] for e in events]
+    assert types.count("response.output_item.done") == 2
+    assert "response.output_text.delta" in types
+    assert Response.objects.get(id=final["id"]).snapshot["output"] == final["output"]
+
+
+def _object_arguments(events: list[tuple[str, dict[str, Any]]]) -> None:
+    events[:] = [(k, d) for k, d in events if k != "response.function_call_arguments.delta"]
+    for kind, data in events:
+        if kind == "response.output_item.done" and data["item"]["type"] == "function_call":
+            data["item"]["arguments"] = {"q": "x", "n": 1}
+
+
+def test_object_arguments_are_serialized_as_json_responses_wire(gw: Gateway) -> None:
+    gw.script(*HOSTILE_PARTS, mutate=_object_arguments)
+    final = gw.post({"model": "m", "input": "x", "tools": TOOLS}).json()
+    assert final["status"] == "completed"
+    assert final["output"][1]["arguments"] == '{"q":"x","n":1}'
+
+
+def _object_arguments_chat(chunks: list[dict[str, Any]]) -> None:
+    for c in chunks:
+        for tool_call in (c.get("choices") or [{}])[0].get("delta", {}).get("tool_calls") or ():
+            if "arguments" in tool_call.get("function", {}):
+                tool_call["function"]["arguments"] = {"q": "x", "n": 1}
+
+
+@pytest.mark.parametrize("wire", ["chat_completions"])
+def test_object_arguments_are_serialized_as_json_chat_wire(gw: Gateway) -> None:
+    gw.script(text("Hi"), call("lookup", "ignored", call_id="call_c1"), mutate=_object_arguments_chat)
+    final = gw.post({"model": "m", "input": "x", "tools": TOOLS}).json()
+    assert final["status"] == "completed"
+    assert final["output"][1]["arguments"] == '{"q":"x","n":1}'
+
+
+# --- the outermost guard: an unexpected exception still ends the response failed ------------------
+
+
+@pytest.fixture
+def fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: the tool loop's per-round hook raises, as a bug anywhere in a round would."""
+    from responses_app.tool_loop import ToolLoop
+
+    def broken(self: Any) -> None:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(ToolLoop, "start_round", broken)
+
+
+def _guard_logged_once(caplog: pytest.LogCaptureFixture, rid: str) -> None:
+    records = [r for r in caplog.records if r.name == "responses.executor" and rid in r.getMessage()]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert records[0].exc_info is not None
+    assert getattr(records[0], "request_id", "-") != "-"
+
+
+def test_guard_sse_json_websocket_background(
+    gw: Gateway, fault: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="responses.executor")
+    gw.script(text("never sent"))
+    events = gw.stream({"model": "m", "input": "x"})
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    final = events[-1]["response"]
+    assert final["error"] == {
+        "code": "server_error",
+        "message": "The gateway failed while generating this response.",
+    }
+    assert Response.objects.get(id=final["id"]).status == "failed"
+    _guard_logged_once(caplog, final["id"])
+
+    body = gw.post({"model": "m", "input": "x"}).json()
+    assert body["status"] == "failed"
+    assert Response.objects.get(id=body["id"]).status == "failed"
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(input="x"))
+            return await c.until_terminal()
+
+    ws_events = asyncio.run(scenario())
+    assert ws_events[-1]["type"] == "response.failed"
+    assert Response.objects.get(id=ws_events[-1]["response"]["id"]).status == "failed"
+
+    created = httpx.post(
+        f"{gw.url}/v1/responses", json={"model": "m", "input": "x", "background": True}, timeout=30
+    ).json()
+    row = _wait_terminal(created["id"])
+    assert row.status == "failed"
+    stored = [e.data for e in ResponseEvent.objects.filter(response_id=created["id"])]
+    assert '"type":"response.failed"' in stored[-1]
+    _guard_logged_once(caplog, created["id"])

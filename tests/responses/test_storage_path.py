@@ -1,0 +1,165 @@
+"""The one storage path of a finished response: it waits for a busy database instead of failing,
+the admin deletes through the service (the cached checkpoint goes with it), and a failure to store
+ends honestly (an error for the client, ``failed`` in the database)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+from django.test import Client
+
+from conversations_app.models import Item
+from responses_app.history_cache import history_cache
+from responses_app.models import Response
+from tests.responses.conftest import Gateway, sse_events
+from tests.responses.scripts import text
+
+HOLD_S = 1.0
+
+
+@pytest.fixture
+def wire() -> str:
+    return "responses"
+
+
+@contextmanager
+def _write_lock_held_by_another_connection() -> Iterator[None]:
+    """Another connection takes the database's write lock on the responses table and keeps it."""
+    settings = connection.settings_dict
+    table = Response._meta.db_table
+    if connection.vendor == "sqlite":
+        other: Any = sqlite3.connect(settings["NAME"], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+    else:
+        import psycopg
+
+        other = psycopg.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=settings["PORT"] or 5432,
+            user=settings["USER"] or "postgres",
+            password=settings["PASSWORD"] or None,
+            dbname=settings["NAME"],
+        )
+        other.execute(f'LOCK TABLE "{table}" IN EXCLUSIVE MODE')
+    try:
+        yield
+    finally:
+        if connection.vendor == "sqlite":
+            other.execute("COMMIT")
+        else:
+            other.commit()
+        other.close()
+
+
+def test_a_held_write_lock_makes_the_store_wait_not_fail(gw: Gateway) -> None:
+    gw.script(text("patient"))
+    gw.script(text("streamed"))
+    answers: dict[str, Any] = {}
+
+    def post_json() -> None:
+        answers["json"] = gw.post({"model": "m", "input": "wait for it"})
+
+    def post_sse() -> None:
+        answers["sse"] = httpx.post(
+            f"{gw.url}/v1/responses", json={"model": "m", "input": "and this", "stream": True}, timeout=30
+        )
+
+    with _write_lock_held_by_another_connection():
+        threads = [threading.Thread(target=post_json), threading.Thread(target=post_sse)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        time.sleep(HOLD_S)
+        assert not answers  # both generated, both waiting for the lock
+    for thread in threads:
+        thread.join(30)
+    assert time.monotonic() - started >= HOLD_S
+    assert answers["json"].status_code == 200, answers["json"].text
+    events = sse_events(answers["sse"])
+    assert events[-1]["type"] == "response.completed"
+    for response_id in (answers["json"].json()["id"], events[-1]["response"]["id"]):
+        assert Response.objects.get(id=response_id).status == "completed"
+
+
+def _admin() -> Client:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _turn(gw: Gateway, previous: str | None = None) -> httpx.Response:
+    gw.script(text("ok"))
+    body: dict[str, Any] = {"model": "m", "input": "go on"}
+    if previous is not None:
+        body["previous_response_id"] = previous
+    return gw.post(body)
+
+
+def test_the_admin_deletes_through_the_service(gw: Gateway) -> None:
+    admin = _admin()
+    first, second = _turn(gw).json()["id"], _turn(gw).json()["id"]
+    assert first in history_cache and second in history_cache
+    # One response from its delete page, one with the bulk action: both drop the cached checkpoint.
+    r = admin.post(f"/admin/responses_app/response/{first}/delete/", {"post": "yes"})
+    assert r.status_code == 302
+    r = admin.post(
+        "/admin/responses_app/response/",
+        {"action": "delete_selected", "_selected_action": [second], "post": "yes"},
+    )
+    assert r.status_code == 302
+    for response_id in (first, second):
+        assert response_id not in history_cache
+        assert not Response.objects.filter(id=response_id).exists()
+        refused = _turn(gw, response_id)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_the_admin_cannot_delete_or_change_items(gw: Gateway) -> None:
+    admin = _admin()
+    answer = _turn(gw).json()
+    item_id = answer["output"][0]["id"]
+    assert admin.get(f"/admin/conversations_app/item/{item_id}/delete/").status_code == 403
+    assert admin.post(f"/admin/conversations_app/item/{item_id}/delete/", {"post": "yes"}).status_code == 403
+    page = admin.get("/admin/conversations_app/item/").content.decode()
+    assert "delete_selected" not in page
+    assert Item.objects.filter(id=item_id).exists()
+    assert answer["id"] in history_cache
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL refuses \\u0000 in jsonb")
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_store_that_fails_after_generation_ends_failed(gw: Gateway, stream: bool) -> None:
+    """PostgreSQL refuses the generated text (``\\u0000`` in jsonb) after the model answered: the
+    client gets a 500 or an error event, and the stored row says ``failed``."""
+    gw.script(text("bad \u0000 byte"))
+    body = {"model": "m", "input": "hi"}
+    if stream:
+        events = sse_events(httpx.post(f"{gw.url}/v1/responses", json={**body, "stream": True}, timeout=30))
+        assert events[-1]["type"] == "error"
+        assert events[-1]["code"] == "storage_error"
+        assert "response.completed" not in [e["type"] for e in events]
+        response_id = events[0]["response"]["id"]
+    else:
+        r = gw.post(body)
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "storage_error"
+        response_id = Response.objects.get().id
+    stored = Response.objects.get(id=response_id)
+    assert stored.status == "failed"
+    assert stored.snapshot["status"] == "failed"
+    assert stored.snapshot["output"] == []
+    assert stored.error["message"].startswith("The response could not be stored")
+    got = httpx.get(f"{gw.url}/v1/responses/{response_id}").json()
+    assert got["status"] == "failed"
