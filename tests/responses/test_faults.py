@@ -46,6 +46,8 @@ FAST_ENV = {
     "GATEWAY_SERVER_SHUTDOWN_GRACE_S": str(GRACE_S),
     "UPSTREAM_API": "chat_completions",
     "GATEWAY_SERVER_ACCESS_LOG": "false",
+    # One server process: a kill -9 of the gateway (not of a supervisor whose workers live on).
+    "GATEWAY_SERVER_WORKERS": "1",
 }
 UNFINISHED = {"queued", "in_progress"}
 
@@ -316,9 +318,12 @@ async def _ws(url: str, ids: dict[str, str]) -> tuple[list[dict[str, Any]], int 
         return events, ws.close_code
 
 
-def test_sigterm_drains_http_sse_and_websocket_within_the_grace(upstream: Any) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_drains_http_sse_and_websocket_within_the_grace(upstream: Any, workers: int) -> None:
+    """With several server processes the supervisor passes SIGTERM on and each one drains."""
     data_dir = Path(tempfile.mkdtemp(prefix="gateway-drain-"))
     env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(data_dir)}
+    env["GATEWAY_SERVER_WORKERS"] = str(workers)
     script_many(upstream, by_input(short=slow(1.5), long=slow(30)))
     gw: GatewayProcess = gateway(env)
     ids: dict[str, str] = {}
