@@ -277,8 +277,9 @@ class Executor:
             async for event in self._end_unexpected():
                 yield event
 
-    async def _end_unexpected(self) -> AsyncIterator[Event]:
-        message = "The gateway failed while generating this response."
+    async def _end_unexpected(
+        self, message: str = "The gateway failed while generating this response."
+    ) -> AsyncIterator[Event]:
         if self.sink.sequence_number and not self._finishing:
             self._fail(message, "server_error", None)
             try:
@@ -352,8 +353,7 @@ class Executor:
         terminal event, and the stored row when it stores. Nothing when it had already ended."""
         if self.final is not None or self.failure_event is not None:
             return
-        self._fail(message, "server_error", None)
-        async for event in self._finish("failed"):
+        async for event in self._end_unexpected(message):
             yield event
 
     def _fail(self, message: str, code: str, status: int | None) -> None:
