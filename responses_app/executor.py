@@ -772,6 +772,10 @@ class Executor:
         # The upstream calls the flat function; the client gets back the tool it declared.
         restored = self.client_tools.restore(_str(name)) if kind == "function_call" else None
         namespace = None
+        if restored is not None and restored.kind == "shell":
+            # The shell tool's call: buffered whole, then streamed as the public shell_call item.
+            self.open = _Open(key, "shell_call", {"call_id": _str(call_id)}, -1, buffered=True)
+            return out
         if restored is not None:
             name, namespace = restored.name, restored.namespace
             if restored.kind == "custom":
@@ -896,6 +900,11 @@ class Executor:
         if current.hidden:
             assert self.tools is not None
             return self.tools.on_gateway_call(self, item["call_id"], item["name"], text)
+        if current.kind == "shell_call":
+            self._round_client_calls += 1
+            return self._whole(
+                translate.shell_call_item(translate.mint_item_id("shell_call"), item["call_id"], text)
+            )
         if current.kind in ("function_call", "custom_tool_call"):
             self._round_client_calls += 1
         item_id, index = item["id"], current.index
