@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 
 from responses_app.models import Response, ResponseEvent
 from tests.responses.conftest import Gateway, check_sdk_event, sse_events
-from tests.responses.scripts import text
+from tests.responses.scripts import Script, handler, path_for, text
 
 
 @pytest.fixture
@@ -28,12 +30,26 @@ def _wait_status(gw: Gateway, rid: str, wanted: set[str], timeout: float = 10) -
     raise AssertionError(f"{rid} never reached {wanted}")
 
 
+def _held(gw: Gateway, script: Script, release: threading.Event) -> None:
+    """Answer with ``script`` only once ``release`` is set (at the latest after 20 s)."""
+    inner = handler(script, "responses")
+    deadline = time.monotonic() + 20
+
+    async def held(request: Any, rec: Any) -> Any:
+        while not release.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await inner(request, rec)
+
+    gw.upstream.script(path_for("responses"), held)
+
+
 def test_background_create_poll_and_replay(gw: Gateway) -> None:
-    gw.script(text("Hello", " from", " the", " background"), delay_s=0.05)
-    started = time.monotonic()
+    release = threading.Event()
+    _held(gw, Script([text("Hello", " from", " the", " background")]), release)
+    # Answered while the upstream still holds the model's answer: the create does not wait for it.
     created = gw.client.responses.create(model="m", input="x", background=True)
-    assert time.monotonic() - started < 1.0  # returns at once
     assert created.status == "queued"
+    release.set()
     assert created.background is True
     final = _wait_status(gw, created.id, {"completed"})
     assert final["output"][0]["content"][0]["text"] == "Hello from the background"
@@ -81,16 +97,20 @@ def test_background_cancel(gw: Gateway) -> None:
     gw.script(text(*[f"w{i} " for i in range(200)]), delay_s=0.05)
     created = gw.client.responses.create(model="m", input="x", background=True)
     _wait_status(gw, created.id, {"in_progress"})
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # until the model's text is streaming
+    while not ResponseEvent.objects.filter(
+        response_id=created.id, data__contains="output_text.delta"
+    ).exists():
+        assert time.monotonic() < deadline, "the background response never streamed"
+        time.sleep(0.02)
     cancelled = gw.client.responses.cancel(created.id)
     assert cancelled.status == "cancelled"
-    time.sleep(0.5)
     row = Response.objects.get(id=created.id)
     assert row.status == "cancelled"
     assert gw.client.responses.retrieve(created.id).status == "cancelled"
-    count = ResponseEvent.objects.filter(response_id=created.id).count()
-    time.sleep(0.5)
-    assert ResponseEvent.objects.filter(response_id=created.id).count() == count  # the work stopped
+    # The work stopped: the gateway closed its upstream request, and nothing was recorded after.
+    assert gw.upstream.wait_disconnected(gw.upstream.last(path_for("responses")))
+    assert ResponseEvent.objects.filter(response_id=created.id).count() < 200  # not all 200 words
     assert not ResponseEvent.objects.filter(
         response_id=created.id, data__contains="response.completed"
     ).exists()
