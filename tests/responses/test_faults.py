@@ -616,29 +616,27 @@ def test_a_stored_stream_ends_completed_with_its_lease_cleared(
         assert owner.split("/")[1] == str(gw.proc.pid)  # it was held by the process that ran it
         assert status_of(gw.url, rid) == "completed"
 
-        # Refused before response.created (400): nothing is stored, over HTTP or WebSocket.
+        # Refused before response.created: nothing is stored, over HTTP or WebSocket. The MCP server
+        # is refused while the tools are prepared (over WebSocket inside the run, before the row).
+        mcp = {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1/mcp"}
         refused = httpx.post(
             f"{gw.url}/v1/responses",
-            json={"model": "m", "input": "quick", "stream": True, "previous_response_id": "resp_nope"},
+            json={"model": "m", "input": "quick", "stream": True, "tools": [mcp]},
             timeout=30,
         )
-        assert refused.status_code == 400
-        assert refused.json()["error"]["code"] == "previous_response_not_found"
+        assert 400 <= refused.status_code < 500, refused.text
+        http_error = refused.json()["error"]
 
         async def refused_ws() -> dict[str, Any]:
             async with websockets.connect(ws_url(gw.url)) as ws:
-                await ws.send(
-                    orjson.dumps(
-                        {
-                            "type": "response.create",
-                            "model": "m",
-                            "input": "quick",
-                            "tools": [{"type": "nope"}],
-                        }
-                    ).decode()
-                )
+                create = {"type": "response.create", "model": "m", "input": "quick", "tools": [mcp]}
+                await ws.send(orjson.dumps(create).decode())
                 return dict(orjson.loads(await ws.recv()))
 
         error = asyncio.run(refused_ws())
         assert error["type"] == "error", error
+        assert (
+            error["error"]["code"] == http_error["code"]
+            and error["error"]["message"] == http_error["message"]
+        )
         assert set(_rows(env)) == {rid}
