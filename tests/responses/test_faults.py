@@ -439,12 +439,13 @@ def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any
         unstored = asyncio.run(leave_early({"model": "m", "input": "unstored", "store": False}))
         over_ws = asyncio.run(leave_ws_early())
         for rid in (stored, over_ws):
+            # Retrievable at once (in_progress, under the gateway's lease), then finished.
+            assert httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10).status_code == 200
             wait_for(
-                lambda rid=rid: httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10).status_code == 200,
+                lambda rid=rid: status_of(gw.url, rid) == "completed",
                 15,
                 "the stored response after its client left",
             )
-            assert status_of(gw.url, rid) == "completed"
         unstored_request = next(r for r in upstream.requests if b"unstored" in r.body)
         assert upstream.wait_disconnected(unstored_request, 10)  # cancelled upstream
         assert httpx.get(f"{gw.url}/v1/responses/{unstored}", timeout=10).status_code == 404
