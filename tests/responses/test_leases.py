@@ -17,6 +17,7 @@ import orjson
 import pytest
 from django.utils import timezone
 
+from gateway import errors
 from gateway.config import get_config
 from inference_app.tools.base import ToolCall
 from inference_app.tools.dispatch import run_gateway_calls
@@ -99,6 +100,53 @@ def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None
     asyncio.run(tasks._run_stored(live.id))
     assert Response.objects.get(id=expired.id).status == "failed"
     assert Response.objects.get(id=live.id).status == "in_progress"
+
+
+def _stored_stream(**extra: Any) -> Any:
+    raw = {"model": "m", "input": "x", "stream": True, **extra}
+    return services.response_prepare(
+        request=ResponseCreateRequest.model_validate(raw),
+        raw=raw,
+        owner="tester",
+        headers={},
+        config=get_config(),
+    )
+
+
+def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_events() -> None:
+    """The row a stored stream writes before ``response.created``: in_progress under the lease, not
+    continuable (cached history or not), failed by the sweep once expired (no event stream: it is
+    not a background response), and a late final store does not overwrite the failure."""
+    from responses_app.history_cache import history_cache
+
+    prepared = _stored_stream()
+    snapshot = {"id": prepared.response_id, "object": "response", "status": "in_progress", "error": None}
+    services.response_create_in_progress(
+        prepared=prepared, snapshot=snapshot, lease_owner="elsewhere/9/ab", lease_s=30
+    )
+    row = Response.objects.get(id=prepared.response_id)
+    assert (row.status, row.background, row.lease_owner) == ("in_progress", False, "elsewhere/9/ab")
+    assert row.lease_expires_at is not None and row.lease_expires_at > timezone.now()
+    assert row.snapshot == snapshot and row.history_item_ids == [] and row.completed_at is None
+    assert tasks.sweep_once() == 0  # a live lease
+    history_cache.put(prepared.response_id, "tester", [{"id": "msg_x", "type": "message"}])
+    for _ in range(2):  # with the cache entry, then without
+        with pytest.raises(errors.BadRequest) as refused:
+            _stored_stream(previous_response_id=prepared.response_id)
+        assert refused.value.code == "previous_response_in_progress"
+        assert refused.value.param == "previous_response_id"
+        history_cache.discard(prepared.response_id)
+
+    Response.objects.filter(id=row.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert tasks.sweep_once() == 1
+    failed = Response.objects.get(id=row.id)
+    assert failed.status == "failed" and failed.lease_expires_at is None
+    assert failed.error == {"code": "server_error", "message": services.LEASE_EXPIRED_MESSAGE}
+    assert failed.snapshot["status"] == "failed" and failed.snapshot["error"] == failed.error
+    assert not ResponseEvent.objects.filter(response_id=row.id).exists()
+    outcome = services.Outcome("completed", {**snapshot, "status": "completed"}, [])
+    assert services.response_store_final(prepared=prepared, outcome=outcome) is False
+    assert Response.objects.get(id=row.id).status == "failed"
 
 
 class _Exploding:
