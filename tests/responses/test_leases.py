@@ -149,6 +149,91 @@ def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_event
     assert Response.objects.get(id=row.id).status == "failed"
 
 
+def _drive(executor: Any) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Run ``executor`` through ``runs.drive``; its events and the row as each event was sent."""
+    from gateway.db import run_orm
+    from responses_app import runs
+
+    events: list[dict[str, Any]] = []
+    rows: list[tuple[str, str]] = []
+
+    async def on_event(event: Any) -> None:
+        events.append(event.data)
+        found = await run_orm(lambda: Response.objects.filter(id=executor.p.response_id).first())
+        rows.append((found.status, found.lease_owner) if found is not None else ("", ""))
+
+    asyncio.run(runs.drive(executor, on_event))
+    return events, rows
+
+
+class _Hanging:
+    """An upstream that never answers."""
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(3600)
+
+
+def test_a_stored_stream_whose_lease_is_lost_ends_failed() -> None:
+    """The sweep failed the row meanwhile (this process could not renew it): the next heartbeat
+    interrupts the run, which ends with ``response.failed``; the sweep's row stays."""
+    from dataclasses import replace
+
+    from responses_app import runs
+    from responses_app.executor import Executor
+
+    config = get_config()
+    config = replace(config, responses=replace(config.responses, heartbeat_s=0.05, lease_s=5))
+    executor = Executor(_stored_stream(), config, upstream=_Hanging())
+    rid = executor.p.response_id
+    swept: list[bool] = []
+
+    async def run() -> list[dict[str, Any]]:
+        from gateway.db import run_orm
+
+        events: list[dict[str, Any]] = []
+
+        async def on_event(event: Any) -> None:
+            events.append(event.data)
+            if event.data["type"] == "response.created":
+                row = await run_orm(lambda: Response.objects.get(id=rid))
+                assert (row.status, row.lease_owner) == ("in_progress", tasks.runner_id())
+                swept.append(
+                    await run_orm(
+                        services.response_fail_unfinished, id=rid, message=services.LEASE_EXPIRED_MESSAGE
+                    )
+                )
+
+        await asyncio.wait_for(runs.drive(executor, on_event), 10)
+        return events
+
+    events = asyncio.run(run())
+    assert swept == [True]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert events[-1]["response"]["error"]["message"] == runs.LEASE_LOST_MESSAGE
+    row = Response.objects.get(id=rid)
+    assert row.status == "failed" and row.error["message"] == services.LEASE_EXPIRED_MESSAGE
+
+
+def test_a_stored_stream_refused_at_commit_is_stored_failed_with_the_refusal() -> None:
+    """A commit-time refusal (409 conversation_locked) ends the announced row failed with that
+    error at once, instead of leaving it in_progress until its lease expires (or 404)."""
+    from conversations_app import services as conversation_services
+    from conversations_app.models import Conversation
+    from responses_app.executor import Executor
+
+    conversation, _ = conversation_services.conversation_create(owner="tester", metadata={}, items=[])
+    prepared = _stored_stream(conversation=conversation.id)
+    Conversation.objects.filter(id=conversation.id).update(revision=7)  # another writer appended
+    events, rows = _drive(Executor(prepared, get_config(), upstream=_Exploding()))
+    assert rows[0] == ("in_progress", tasks.runner_id())  # written before response.created
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "error"
+    assert events[-1]["code"] == "conversation_locked"
+    row = Response.objects.get(id=prepared.response_id)
+    assert row.status == "failed" and row.lease_expires_at is None
+    assert row.error is not None and row.error["code"] == "conversation_locked"
+    assert row.snapshot["status"] == "failed"
+
+
 class _Exploding:
     """An upstream whose transport breaks with an unexpected exception."""
 
