@@ -102,7 +102,7 @@ class ResponsesConfig:
     # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
     # continuations on the same process; 0 disables it.
     history_cache_bytes: int = 64 * MiB
-    # A running background response holds a lease that its runner renews every heartbeat; a lease
+    # A running background response (or stored stream) holds a lease its runner renews every heartbeat; a lease
     # that expires (its process died) is failed by the sweep every gateway and worker runs.
     lease_s: float = 60.0
     heartbeat_s: float = 10.0

@@ -224,6 +224,8 @@ class Executor:
         self._finishing = False  # _finish has begun: an error there ends with an ``error`` event
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
+        # A stored stream writes its ``in_progress`` row here, before response.created (runs.drive).
+        self.before_start: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
         # Client tools as the model sees them (namespaces flattened, custom tools as functions).
         self.client_tools = prepared.tool_map or translate.ToolMap.build(
@@ -309,6 +311,8 @@ class Executor:
                 return
         tools = self.tools
         assert tools is not None
+        if self.before_start is not None:
+            await self.before_start()
         try:
             yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
             yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))

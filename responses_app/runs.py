@@ -7,6 +7,12 @@ row. :func:`detached` runs it in a task of its own for a streaming client: a cli
 from a stored response does not stop it; it is finished and stored, as OpenAI does, so the id it
 announced in ``response.created`` stays retrievable. An unstored one is cancelled (nobody could
 ever read it).
+
+A stored response whose id is announced before it ends (an SSE stream, every WebSocket response)
+holds a lease like background work (:class:`_StreamLease`): its row is written ``in_progress``
+under this process's lease just before ``response.created`` and renewed while it runs, so if the
+process dies the sweep stores it ``failed`` instead of the id answering 404. A stored JSON response
+announces nothing before it ends and writes only its final row.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from gateway.lifecycle import interruptible
+from gateway.db import run_orm
+from gateway.lifecycle import Interruptible, interruptible
+from responses_app import services, tasks
 from responses_app.events import Event
 from responses_app.executor import Executor
 
@@ -26,6 +34,12 @@ SHUTDOWN_MESSAGE = (
     "the response was not completed."
 )
 
+LEASE_LOST_MESSAGE = (
+    "This response's lease could not be renewed and it was stored failed meanwhile "
+    "(docs/operations.md); the response was not completed."
+)
+UNSTORED_MESSAGE = "The response stopped before it could be stored; the response was not completed."
+
 # Responses finishing after their client left: kept here so they are not garbage-collected.
 _detached: set[asyncio.Task[None]] = set()
 
@@ -34,13 +48,76 @@ async def drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]
     """Every event of ``executor``'s run to ``on_event``, in order, ending with exactly one
     terminal or error event, also when the shutdown deadline interrupts it."""
     events = executor.run()
-    async with interruptible() as run:
-        async for event in events:
-            await on_event(event)
-    if run.interrupted:
-        await events.aclose()  # type: ignore[attr-defined]
-        async for event in executor.interrupt(SHUTDOWN_MESSAGE):
-            await on_event(event)
+    p = executor.p
+    lease = _StreamLease(executor) if p.store and p.request.stream and not p.background else None
+    try:
+        async with interruptible() as run:
+            if lease is not None:
+                lease.run = run
+            async for event in events:
+                await on_event(event)
+        if run.interrupted:
+            await events.aclose()  # type: ignore[attr-defined]
+            message = LEASE_LOST_MESSAGE if lease is not None and lease.lost else SHUTDOWN_MESSAGE
+            async for event in executor.interrupt(message):
+                await on_event(event)
+    finally:
+        if lease is not None:
+            await lease.release()
+
+
+class _StreamLease:
+    """The lease of a stored stream (module docstring): taken by the executor just before
+    ``response.created``, renewed by :func:`tasks.start_heartbeat` until the final store begins. A
+    lost lease (the sweep failed the row) interrupts the run: it ends ``failed``. A run that ends
+    without storing (a commit-time refusal, a cancelled task, the database down) fails its row."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.run: Interruptible | None = None
+        self.heartbeat: asyncio.Task[None] | None = None
+        self.lost = False
+        executor.before_start = self.take
+        executor.before_store = self.stop
+
+    async def take(self) -> None:
+        executor = self.executor
+        config = executor.config
+        await run_orm(
+            services.response_create_in_progress,
+            prepared=executor.p,
+            snapshot=executor.snapshot("in_progress"),
+            lease_owner=tasks.runner_id(),
+            lease_s=config.responses.lease_s,
+        )
+        self.heartbeat = tasks.start_heartbeat(executor.p.response_id, config, self._lose)
+
+    def _lose(self) -> None:
+        log.warning("response %s: lease lost, ending it failed", self.executor.p.response_id)
+        self.lost = True
+        if self.run is not None:
+            self.run.interrupt()
+
+    async def stop(self) -> None:
+        """The final store begins: it ends the lease (a renewal racing it must not interrupt it)."""
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+
+    async def release(self) -> None:
+        await self.stop()
+        executor = self.executor
+        if self.heartbeat is None or executor.stored:
+            return  # never taken, or finished by the final store
+        refusal = executor.store_refusal
+        try:
+            await run_orm(
+                services.response_fail_unfinished,
+                id=executor.p.response_id,
+                message=refusal.message if refusal is not None else UNSTORED_MESSAGE,
+                code=(refusal.code or "server_error") if refusal is not None else "server_error",
+            )
+        except Exception:  # the lease expires and the sweep fails it
+            log.exception("response %s: storing its failure failed", executor.p.response_id)
 
 
 def keep_running(task: asyncio.Task[None]) -> None:

@@ -324,6 +324,25 @@ def response_create_queued(
     return snapshot
 
 
+def response_create_in_progress(
+    *, prepared: Prepared, snapshot: dict[str, Any], lease_owner: str, lease_s: float
+) -> None:
+    """The row of a stored response whose id is announced before it ends (SSE, WebSocket): written
+    ``in_progress`` under ``lease_owner``'s lease before ``response.created``, so the sweep fails it
+    if its process dies (docs/operations.md). :func:`response_store_final` finishes it; until then
+    it references no item (its items are stored with it at the end)."""
+    values = _response_values(prepared, Outcome(Response.Status.IN_PROGRESS.value, snapshot, []))
+    values.update(
+        history_item_ids=[],
+        input_item_count=0,
+        completed_at=None,
+        lease_owner=lease_owner,
+        lease_expires_at=_lease_until(lease_s),
+    )
+    _, row = rawsql.rows(items=[], owner=prepared.owner, response=values)
+    rawsql.store_response(item_rows=[], response_row=row)
+
+
 def response_delete_unsent(*, id: str) -> None:
     """Remove a queued response whose task could not be sent (the request is refused with 503)."""
     Response.objects.filter(id=id, status=Response.Status.QUEUED).delete()
@@ -381,7 +400,7 @@ def response_delete(*, id: str, owner: str) -> None:
     history_cache.discard(id)
 
 
-# --- leases of running background responses (docs/operations.md) ---------------------------------
+# --- leases of running background responses and stored streams (docs/operations.md) ---------------------------------
 
 _UNFINISHED = (Response.Status.QUEUED, Response.Status.IN_PROGRESS)
 
@@ -415,9 +434,11 @@ def response_lease_renew(*, id: str, lease_owner: str, lease_s: float) -> bool:
     )
 
 
-def response_fail_unfinished(*, id: str, message: str, lease_expired_before: Any = None) -> bool:
-    """Store an unfinished background response ``failed`` with ``message`` and end its stored
-    event stream with ``response.failed`` (a client tailing it gets its terminal event).
+def response_fail_unfinished(
+    *, id: str, message: str, lease_expired_before: Any = None, code: str = "server_error"
+) -> bool:
+    """Store an unfinished response ``failed`` with ``message`` and, for a background one, end its
+    stored event stream with ``response.failed`` (a client tailing it gets its terminal event).
 
     With ``lease_expired_before``, only while its lease is older than that (the sweep: a runner
     that renewed meanwhile keeps it). False when it had finished (or was renewed) meanwhile.
@@ -429,7 +450,7 @@ def response_fail_unfinished(*, id: str, message: str, lease_expired_before: Any
         response = rows.first()
         if response is None:
             return False
-        error = {"code": "server_error", "message": message}
+        error = {"code": code, "message": message}
         snapshot = dict(response.snapshot or {})
         snapshot.update(status=Response.Status.FAILED, error=error, completed_at=None)
         response.status = Response.Status.FAILED
@@ -438,6 +459,8 @@ def response_fail_unfinished(*, id: str, message: str, lease_expired_before: Any
         response.completed_at = timezone.now()
         response.lease_expires_at = None
         response.save(update_fields=["status", "snapshot", "error", "completed_at", "lease_expires_at"])
+        if not response.background:
+            return True  # nothing streams its stored events (GET ?stream=true is background only)
         last = ResponseEvent.objects.filter(response_id=id).order_by("-sequence_number").first()
         sequence_number = 0 if last is None else last.sequence_number + 1
         event = {"type": "response.failed", "response": snapshot, "sequence_number": sequence_number}
@@ -448,17 +471,17 @@ def response_fail_unfinished(*, id: str, message: str, lease_expired_before: Any
 
 
 LEASE_EXPIRED_MESSAGE = (
-    "The process running this background response stopped before it finished (its lease expired); "
+    "The process running this response stopped before it finished (its lease expired); "
     "the response was not completed. Create it again."
 )
 ORPHAN_MESSAGE = (
-    "The process running this background response exited before it finished; "
+    "The process running this response exited before it finished; "
     "the response was not completed. Create it again."
 )
 
 
 def response_sweep_leases(*, lease_owner_alive: Any = None, host_prefix: str = "") -> int:
-    """Fail every unfinished background response whose lease has expired, and (start-up recovery)
+    """Fail every unfinished response (background, or a stored stream) whose lease has expired, and (start-up recovery)
     those held by a process of this host (``host_prefix``) that ``lease_owner_alive`` says is
     gone; returns how many were failed."""
     now = timezone.now()

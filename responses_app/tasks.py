@@ -22,6 +22,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
@@ -135,7 +136,14 @@ def cancel_local(response_id: str) -> None:
         task.cancel()
 
 
-async def _heartbeat(response_id: str, config: Config, runner: asyncio.Task[Any], lost: list[bool]) -> None:
+def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> asyncio.Task[None]:
+    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until the
+    task is cancelled; ``on_lost()`` once a renewal finds the lease gone (the row was failed by the
+    sweep, cancelled or deleted). Background work and stored streams (``runs.drive``) share it."""
+    return asyncio.get_running_loop().create_task(_heartbeat(response_id, config, on_lost))
+
+
+async def _heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> None:
     from responses_app import services
 
     owner, every, lease_s = runner_id(), config.responses.heartbeat_s, config.responses.lease_s
@@ -146,11 +154,10 @@ async def _heartbeat(response_id: str, config: Config, runner: asyncio.Task[Any]
                 services.response_lease_renew, id=response_id, lease_owner=owner, lease_s=lease_s
             )
         except Exception:
-            log.exception("background response %s: lease renewal failed", response_id)
+            log.exception("response %s: lease renewal failed", response_id)
             continue  # the database may come back before the lease expires
         if not renewed:  # failed by the sweep, or cancelled: stop working on it
-            lost.append(True)
-            runner.cancel()
+            on_lost()
             return
 
 
@@ -200,7 +207,12 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
     lost: list[bool] = []
     current = asyncio.current_task()
     assert current is not None
-    heartbeat = asyncio.get_running_loop().create_task(_heartbeat(response_id, config, current, lost))
+
+    def lose() -> None:
+        lost.append(True)
+        current.cancel()
+
+    heartbeat = start_heartbeat(response_id, config, lose)
     try:
         await runs.drive(executor, on_event)
         await flush()

@@ -104,4 +104,9 @@ def test_snapshot_write_failure_is_an_error_event(gw: Gateway) -> None:
     assert "response.completed" not in types
     assert types[-1] == "error"
     assert events[-1]["code"] == "storage_error"
-    assert Response.objects.count() == 0
+    # Its id was announced: the row written before response.created ends failed, never completed.
+    row = Response.objects.get(id=events[0]["response"]["id"])
+    assert row.status == "failed" and row.lease_expires_at is None
+    assert row.error == {"code": "server_error", "message": "The response could not be stored: DataError."}
+    assert row.snapshot["status"] == "failed" and row.snapshot["output"] == []
+    assert Response.objects.count() == 1

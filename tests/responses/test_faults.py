@@ -439,12 +439,13 @@ def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any
         unstored = asyncio.run(leave_early({"model": "m", "input": "unstored", "store": False}))
         over_ws = asyncio.run(leave_ws_early())
         for rid in (stored, over_ws):
+            # Retrievable at once (in_progress, under the gateway's lease), then finished.
+            assert httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10).status_code == 200
             wait_for(
-                lambda rid=rid: httpx.get(f"{gw.url}/v1/responses/{rid}", timeout=10).status_code == 200,
+                lambda rid=rid: status_of(gw.url, rid) == "completed",
                 15,
                 "the stored response after its client left",
             )
-            assert status_of(gw.url, rid) == "completed"
         unstored_request = next(r for r in upstream.requests if b"unstored" in r.body)
         assert upstream.wait_disconnected(unstored_request, 10)  # cancelled upstream
         assert httpx.get(f"{gw.url}/v1/responses/{unstored}", timeout=10).status_code == 404
@@ -483,3 +484,160 @@ def test_a_restarted_gateway_fails_its_orphans_at_start(upstream: Any, tmp_path:
         assert count({rid: status_of(after.url, rid)}) == {"lost": 0, "stuck": 0, "failed": 1, "completed": 0}
     finally:
         after.stop()
+
+
+# --- stored streams hold a lease too: a gateway killed mid-stream leaves no 404 -------------------
+
+
+def _database(backend: str, cleanup: contextlib.ExitStack, data_dir: Path) -> dict[str, str]:
+    """The gateway's database for ``backend``: SQLite in ``data_dir``, or the test's own cluster."""
+    if backend == "sqlite":
+        return {"GATEWAY_SERVER_DATA_DIR": str(data_dir)}
+    if not postgres_available():
+        pytest.skip("needs PostgreSQL's initdb/pg_ctl")
+    cluster = PostgresCluster()
+    cleanup.callback(cluster.stop)
+    cluster.start()
+    return {"DATABASE_URL": cluster.url, "GATEWAY_SERVER_DATA_DIR": str(data_dir)}
+
+
+def _rows(env: dict[str, str]) -> dict[str, tuple[str, str, Any]]:
+    """``{id: (status, lease_owner, lease_expires_at)}`` of every response row, read directly."""
+    query = "SELECT id, status, lease_owner, lease_expires_at FROM responses_app_response"
+    if "DATABASE_URL" in env:
+        import psycopg
+
+        with psycopg.connect(env["DATABASE_URL"]) as db:
+            found = db.execute(query).fetchall()
+    else:
+        with sqlite3.connect(Path(env["GATEWAY_SERVER_DATA_DIR"]) / "gateway.sqlite3") as db:
+            found = db.execute(query).fetchall()
+    return {row[0]: (row[1], row[2], row[3]) for row in found}
+
+
+async def _announced_sse(url: str, body: dict[str, Any]) -> tuple[str, Any]:
+    """POST a stored stream; its announced id once ``response.created`` came (the stream stays open)."""
+    client = httpx.AsyncClient(timeout=30)
+    stream = client.stream("POST", f"{url}/v1/responses", json={**body, "stream": True})
+    answer = await stream.__aenter__()
+    assert answer.status_code == 200
+    async for line in answer.aiter_lines():
+        if line.startswith("data: "):
+            event = orjson.loads(line[6:])
+            assert event["type"] == "response.created", event
+            return str(event["response"]["id"]), (client, stream)
+    raise AssertionError("no response.created")
+
+
+async def _announced_ws(url: str, body: dict[str, Any]) -> tuple[str, Any]:
+    ws = await websockets.connect(ws_url(url))
+    await ws.send(orjson.dumps({"type": "response.create", **body}).decode())
+    event = orjson.loads(await ws.recv())
+    assert event["type"] == "response.created", event
+    return str(event["response"]["id"]), ws
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_killed_gateway_fails_its_stored_streams(upstream: Any, tmp_path: Path, backend: str) -> None:
+    """A stored SSE stream and a stored WebSocket response are announced, then the gateway is
+    killed (kill -9): their rows were written in_progress under the process's lease before
+    ``response.created``, so the next gateway on the database fails them (start-up recovery, or the
+    sweep once the lease expired): retrievable, ``failed`` with a clear error, never 404."""
+    script_many(upstream, by_input(long=slow(30)))
+    with contextlib.ExitStack() as cleanup:
+        env = {**FAST_ENV, "LLM_API_BASE": upstream.url, **_database(backend, cleanup, tmp_path)}
+        gw = gateway(env)
+        cleanup.callback(gw.stop)
+
+        async def announce() -> dict[str, str]:
+            sse, _open_sse = await _announced_sse(gw.url, {"model": "m", "input": "long sse"})
+            ws, _open_ws = await _announced_ws(gw.url, {"model": "m", "input": "long ws"})
+            rows = _rows(env)
+            for rid in (sse, ws):  # written before the id was announced, under this process's lease
+                status, owner, expires = rows[rid]
+                assert status == "in_progress" and owner.split("/")[1] == str(gw.proc.pid)
+                assert expires is not None
+            gw.proc.kill()  # kill -9, mid-stream
+            gw.proc.wait(10)
+            return {"sse": sse, "ws": ws}
+
+        ids = asyncio.run(announce())
+        killed = time.monotonic()
+        assert {label: _rows(env)[rid][0] for label, rid in ids.items()} == {
+            "sse": "in_progress",
+            "ws": "in_progress",
+        }
+        after = gateway(env)
+        cleanup.callback(after.stop)
+
+        def settled() -> dict[str, int | str]:
+            statuses: dict[str, int | str] = {}
+            for label, rid in ids.items():
+                got = httpx.get(f"{after.url}/v1/responses/{rid}", timeout=10)
+                statuses[label] = got.status_code if got.status_code != 200 else got.json()["status"]
+            return statuses if count(statuses)["stuck"] == 0 else {}
+
+        statuses = wait_for(settled, LEASE_S + 10, "the killed gateway's streams failing")
+        assert time.monotonic() - killed <= LEASE_S + SWEEP_S + 10
+        assert statuses == {"sse": "failed", "ws": "failed"}
+        assert count(statuses) == {"lost": 0, "stuck": 0, "failed": 2, "completed": 0}
+        for rid in ids.values():
+            body = httpx.get(f"{after.url}/v1/responses/{rid}", timeout=10).json()
+            assert body["id"] == rid and body["status"] == "failed"
+            assert body["error"]["code"] == "server_error"
+            message = body["error"]["message"]
+            assert "exited before it finished" in message or "stopped before it finished" in message
+            # A non-background response still cannot be streamed back (unchanged).
+            replay = httpx.get(f"{after.url}/v1/responses/{rid}", params={"stream": "true"}, timeout=10)
+            assert replay.status_code == 400 and replay.json()["error"]["param"] == "stream"
+            assert _rows(env)[rid][2] is None  # the lease is gone with the row's end
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_stored_stream_ends_completed_with_its_lease_cleared(
+    upstream: Any, tmp_path: Path, backend: str
+) -> None:
+    """The early row is finished by the final store as before; a refused stream stores nothing."""
+    script_many(upstream, by_input(quick=slow(0.2)))
+    with contextlib.ExitStack() as cleanup:
+        env = {**FAST_ENV, "LLM_API_BASE": upstream.url, **_database(backend, cleanup, tmp_path)}
+        gw = gateway(env)
+        cleanup.callback(gw.stop)
+        events = sse_events(
+            httpx.post(
+                f"{gw.url}/v1/responses",
+                json={"model": "m", "input": "quick", "stream": True},
+                timeout=30,
+            )
+        )
+        assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+        rid = events[0]["response"]["id"]
+        status, owner, expires = _rows(env)[rid]
+        assert status == "completed" and expires is None
+        assert owner.split("/")[1] == str(gw.proc.pid)  # it was held by the process that ran it
+        assert status_of(gw.url, rid) == "completed"
+
+        # Refused before response.created: nothing is stored, over HTTP or WebSocket. The MCP server
+        # is refused while the tools are prepared (over WebSocket inside the run, before the row).
+        mcp = {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1/mcp"}
+        refused = httpx.post(
+            f"{gw.url}/v1/responses",
+            json={"model": "m", "input": "quick", "stream": True, "tools": [mcp]},
+            timeout=30,
+        )
+        assert 400 <= refused.status_code < 500, refused.text
+        http_error = refused.json()["error"]
+
+        async def refused_ws() -> dict[str, Any]:
+            async with websockets.connect(ws_url(gw.url)) as ws:
+                create = {"type": "response.create", "model": "m", "input": "quick", "tools": [mcp]}
+                await ws.send(orjson.dumps(create).decode())
+                return dict(orjson.loads(await ws.recv()))
+
+        error = asyncio.run(refused_ws())
+        assert error["type"] == "error", error
+        assert (
+            error["error"]["code"] == http_error["code"]
+            and error["error"]["message"] == http_error["message"]
+        )
+        assert set(_rows(env)) == {rid}

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from django.utils import timezone
 
+from gateway import errors
 from gateway.config import get_config
 from inference_app.tools.base import ToolCall
 from inference_app.tools.dispatch import run_gateway_calls
@@ -99,6 +100,138 @@ def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None
     asyncio.run(tasks._run_stored(live.id))
     assert Response.objects.get(id=expired.id).status == "failed"
     assert Response.objects.get(id=live.id).status == "in_progress"
+
+
+def _stored_stream(**extra: Any) -> Any:
+    raw = {"model": "m", "input": "x", "stream": True, **extra}
+    return services.response_prepare(
+        request=ResponseCreateRequest.model_validate(raw),
+        raw=raw,
+        owner="tester",
+        headers={},
+        config=get_config(),
+    )
+
+
+def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_events() -> None:
+    """The row a stored stream writes before ``response.created``: in_progress under the lease, not
+    continuable (cached history or not), failed by the sweep once expired (no event stream: it is
+    not a background response), and a late final store does not overwrite the failure."""
+    from responses_app.history_cache import history_cache
+
+    prepared = _stored_stream()
+    snapshot = {"id": prepared.response_id, "object": "response", "status": "in_progress", "error": None}
+    services.response_create_in_progress(
+        prepared=prepared, snapshot=snapshot, lease_owner="elsewhere/9/ab", lease_s=30
+    )
+    row = Response.objects.get(id=prepared.response_id)
+    assert (row.status, row.background, row.lease_owner) == ("in_progress", False, "elsewhere/9/ab")
+    assert row.lease_expires_at is not None and row.lease_expires_at > timezone.now()
+    assert row.snapshot == snapshot and row.history_item_ids == [] and row.completed_at is None
+    assert tasks.sweep_once() == 0  # a live lease
+    history_cache.put(prepared.response_id, "tester", [{"id": "msg_x", "type": "message"}])
+    for _ in range(2):  # with the cache entry, then without
+        with pytest.raises(errors.BadRequest) as refused:
+            _stored_stream(previous_response_id=prepared.response_id)
+        assert refused.value.code == "previous_response_in_progress"
+        assert refused.value.param == "previous_response_id"
+        history_cache.discard(prepared.response_id)
+
+    Response.objects.filter(id=row.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert tasks.sweep_once() == 1
+    failed = Response.objects.get(id=row.id)
+    assert failed.status == "failed" and failed.lease_expires_at is None
+    assert failed.error == {"code": "server_error", "message": services.LEASE_EXPIRED_MESSAGE}
+    assert failed.snapshot["status"] == "failed" and failed.snapshot["error"] == failed.error
+    assert not ResponseEvent.objects.filter(response_id=row.id).exists()
+    outcome = services.Outcome("completed", {**snapshot, "status": "completed"}, [])
+    assert services.response_store_final(prepared=prepared, outcome=outcome) is False
+    assert Response.objects.get(id=row.id).status == "failed"
+
+
+def _drive(executor: Any) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Run ``executor`` through ``runs.drive``; its events and the row as each event was sent."""
+    from gateway.db import run_orm
+    from responses_app import runs
+
+    events: list[dict[str, Any]] = []
+    rows: list[tuple[str, str]] = []
+
+    async def on_event(event: Any) -> None:
+        events.append(event.data)
+        found = await run_orm(lambda: Response.objects.filter(id=executor.p.response_id).first())
+        rows.append((found.status, found.lease_owner) if found is not None else ("", ""))
+
+    asyncio.run(runs.drive(executor, on_event))
+    return events, rows
+
+
+class _Hanging:
+    """An upstream that never answers."""
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(3600)
+
+
+def test_a_stored_stream_whose_lease_is_lost_ends_failed() -> None:
+    """The sweep failed the row meanwhile (this process could not renew it): the next heartbeat
+    interrupts the run, which ends with ``response.failed``; the sweep's row stays."""
+    from dataclasses import replace
+
+    from responses_app import runs
+    from responses_app.executor import Executor
+
+    config = get_config()
+    config = replace(config, responses=replace(config.responses, heartbeat_s=0.05, lease_s=5))
+    executor = Executor(_stored_stream(), config, upstream=_Hanging())
+    rid = executor.p.response_id
+    swept: list[bool] = []
+
+    async def run() -> list[dict[str, Any]]:
+        from gateway.db import run_orm
+
+        events: list[dict[str, Any]] = []
+
+        async def on_event(event: Any) -> None:
+            events.append(event.data)
+            if event.data["type"] == "response.created":
+                row = await run_orm(lambda: Response.objects.get(id=rid))
+                assert (row.status, row.lease_owner) == ("in_progress", tasks.runner_id())
+                swept.append(
+                    await run_orm(
+                        services.response_fail_unfinished, id=rid, message=services.LEASE_EXPIRED_MESSAGE
+                    )
+                )
+
+        await asyncio.wait_for(runs.drive(executor, on_event), 10)
+        return events
+
+    events = asyncio.run(run())
+    assert swept == [True]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert events[-1]["response"]["error"]["message"] == runs.LEASE_LOST_MESSAGE
+    row = Response.objects.get(id=rid)
+    assert row.status == "failed" and row.error["message"] == services.LEASE_EXPIRED_MESSAGE
+
+
+def test_a_stored_stream_refused_at_commit_is_stored_failed_with_the_refusal() -> None:
+    """A commit-time refusal (409 conversation_locked) ends the announced row failed with that
+    error at once, instead of leaving it in_progress until its lease expires (or 404)."""
+    from conversations_app import services as conversation_services
+    from conversations_app.models import Conversation
+    from responses_app.executor import Executor
+
+    conversation, _ = conversation_services.conversation_create(owner="tester", metadata={}, items=[])
+    prepared = _stored_stream(conversation=conversation.id)
+    Conversation.objects.filter(id=conversation.id).update(revision=7)  # another writer appended
+    events, rows = _drive(Executor(prepared, get_config(), upstream=_Exploding()))
+    assert rows[0] == ("in_progress", tasks.runner_id())  # written before response.created
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "error"
+    assert events[-1]["code"] == "conversation_locked"
+    row = Response.objects.get(id=prepared.response_id)
+    assert row.status == "failed" and row.lease_expires_at is None
+    assert row.error is not None and row.error["code"] == "conversation_locked"
+    assert row.snapshot["status"] == "failed"
 
 
 class _Exploding:
