@@ -15,8 +15,10 @@ from typing import Any
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
 
-# Tools the gateway runs itself or hands to the client.
-RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES
+# Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
+RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES | {"tool_search"}
+# What a client-executed tool search may load (``tool_search_output.tools``).
+LOADABLE_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
 # Tool types the OpenAI SDK defines that need a capability the gateway does not have.
 UNRUNNABLE_TOOL_TYPES = frozenset(
     {
@@ -27,7 +29,6 @@ UNRUNNABLE_TOOL_TYPES = frozenset(
         "local_shell",
         "apply_patch",
         "programmatic_tool_calling",
-        "tool_search",
     }
 )
 
@@ -49,10 +50,10 @@ KNOWN_ITEM_TYPES = frozenset(
         "item_reference",
         "shell_call",
         "shell_call_output",
+        "tool_search_call",
+        "tool_search_output",
     }
 )
-# Client tool-search state: refused until the tool_search tool is translated for the model.
-TOOL_SEARCH_ITEM_TYPES = frozenset({"tool_search_call", "tool_search_output"})
 # Items of the SDK's input union for capabilities the gateway does not have.
 UNRUNNABLE_ITEM_TYPES = frozenset(
     {
@@ -117,6 +118,13 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
         raise errors.BadRequest(
             f"Invalid value: '{kind}'. Unknown tool type.", param=f"{param}.type", code="invalid_value"
         )
+    if kind == "tool_search" and tool.get("execution") != "client":
+        raise errors.BadRequest(
+            "Server-executed tool search ('execution': 'server', the default) is not supported by this "
+            "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
+            param=f"{param}.execution",
+            code="unsupported_value",
+        )
     if tool.get("async"):
         raise _unsupported(
             "Async tools ('async': true) are not supported by this gateway yet.", f"{param}.async"
@@ -135,7 +143,7 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if not isinstance(kind, str):
         return  # the typed request model reports the missing or mistyped type
-    if kind in COMPACTION_ITEM_TYPES or kind in TOOL_SEARCH_ITEM_TYPES:
+    if kind in COMPACTION_ITEM_TYPES:
         raise _unsupported(f"Input items of type '{kind}' are not supported by this gateway yet.", param)
     if kind in UNRUNNABLE_ITEM_TYPES:
         raise errors.BadRequest(
@@ -149,6 +157,62 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
         )
     if item.get("async"):
         raise _unsupported("Async tool calls are not supported by this gateway yet.", f"{param}.async")
+    if kind in ("tool_search_call", "tool_search_output"):
+        _check_tool_search_item(item, param)
+
+
+def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
+    """Client tool-search state: client execution only; the output loads tools the model can call."""
+    if item.get("execution") == "server":
+        raise errors.BadRequest(
+            "Server-executed tool search is not supported by this gateway; only 'execution': 'client'.",
+            param=f"{param}.execution",
+            code="unsupported_value",
+        )
+    if item.get("type") != "tool_search_output":
+        return
+    tools = item.get("tools")
+    if tools is None:
+        raise errors.BadRequest(
+            f"Missing required parameter: '{param}.tools'.",
+            param=f"{param}.tools",
+            code="missing_required_parameter",
+        )
+    if not isinstance(tools, list):
+        raise errors.BadRequest(
+            f"Invalid type for '{param}.tools': expected an array of tools.",
+            param=f"{param}.tools",
+            code="invalid_type",
+        )
+    for index, tool in enumerate(tools):
+        where = f"{param}.tools[{index}]"
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind not in LOADABLE_TOOL_TYPES:
+            raise errors.BadRequest(
+                f"Invalid value: {kind!r}. A client tool search can load 'function', 'custom' and "
+                "'namespace' tools only.",
+                param=f"{where}.type",
+                code="unsupported_value",
+            )
+        assert isinstance(tool, Mapping)
+        members = [(where, tool)]
+        if kind == "namespace":
+            inner = tool.get("tools")
+            members += [
+                (f"{where}.tools[{i}]", m) for i, m in enumerate(inner if isinstance(inner, list) else ())
+            ]
+        for at, member in members:
+            name = member.get("name") if isinstance(member, Mapping) else None
+            if not isinstance(name, str) or not name:
+                raise errors.BadRequest(
+                    f"Missing required parameter: '{at}.name'.",
+                    param=f"{at}.name",
+                    code="missing_required_parameter",
+                )
+            if member.get("async"):
+                raise _unsupported(
+                    "Async tools ('async': true) are not supported by this gateway yet.", f"{at}.async"
+                )
 
 
 def refuse_executor_only(raw: Mapping[str, Any]) -> None:
