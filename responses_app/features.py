@@ -118,6 +118,8 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
         raise errors.BadRequest(
             f"Invalid value: '{kind}'. Unknown tool type.", param=f"{param}.type", code="invalid_value"
         )
+    if kind == "tool_search":
+        _check_execution(tool.get("execution"), f"{param}.execution")
     if kind == "tool_search" and tool.get("execution") != "client":
         raise errors.BadRequest(
             "Server-executed tool search ('execution': 'server', the default) is not supported by this "
@@ -125,6 +127,11 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
             param=f"{param}.execution",
             code="unsupported_value",
         )
+    if kind == "tool_search":
+        for field, expected, types in (("description", "a string", str), ("parameters", "an object", dict)):
+            value = tool.get(field)
+            if value is not None and not isinstance(value, types):
+                raise errors.invalid_type(f"{param}.{field}", expected, value)
     if tool.get("async"):
         raise _unsupported(
             "Async tools ('async': true) are not supported by this gateway yet.", f"{param}.async"
@@ -161,13 +168,31 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
         _check_tool_search_item(item, param)
 
 
+def _check_execution(value: Any, param: str) -> None:
+    if value is not None and value not in ("server", "client"):
+        shown = f"'{value}'" if isinstance(value, str) else errors.json_type_name(value)
+        raise errors.BadRequest(
+            f"Invalid value: {shown}. Supported values are: 'server' and 'client'.",
+            param=param,
+            code="invalid_value",
+        )
+
+
 def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
     """Client tool-search state: client execution only; the output loads tools the model can call."""
+    _check_execution(item.get("execution"), f"{param}.execution")
     if item.get("execution") == "server":
         raise errors.BadRequest(
             "Server-executed tool search is not supported by this gateway; only 'execution': 'client'.",
             param=f"{param}.execution",
             code="unsupported_value",
+        )
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:  # a client call and its output pair by call_id
+        raise errors.BadRequest(
+            f"Missing required parameter: '{param}.call_id'.",
+            param=f"{param}.call_id",
+            code="missing_required_parameter",
         )
     if item.get("type") != "tool_search_output":
         return
@@ -179,11 +204,7 @@ def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
             code="missing_required_parameter",
         )
     if not isinstance(tools, list):
-        raise errors.BadRequest(
-            f"Invalid type for '{param}.tools': expected an array of tools.",
-            param=f"{param}.tools",
-            code="invalid_type",
-        )
+        raise errors.invalid_type(f"{param}.tools", "an array", tools)
     for index, tool in enumerate(tools):
         where = f"{param}.tools[{index}]"
         kind = tool.get("type") if isinstance(tool, Mapping) else None
@@ -194,25 +215,11 @@ def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
                 param=f"{where}.type",
                 code="unsupported_value",
             )
-        assert isinstance(tool, Mapping)
-        members = [(where, tool)]
-        if kind == "namespace":
-            inner = tool.get("tools")
-            members += [
-                (f"{where}.tools[{i}]", m) for i, m in enumerate(inner if isinstance(inner, list) else ())
-            ]
-        for at, member in members:
-            name = member.get("name") if isinstance(member, Mapping) else None
-            if not isinstance(name, str) or not name:
-                raise errors.BadRequest(
-                    f"Missing required parameter: '{at}.name'.",
-                    param=f"{at}.name",
-                    code="missing_required_parameter",
-                )
-            if member.get("async"):
-                raise _unsupported(
-                    "Async tools ('async': true) are not supported by this gateway yet.", f"{at}.async"
-                )
+        # Typed like a declared tool (the same check), then held to what the gateway builds.
+        from responses_app.schemas import _check_tool as check_declaration  # schemas imports us
+
+        check_declaration(dict(tool), where)
+        _check_tool(tool, where)
 
 
 def refuse_executor_only(raw: Mapping[str, Any]) -> None:

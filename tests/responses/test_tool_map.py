@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from responses_app.models import Response
 from responses_app.translate import upstream_tool_name
 from tests.responses.conftest import Gateway, check_sdk_event
 from tests.responses.scripts import call, text
@@ -322,3 +325,81 @@ def test_tool_search_state_routes_to_the_executor(gw: Gateway) -> None:
         assert body["messages"][0]["tool_calls"][0]["function"]["name"] == "tool_search"
     # The loaded tool (already declared) is offered once.
     assert [name for _, name in _upstream_tools(gw, body)] == ["get_weather", "crm__lookup"]
+
+
+_SEARCH_CALL = {"type": "tool_search_call", "call_id": "c1", "arguments": {}, "execution": "client"}
+TOOL_SEARCH_REFUSALS: list[tuple[dict[str, Any], str, str, str]] = [
+    (
+        {"tools": [{"type": "tool_search"}]},
+        "unsupported_value",
+        "tools[0].execution",
+        "Server-executed tool search ('execution': 'server', the default) is not supported by this "
+        "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
+    ),
+    (
+        {"tools": [{**TOOL_SEARCH, "parameters": 5}]},
+        "invalid_type",
+        "tools[0].parameters",
+        "Invalid type for 'tools[0].parameters': expected an object, but got an integer instead.",
+    ),
+    (
+        {"tools": [{"type": "tool_search", "execution": "both"}]},
+        "invalid_value",
+        "tools[0].execution",
+        "Invalid value: 'both'. Supported values are: 'server' and 'client'.",
+    ),
+    (
+        {"input": [{**_SEARCH_CALL, "call_id": None}]},
+        "missing_required_parameter",
+        "input[0].call_id",
+        "Missing required parameter: 'input[0].call_id'.",
+    ),
+    (
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{"type": "web_search"}]}]},
+        "unsupported_value",
+        "input[1].tools[0].type",
+        "Invalid value: 'web_search'. A client tool search can load 'function', 'custom' and "
+        "'namespace' tools only.",
+    ),
+    (
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{**LOADED[0], "parameters": 5}]}]},
+        "invalid_type",
+        "input[1].tools[0].parameters",
+        "Invalid type for 'input[1].tools[0].parameters': expected an object, but got an integer instead.",
+    ),
+    (
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{**LOADED[0], "async": True}]}]},
+        "unsupported_parameter",
+        "input[1].tools[0].async",
+        "Async tools ('async': true) are not supported by this gateway yet.",
+    ),
+    (
+        {"input": [_SEARCH_CALL]},
+        "invalid_request_error",  # OpenAI's pairing rule: no code
+        "input",
+        "No tool output found for function call c1.",
+    ),
+    (
+        {"input": [_tool_search_output("c9")]},
+        "invalid_request_error",
+        "input",
+        "No tool call found for function call output with call_id c9.",
+    ),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("fields", "code", "param", "message"), TOOL_SEARCH_REFUSALS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_search_refusals_store_nothing(
+    gw: Gateway, fields: dict[str, Any], code: str, param: str, message: str, stream: bool
+) -> None:
+    gw.script(text("never"))
+    r = gw.post({"model": "test-model", "input": "x", "tools": [TOOL_SEARCH], "stream": stream, **fields})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["message"] == message and error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == (None if code == "invalid_request_error" else code)
+    assert gw.upstream_bodies() == []
+    assert Response.objects.count() == 0
