@@ -776,9 +776,10 @@ class Executor:
         # The upstream calls the flat function; the client gets back the tool it declared.
         restored = self.client_tools.restore(_str(name)) if kind == "function_call" else None
         namespace = None
-        if restored is not None and restored.kind == "shell":
-            # The shell tool's call: buffered whole, then streamed as the public shell_call item.
-            self.open = _Open(key, "shell_call", {"call_id": _str(call_id)}, -1, buffered=True)
+        if restored is not None and restored.kind in translate.WHOLE_CALLS:
+            # A shell or tool_search call: buffered whole, then streamed as its public item.
+            public = translate.WHOLE_CALLS[restored.kind][0]
+            self.open = _Open(key, public, {"call_id": _str(call_id)}, -1, buffered=True)
             return out
         if restored is not None:
             name, namespace = restored.name, restored.namespace
@@ -904,11 +905,10 @@ class Executor:
         if current.hidden:
             assert self.tools is not None
             return self.tools.on_gateway_call(self, item["call_id"], item["name"], text)
-        if current.kind == "shell_call":
+        whole = _WHOLE_ITEMS.get(current.kind)
+        if whole is not None:
             self._round_client_calls += 1
-            return self._whole(
-                translate.shell_call_item(translate.mint_item_id("shell_call"), item["call_id"], text)
-            )
+            return self._whole(whole(translate.mint_item_id(current.kind), item["call_id"], text))
         if current.kind in ("function_call", "custom_tool_call"):
             self._round_client_calls += 1
         item_id, index = item["id"], current.index
@@ -1002,6 +1002,10 @@ async def _drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) ->
                     return
     except (TimeoutError, errors.GatewayError):
         return
+
+
+# The public item type of a client call buffered whole → the builder of that item.
+_WHOLE_ITEMS = dict(translate.WHOLE_CALLS.values())
 
 
 def _str(value: Any) -> str:

@@ -15,8 +15,10 @@ from typing import Any
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
 
-# Tools the gateway runs itself or hands to the client.
-RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES
+# Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
+RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES | {"tool_search"}
+# What a client-executed tool search may load (``tool_search_output.tools``).
+LOADABLE_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
 # Tool types the OpenAI SDK defines that need a capability the gateway does not have.
 UNRUNNABLE_TOOL_TYPES = frozenset(
     {
@@ -27,7 +29,6 @@ UNRUNNABLE_TOOL_TYPES = frozenset(
         "local_shell",
         "apply_patch",
         "programmatic_tool_calling",
-        "tool_search",
     }
 )
 
@@ -49,10 +50,10 @@ KNOWN_ITEM_TYPES = frozenset(
         "item_reference",
         "shell_call",
         "shell_call_output",
+        "tool_search_call",
+        "tool_search_output",
     }
 )
-# Client tool-search state: refused until the tool_search tool is translated for the model.
-TOOL_SEARCH_ITEM_TYPES = frozenset({"tool_search_call", "tool_search_output"})
 # Items of the SDK's input union for capabilities the gateway does not have.
 UNRUNNABLE_ITEM_TYPES = frozenset(
     {
@@ -117,6 +118,20 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
         raise errors.BadRequest(
             f"Invalid value: '{kind}'. Unknown tool type.", param=f"{param}.type", code="invalid_value"
         )
+    if kind == "tool_search":
+        _check_execution(tool.get("execution"), f"{param}.execution")
+    if kind == "tool_search" and tool.get("execution") != "client":
+        raise errors.BadRequest(
+            "Server-executed tool search ('execution': 'server', the default) is not supported by this "
+            "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
+            param=f"{param}.execution",
+            code="unsupported_value",
+        )
+    if kind == "tool_search":
+        for field, expected, types in (("description", "a string", str), ("parameters", "an object", dict)):
+            value = tool.get(field)
+            if value is not None and not isinstance(value, types):
+                raise errors.invalid_type(f"{param}.{field}", expected, value)
     if tool.get("async"):
         raise _unsupported(
             "Async tools ('async': true) are not supported by this gateway yet.", f"{param}.async"
@@ -135,7 +150,7 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if not isinstance(kind, str):
         return  # the typed request model reports the missing or mistyped type
-    if kind in COMPACTION_ITEM_TYPES or kind in TOOL_SEARCH_ITEM_TYPES:
+    if kind in COMPACTION_ITEM_TYPES:
         raise _unsupported(f"Input items of type '{kind}' are not supported by this gateway yet.", param)
     if kind in UNRUNNABLE_ITEM_TYPES:
         raise errors.BadRequest(
@@ -149,6 +164,62 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
         )
     if item.get("async"):
         raise _unsupported("Async tool calls are not supported by this gateway yet.", f"{param}.async")
+    if kind in ("tool_search_call", "tool_search_output"):
+        _check_tool_search_item(item, param)
+
+
+def _check_execution(value: Any, param: str) -> None:
+    if value is not None and value not in ("server", "client"):
+        shown = f"'{value}'" if isinstance(value, str) else errors.json_type_name(value)
+        raise errors.BadRequest(
+            f"Invalid value: {shown}. Supported values are: 'server' and 'client'.",
+            param=param,
+            code="invalid_value",
+        )
+
+
+def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
+    """Client tool-search state: client execution only; the output loads tools the model can call."""
+    _check_execution(item.get("execution"), f"{param}.execution")
+    if item.get("execution") == "server":
+        raise errors.BadRequest(
+            "Server-executed tool search is not supported by this gateway; only 'execution': 'client'.",
+            param=f"{param}.execution",
+            code="unsupported_value",
+        )
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:  # a client call and its output pair by call_id
+        raise errors.BadRequest(
+            f"Missing required parameter: '{param}.call_id'.",
+            param=f"{param}.call_id",
+            code="missing_required_parameter",
+        )
+    if item.get("type") != "tool_search_output":
+        return
+    tools = item.get("tools")
+    if tools is None:
+        raise errors.BadRequest(
+            f"Missing required parameter: '{param}.tools'.",
+            param=f"{param}.tools",
+            code="missing_required_parameter",
+        )
+    if not isinstance(tools, list):
+        raise errors.invalid_type(f"{param}.tools", "an array", tools)
+    for index, tool in enumerate(tools):
+        where = f"{param}.tools[{index}]"
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind not in LOADABLE_TOOL_TYPES:
+            raise errors.BadRequest(
+                f"Invalid value: {kind!r}. A client tool search can load 'function', 'custom' and "
+                "'namespace' tools only.",
+                param=f"{where}.type",
+                code="unsupported_value",
+            )
+        # Typed like a declared tool (the same check), then held to what the gateway builds.
+        from responses_app.schemas import _check_tool as check_declaration  # schemas imports us
+
+        check_declaration(dict(tool), where)
+        _check_tool(tool, where)
 
 
 def refuse_executor_only(raw: Mapping[str, Any]) -> None:

@@ -28,6 +28,8 @@ from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
+# Input items only the executor can serve: compaction and client tool-search state.
+EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
 
 
 def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: Config) -> bool:
@@ -45,7 +47,7 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
     if isinstance(raw.get("multi_agent"), dict) and raw["multi_agent"].get("enabled"):
         return True
     return isinstance(request.input, list) and any(
-        item.get("type") in COMPACTION_TYPES or bool(item.get("async")) for item in request.input
+        item.get("type") in EXECUTOR_ITEM_TYPES or bool(item.get("async")) for item in request.input
     )
 
 
@@ -122,6 +124,7 @@ def response_prepare(
         # only reference stored items, so the parent's items are stored with it (duplicates ignored).
         to_insert = [*history, *to_insert]
     _check_tool_outputs(history, new_items)
+    tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
     return Prepared(
         request=request,
         raw=raw,

@@ -30,12 +30,15 @@ ID_PREFIX = {
     "reasoning": "rs",
     "shell_call": "sh",
     "shell_call_output": "sho",
+    "tool_search_call": "tsc",
+    "tool_search_output": "tso",
 }
 
 CALL_TYPES = {
     "function_call": "function_call_output",
     "custom_tool_call": "custom_tool_call_output",
     "shell_call": "shell_call_output",
+    "tool_search_call": "tool_search_output",
 }
 OUTPUT_TYPES = {v: k for k, v in CALL_TYPES.items()}
 
@@ -259,7 +262,7 @@ def upstream_tool_name(name: str) -> str:
 class ClientTool:
     """One client-executed tool: how the client declared it and the name the upstream sees."""
 
-    kind: str  # function | custom | shell
+    kind: str  # function | custom | shell | tool_search
     name: str
     namespace: str | None
     upstream_name: str
@@ -278,6 +281,9 @@ class ToolMap:
       under the same name are refused before inference.
     * ``web_search`` is withheld from the model when no search provider is configured (the request
       proceeds without it); other tool types are forwarded unchanged.
+    * the client-owned ``shell`` and ``tool_search`` tools become functions (see :data:`WHOLE_CALLS`);
+      the tools a client-executed tool search loaded (its ``tool_search_output`` items) join the
+      map through :meth:`load`.
     """
 
     client: list[ClientTool] = field(default_factory=list)
@@ -294,6 +300,8 @@ class ToolMap:
                 out._add(index, kind, tool, None)
             elif kind == "shell":
                 out._add(index, "shell", {**tool, "name": SHELL_FUNCTION}, None)
+            elif kind == "tool_search":
+                out._add(index, "tool_search", {**tool, "name": TOOL_SEARCH_FUNCTION}, None)
             elif kind == "namespace":
                 namespace = tool.get("name")
                 if not isinstance(namespace, str) or not namespace:
@@ -337,6 +345,32 @@ class ToolMap:
         self.by_upstream[upstream] = tool
         self.by_client[(namespace, name)] = tool
 
+    def load(self, items: list[dict[str, Any]]) -> None:
+        """Add the function, custom and namespace tools loaded by the ``tool_search_output`` items
+        of ``items`` (history and new input): the model may call them from then on. A loaded tool
+        whose flat name is already taken (declared, or loaded before) is not added again."""
+        for item in items:
+            if item.get("type") != "tool_search_output" or not isinstance(item.get("tools"), list):
+                continue
+            for tool in item["tools"]:
+                if not isinstance(tool, dict):
+                    continue
+                if tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
+                    members = [(m, tool["name"]) for m in tool.get("tools") or () if isinstance(m, dict)]
+                else:
+                    members = [(tool, None)]
+                for member, namespace in members:
+                    name = member.get("name")
+                    if (
+                        member.get("type") not in ("function", "custom")
+                        or not isinstance(name, str)
+                        or not name
+                    ):
+                        continue
+                    flat = f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+                    if upstream_tool_name(flat) not in self.by_upstream:
+                        self._add(-1, member["type"], member, namespace)  # checked: no refusal
+
     def restore(self, upstream_name: str) -> ClientTool | None:
         return self.by_upstream.get(upstream_name)
 
@@ -345,6 +379,13 @@ class ToolMap:
         d = tool.declaration
         if tool.kind == "shell":
             return {"type": "function", "name": tool.upstream_name, **SHELL_DECLARATION}
+        if tool.kind == "tool_search":
+            return {
+                "type": "function",
+                "name": tool.upstream_name,
+                "description": d.get("description") or TOOL_SEARCH_DECLARATION["description"],
+                "parameters": d.get("parameters") or TOOL_SEARCH_DECLARATION["parameters"],
+            }
         if tool.kind == "custom":
             description = d.get("description") or ""
             fmt = d.get("format")
@@ -406,11 +447,26 @@ class ToolMap:
                 "arguments": orjson.dumps(item.get("action") or {}).decode(),
                 "status": "completed",
             }
-        if kind == "shell_call_output":
+        if kind == "tool_search_call":
+            tool = self.by_client.get((None, TOOL_SEARCH_FUNCTION))
+            arguments = item.get("arguments")
+            return {
+                "type": "function_call",
+                "id": item.get("id"),
+                "call_id": item.get("call_id"),
+                "name": tool.upstream_name if tool else TOOL_SEARCH_FUNCTION,
+                "arguments": arguments
+                if isinstance(arguments, str)
+                else orjson.dumps(arguments or {}).decode(),
+                "status": "completed",
+            }
+        if kind in ("shell_call_output", "tool_search_output"):
             return {
                 "type": "function_call_output",
                 "call_id": item.get("call_id"),
-                "output": orjson.dumps(item.get("output") or []).decode(),
+                "output": orjson.dumps(
+                    item.get("output" if kind == "shell_call_output" else "tools") or []
+                ).decode(),
             }
         return item
 
@@ -465,3 +521,44 @@ def shell_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any
         value = args.get(key)
         action[key] = value if isinstance(value, int) and not isinstance(value, bool) else None
     return {"id": item_id, "type": "shell_call", "call_id": call_id, "action": action, "status": "completed"}
+
+
+# --- the client-executed tool_search tool ------------------------------------------------------
+
+# ``{"type": "tool_search", "execution": "client"}`` reaches the model as this function (with the
+# client's own ``description`` / ``parameters`` when it declared them); its call comes back as a
+# ``tool_search_call`` item, and the client's ``tool_search_output`` reaches the model as the
+# function's output (JSON of its ``tools`` list). The tools it loaded join :class:`ToolMap`.
+TOOL_SEARCH_FUNCTION = "tool_search"
+TOOL_SEARCH_DECLARATION: dict[str, Any] = {
+    "description": "Search for more tools to use. The tools found become callable in the next turns.",
+    "parameters": {
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "What the tools should do."}},
+        "required": ["query"],
+    },
+}
+
+
+def tool_search_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any]:
+    """The public ``tool_search_call`` for the model's call of the tool_search function."""
+    try:
+        args = orjson.loads(arguments) if arguments else {}
+    except orjson.JSONDecodeError:
+        args = {}
+    return {
+        "id": item_id,
+        "type": "tool_search_call",
+        "call_id": call_id,
+        "arguments": args if isinstance(args, dict) else {},
+        "execution": "client",
+        "status": "completed",
+    }
+
+
+# Client tools whose call is buffered whole and streamed as one public item: the kind of the
+# client tool → (the public item type, its builder).
+WHOLE_CALLS = {
+    "shell": ("shell_call", shell_call_item),
+    "tool_search": ("tool_search_call", tool_search_call_item),
+}

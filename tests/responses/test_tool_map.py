@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from responses_app.models import Response
 from responses_app.translate import upstream_tool_name
 from tests.responses.conftest import Gateway, check_sdk_event
 from tests.responses.scripts import call, text
@@ -178,3 +181,225 @@ def test_shell_tool_is_a_function_upstream_and_its_call_a_shell_call(gw: Gateway
         assert next(m for m in second["messages"] if m["role"] == "tool")["content"] == output
     listed = gw.client.responses.input_items.list(follow[-1]["response"]["id"], order="asc").data
     assert [i.type for i in listed][-1] == "shell_call_output"
+
+
+TOOL_SEARCH = {"type": "tool_search", "execution": "client"}
+LOADED = [
+    {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+    {"type": "namespace", "name": "crm", "description": "Customer tools.", "tools": MEMBERS},
+]
+
+
+def _tool_search_output(call_id: str) -> dict[str, Any]:
+    return {"type": "tool_search_output", "call_id": call_id, "execution": "client", "tools": LOADED}
+
+
+def test_tool_search_is_a_function_upstream_and_its_call_a_tool_search_call(gw: Gateway) -> None:
+    gw.script(call("tool_search", '{"query": ', '"weather"}', call_id="call_ts"))
+    events = gw.stream({"model": "test-model", "input": "what tools?", "tools": [TOOL_SEARCH]})
+    body = gw.upstream_bodies()[0]
+    tool = body["tools"][0] if gw.wire == "responses" else body["tools"][0]["function"]
+    assert tool["name"] == "tool_search"
+    assert tool["parameters"]["required"] == ["query"] and tool["description"]
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" not in kinds  # the public item is a tool_search_call
+    added = next(e for e in events if e["type"] == "response.output_item.added")["item"]
+    done = next(e for e in events if e["type"] == "response.output_item.done")["item"]
+    assert added == done
+    assert done["id"].startswith("tsc_")
+    assert done == {
+        "id": done["id"],
+        "type": "tool_search_call",
+        "call_id": "call_ts",
+        "arguments": {"query": "weather"},
+        "execution": "client",
+        "status": "completed",
+    }
+    final = events[-1]["response"]
+    assert final["status"] == "completed" and final["output"] == [done]
+    assert final["tools"] == [TOOL_SEARCH]
+    for event in events:
+        check_sdk_event(event)
+
+    # Its output is validated like a function output.
+    rid = final["id"]
+    missing = gw.post(
+        {"model": "test-model", "previous_response_id": rid, "input": "go on", "tools": [TOOL_SEARCH]}
+    )
+    assert missing.status_code == 400
+    assert missing.json()["error"]["message"] == "No tool output found for function call call_ts."
+    stray = [_tool_search_output("call_nope")]
+    refused = gw.post(
+        {"model": "test-model", "previous_response_id": rid, "input": stray, "tools": [TOOL_SEARCH]}
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == (
+        "No tool call found for function call output with call_id call_nope."
+    )
+
+    # The output reaches the model as the function's output, and the tools it loaded become
+    # callable: a call of one comes back in its public shape (namespace restored).
+    gw.script(call("crm__lookup", '{"id": 7}', call_id="call_crm"))
+    loaded = [_tool_search_output("call_ts")]
+    follow = gw.stream(
+        {"model": "test-model", "previous_response_id": rid, "input": loaded, "tools": [TOOL_SEARCH]}
+    )
+    assert follow[-1]["type"] == "response.completed"
+    second = gw.upstream_bodies()[-1]
+    assert [name for _, name in _upstream_tools(gw, second)] == ["tool_search", "get_weather", "crm__lookup"]
+    output = (
+        '[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{}}},'
+        '{"type":"namespace","name":"crm","description":"Customer tools.","tools":'
+        '[{"type":"function","name":"lookup","parameters":{"type":"object","properties":{}}}]}]'
+    )
+    if gw.wire == "responses":
+        replay = [i for i in second["input"] if i["type"] in ("function_call", "function_call_output")]
+        assert [i["type"] for i in replay] == ["function_call", "function_call_output"]
+        assert replay[0]["name"] == "tool_search" and replay[0]["arguments"] == '{"query":"weather"}'
+        assert replay[1]["call_id"] == "call_ts" and replay[1]["output"] == output
+    else:
+        assistant = next(m for m in second["messages"] if m["role"] == "assistant")
+        assert assistant["tool_calls"][0]["function"] == {
+            "name": "tool_search",
+            "arguments": '{"query":"weather"}',
+        }
+        assert next(m for m in second["messages"] if m["role"] == "tool")["content"] == output
+    item = next(e for e in follow if e["type"] == "response.output_item.done")["item"]
+    assert item["type"] == "function_call" and item["name"] == "lookup" and item["namespace"] == "crm"
+    for event in follow:
+        check_sdk_event(event)
+    # The loaded tools are not echoed: only the client's own declarations are.
+    assert follow[-1]["response"]["tools"] == [TOOL_SEARCH]
+    listed = gw.client.responses.input_items.list(follow[-1]["response"]["id"], order="asc").data
+    assert [i.type for i in listed][-1] == "tool_search_output"
+
+    # A continuation further down the chain still offers the loaded tools.
+    gw.script(text("done"))
+    done_out = [{"type": "function_call_output", "call_id": "call_crm", "output": "{}"}]
+    third = gw.stream(
+        {
+            "model": "test-model",
+            "previous_response_id": follow[-1]["response"]["id"],
+            "input": done_out,
+            "tools": [TOOL_SEARCH],
+        }
+    )
+    assert third[-1]["type"] == "response.completed"
+    names = [name for _, name in _upstream_tools(gw, gw.upstream_bodies()[-1])]
+    assert names == ["tool_search", "get_weather", "crm__lookup"]
+
+
+def test_tool_search_declared_description_and_parameters_reach_the_model(gw: Gateway) -> None:
+    schema = {"type": "object", "properties": {"goal": {"type": "string"}}, "required": ["goal"]}
+    declared = {**TOOL_SEARCH, "description": "Find deferred tools.", "parameters": schema}
+    gw.script(call("tool_search", '{"goal": "crm"}', call_id="call_ts2"))
+    events = gw.stream({"model": "test-model", "input": "x", "tools": [declared]})
+    body = gw.upstream_bodies()[0]
+    tool = body["tools"][0] if gw.wire == "responses" else body["tools"][0]["function"]
+    assert tool == {
+        **({"type": "function"} if gw.wire == "responses" else {}),
+        "name": "tool_search",
+        "description": "Find deferred tools.",
+        "parameters": schema,
+    }
+    done = next(e for e in events if e["type"] == "response.output_item.done")["item"]
+    assert done["arguments"] == {"goal": "crm"}
+
+
+def test_tool_search_state_routes_to_the_executor(gw: Gateway) -> None:
+    # store: false with function tools only would go straight upstream; tool-search items do not.
+    gw.script(text("ok"))
+    items = [
+        {"type": "tool_search_call", "call_id": "c1", "arguments": {"query": "w"}, "execution": "client"},
+        _tool_search_output("c1"),
+        {"role": "user", "content": "now call it"},
+    ]
+    r = gw.post({"model": "test-model", "store": False, "input": items, "tools": [LOADED[0]]})
+    assert r.status_code == 200, r.text
+    body = gw.upstream_bodies()[0]
+    # The executor translated the items (direct routing would have passed them on as sent).
+    if gw.wire == "responses":
+        assert [i["type"] for i in body["input"]][:2] == ["function_call", "function_call_output"]
+        assert body["input"][0]["name"] == "tool_search"
+    else:
+        assert body["messages"][0]["tool_calls"][0]["function"]["name"] == "tool_search"
+    # The loaded tool (already declared) is offered once.
+    assert [name for _, name in _upstream_tools(gw, body)] == ["get_weather", "crm__lookup"]
+
+
+_SEARCH_CALL = {"type": "tool_search_call", "call_id": "c1", "arguments": {}, "execution": "client"}
+TOOL_SEARCH_REFUSALS: list[tuple[dict[str, Any], str, str, str]] = [
+    (
+        {"tools": [{"type": "tool_search"}]},
+        "unsupported_value",
+        "tools[0].execution",
+        "Server-executed tool search ('execution': 'server', the default) is not supported by this "
+        "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
+    ),
+    (
+        {"tools": [{**TOOL_SEARCH, "parameters": 5}]},
+        "invalid_type",
+        "tools[0].parameters",
+        "Invalid type for 'tools[0].parameters': expected an object, but got an integer instead.",
+    ),
+    (
+        {"tools": [{"type": "tool_search", "execution": "both"}]},
+        "invalid_value",
+        "tools[0].execution",
+        "Invalid value: 'both'. Supported values are: 'server' and 'client'.",
+    ),
+    (
+        {"input": [{**_SEARCH_CALL, "call_id": None}]},
+        "missing_required_parameter",
+        "input[0].call_id",
+        "Missing required parameter: 'input[0].call_id'.",
+    ),
+    (
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{"type": "web_search"}]}]},
+        "unsupported_value",
+        "input[1].tools[0].type",
+        "Invalid value: 'web_search'. A client tool search can load 'function', 'custom' and "
+        "'namespace' tools only.",
+    ),
+    (
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{**LOADED[0], "parameters": 5}]}]},
+        "invalid_type",
+        "input[1].tools[0].parameters",
+        "Invalid type for 'input[1].tools[0].parameters': expected an object, but got an integer instead.",
+    ),
+    (
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{**LOADED[0], "async": True}]}]},
+        "unsupported_parameter",
+        "input[1].tools[0].async",
+        "Async tools ('async': true) are not supported by this gateway yet.",
+    ),
+    (
+        {"input": [_SEARCH_CALL]},
+        "invalid_request_error",  # OpenAI's pairing rule: no code
+        "input",
+        "No tool output found for function call c1.",
+    ),
+    (
+        {"input": [_tool_search_output("c9")]},
+        "invalid_request_error",
+        "input",
+        "No tool call found for function call output with call_id c9.",
+    ),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("fields", "code", "param", "message"), TOOL_SEARCH_REFUSALS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_search_refusals_store_nothing(
+    gw: Gateway, fields: dict[str, Any], code: str, param: str, message: str, stream: bool
+) -> None:
+    gw.script(text("never"))
+    r = gw.post({"model": "test-model", "input": "x", "tools": [TOOL_SEARCH], "stream": stream, **fields})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["message"] == message and error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == (None if code == "invalid_request_error" else code)
+    assert gw.upstream_bodies() == []
+    assert Response.objects.count() == 0

@@ -51,12 +51,55 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
         "unsupported_parameter",
         "input[0].async",
     ),
+    # Tool search runs in the client only: server execution (the SDK's default) is refused.
+    ({"tools": [{"type": "tool_search"}]}, "unsupported_value", "tools[0].execution"),
     (
-        {"input": [{"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "client"}]},
-        "unsupported_parameter",
-        "input[0]",
+        {"tools": [FN, {"type": "tool_search", "execution": "server"}]},
+        "unsupported_value",
+        "tools[1].execution",
     ),
-    ({"tools": [{"type": "tool_search"}]}, "unsupported_value", "tools[0].type"),
+    (
+        {"input": [{"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "server"}]},
+        "unsupported_value",
+        "input[0].execution",
+    ),
+    (
+        {
+            "input": [
+                {"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "client"},
+                {
+                    "type": "tool_search_output",
+                    "call_id": "ts1",
+                    "execution": "client",
+                    "tools": [{"type": "mcp"}],
+                },
+            ]
+        },
+        "unsupported_value",
+        "input[1].tools[0].type",
+    ),
+    (
+        {
+            "input": [
+                {"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "client"},
+                {
+                    "type": "tool_search_output",
+                    "call_id": "ts1",
+                    "execution": "client",
+                    "tools": [
+                        {
+                            "type": "namespace",
+                            "name": "ns",
+                            "description": "d",
+                            "tools": [{"type": "function"}],
+                        }
+                    ],
+                },
+            ]
+        },
+        "missing_required_parameter",
+        "input[1].tools[0].tools[0].name",
+    ),
     ({"tools": [{"type": "image_generation"}]}, "unsupported_value", "tools[0].type"),
     (
         {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
