@@ -479,7 +479,8 @@ class Executor:
                 raise StreamFailure(exc.message, status=exc.status) from None
             if not terminal_seen:
                 raise StreamFailure("The upstream stream ended before the response was complete.")
-            await _drain(response)
+            if not response.complete:
+                await _drain(response)
         finally:
             await response.aclose()
 
@@ -970,7 +971,9 @@ class Executor:
 
 async def _drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) -> None:
     """Read what follows the terminal event (``[DONE]``, the chunked end) so the pooled upstream
-    connection is handed back for reuse instead of being closed; bounded in bytes and time."""
+    connection is handed back for reuse instead of being closed; bounded in bytes and time. Not
+    called when the body has already arrived whole (the usual case: an upstream sends its last
+    event and the chunked end together), where closing it hands the connection back at once."""
     seen = 0
     try:
         async with asyncio.timeout(timeout):
