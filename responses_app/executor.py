@@ -231,6 +231,7 @@ class Executor:
         )
         self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
         self._round_client_calls = 0
+        self._base: dict[str, Any] | None = None
 
     async def prepare_tools(self) -> None:
         """Classify tools, validate, discover MCP tools: every refusal is a 400 before any byte."""
@@ -240,7 +241,12 @@ class Executor:
     # --- the response object -------------------------------------------------------------------
 
     def snapshot(self, status: str) -> dict[str, Any]:
-        snap = base_snapshot(self.p, status)
+        # The request's part of the object is built once per response (each snapshot is a fresh
+        # top-level dict; the nested request values are shared, and nothing mutates them).
+        if self._base is None:
+            self._base = base_snapshot(self.p, status)
+        snap = dict(self._base)
+        snap["status"] = status
         snap["output"] = list(self.output)
         snap["usage"] = self.usage.as_dict()
         snap["tool_usage"] = tool_usage(self.output)
