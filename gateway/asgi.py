@@ -26,6 +26,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from gateway import errors  # noqa: E402
 from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
+from gateway.lifecycle import lifespan  # noqa: E402
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
@@ -94,6 +95,8 @@ application = GatewayASGIMiddleware(
             # The pure pass-through routes are served below Django (see gateway/fastpath.py).
             "http": FastPathApp(HttpDispatch()),
             "websocket": websocket_app(websocket_urlpatterns),
+            # Periodic jobs (the lease sweep) and the end of in-process work at shutdown.
+            "lifespan": lifespan,
         }
     )
 )

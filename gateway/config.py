@@ -71,6 +71,8 @@ class ServerConfig:
     # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
     # (every request through the ASGI app).
     direct_relay: bool = True
+    # SIGTERM: stop accepting, let in-flight responses finish this long, then end them as failed.
+    shutdown_grace_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,11 @@ class ResponsesConfig:
     # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
     # continuations on the same process; 0 disables it.
     history_cache_bytes: int = 64 * MiB
+    # A running background response holds a lease that its runner renews every heartbeat; a lease
+    # that expires (its process died) is failed by the sweep every gateway and worker runs.
+    lease_s: float = 60.0
+    heartbeat_s: float = 10.0
+    sweep_interval_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -538,6 +545,16 @@ def _is_loopback_host(host: str) -> bool:
 
 
 def _validate(c: Config) -> None:
+    if c.server.shutdown_grace_s < 0:
+        raise ConfigError("server.shutdown_grace_s: must be >= 0")
+    r = c.responses
+    if min(r.lease_s, r.heartbeat_s, r.sweep_interval_s) <= 0:
+        raise ConfigError("responses.lease_s, heartbeat_s and sweep_interval_s: must be > 0")
+    if r.heartbeat_s >= r.lease_s:
+        raise ConfigError(
+            f"responses.heartbeat_s ({r.heartbeat_s:g}) must be shorter than responses.lease_s "
+            f"({r.lease_s:g}), or a live runner's lease would expire between two heartbeats"
+        )
     if bool(c.auth.oidc_issuer) != bool(c.auth.oidc_audience):
         missing = "OIDC_AUDIENCE" if c.auth.oidc_issuer else "OIDC_ISSUER"
         present = "OIDC_ISSUER" if c.auth.oidc_issuer else "OIDC_AUDIENCE"

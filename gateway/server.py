@@ -24,8 +24,10 @@ checks them, ``manage.py serve`` falls back to stock uvicorn when one is gone, a
 ``send_400_response`` (what ``data_received`` calls when the parser refuses bytes) and the
 httptools callbacks; its attributes ``parser``, ``url``, ``headers``, ``cycle``, ``pipeline``,
 ``flow``, ``server_state``, ``timeout_keep_alive_task``; ``RequestResponseCycle`` and its
-``flow``, ``scope``, ``body``, ``more_body``, ``message_event``, ``response_started``, ``response_complete``,
-``disconnected``, ``keep_alive``; ``STATUS_LINE``.
+``flow``, ``scope``, ``body``, ``more_body``, ``message_event``, ``response_started``,
+``response_complete``, ``disconnected``, ``keep_alive``; ``STATUS_LINE``. For the graceful
+shutdown (:class:`DrainingWebSocketProtocol`): ``WebSocketProtocol.shutdown`` and its attributes
+``loop``, ``transport``, ``handshake_completed_event``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
 
 from gateway import errors
 from gateway.config import get_config
@@ -51,8 +54,10 @@ _RELIED_ON = {
         "on_headers_complete",
         "on_body",
         "on_message_complete",
+        "shutdown",
     ),
     RequestResponseCycle: ("send", "receive", "run_asgi"),
+    WebSocketProtocol: ("shutdown", "connection_made"),
 }
 
 
@@ -617,3 +622,54 @@ class GatewayServerProtocol(GatewayHttpProtocol):
             self.transport.close()
         else:
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+
+
+# --- graceful shutdown (gateway.lifecycle; what `manage.py serve` runs) -------------------------
+
+
+class _DrainOnShutdown:
+    """Starts the gateway's drain when uvicorn shuts a connection down: the response in flight on
+    it still finishes (uvicorn's own behaviour), bounded by ``[server] shutdown_grace_s``, after
+    which it ends with a ``failed`` terminal event (``gateway.lifecycle``)."""
+
+    def shutdown(self) -> None:
+        from gateway.lifecycle import drain
+
+        drain.begin()
+        super().shutdown()  # type: ignore[misc]
+
+
+class DrainingServerProtocol(_DrainOnShutdown, GatewayServerProtocol):
+    """:class:`GatewayServerProtocol` as ``manage.py serve`` runs it (see :class:`_DrainOnShutdown`)."""
+
+
+class DrainingHttpProtocol(_DrainOnShutdown, GatewayHttpProtocol):
+    """:class:`GatewayHttpProtocol` as ``manage.py serve`` runs it with ``direct_relay = false``."""
+
+
+class DrainingWebSocketProtocol(WebSocketProtocol):
+    """uvicorn's ``websockets`` protocol whose shutdown does not cut the connection at once (1012).
+
+    uvicorn calls ``shutdown()`` on every connection when it stops; its WebSocket protocol fails an
+    open connection with 1012 there and then, losing the responses in flight. Here the drain starts
+    instead, and the consumer (``responses_app.consumers``) closes the connection itself once its
+    last terminal event is sent; a connection still open after the grace and the flush margin is
+    cut as uvicorn would. Relies on uvicorn's ``WebSocketProtocol.shutdown``, ``loop``, ``transport``
+    and ``handshake_completed_event`` (uvicorn 0.54; ``tests/gateway/test_server_protocol.py``
+    checks them).
+    """
+
+    def shutdown(self) -> None:
+        from gateway.lifecycle import FLUSH_MARGIN_S, drain
+
+        completed = getattr(self, "handshake_completed_event", None)
+        if completed is None or not completed.is_set() or self.transport.is_closing():
+            super().shutdown()
+            return
+        drain.begin()
+        assert drain.deadline is not None
+        self.loop.call_at(drain.deadline + FLUSH_MARGIN_S - 1.0, self._shutdown_if_open)
+
+    def _shutdown_if_open(self) -> None:
+        if not self.transport.is_closing():
+            super().shutdown()

@@ -120,6 +120,10 @@ def _databases() -> dict[str, Any]:
     db = dj_database_url.parse(url)
     if db["ENGINE"] == "django.db.backends.postgresql":
         db["CONN_MAX_AGE"] = 0  # the pool owns connection lifetime
+        # With a pool, Django passes check=ConnectionPool.check_connection: every connection is
+        # checked before it is handed out, so after a database restart a request gets a fresh one
+        # instead of a dead pooled one (OperationalError).
+        db["CONN_HEALTH_CHECKS"] = True
         db["OPTIONS"] = {
             "pool": {
                 "min_size": CONFIG.database.pool_min_size,

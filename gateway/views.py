@@ -36,15 +36,30 @@ async def _probe(name: str, coro: Any, timeout: float) -> tuple[str, str | None]
     return name, None
 
 
+async def _broker_ping(url: str) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
+
+
 async def ready(request: HttpRequest) -> HttpResponse:
-    """Readiness: 200 only when the database answers and the inference backend is reachable."""
+    """Readiness: 200 only when the database answers, the inference backend is reachable and, with
+    ``REDIS_URL``, the task broker answers (background responses and tool calls are sent there)."""
     from inference_app.upstream import get_upstream
 
-    timeout = get_config().upstream.ready_timeout_s
-    results = await asyncio.gather(
+    config = get_config()
+    timeout = config.upstream.ready_timeout_s
+    probes = [
         _probe("database", run_orm(_database_ping), timeout),
         _probe("upstream", get_upstream().ready(timeout), timeout + 0.1),
-    )
+    ]
+    if config.broker_enabled:
+        probes.append(_probe("broker", _broker_ping(config.redis_url), timeout))
+    results = await asyncio.gather(*probes)
     checks = {
         name: ({"status": "ok"} if err is None else {"status": "fail", "error": err}) for name, err in results
     }

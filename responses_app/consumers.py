@@ -35,10 +35,11 @@ from gateway import errors
 from gateway.auth.websocket import ensure_not_expired
 from gateway.config import Config, get_config
 from gateway.db import run_orm
+from gateway.lifecycle import drain
 from gateway.principal import scope_principal
 from inference_app.upstream import forward_headers
-from responses_app import services
-from responses_app.events import EventSink, EventTooLarge
+from responses_app import runs, services
+from responses_app.events import Event, EventSink, EventTooLarge
 from responses_app.executor import Executor, Prepared, base_snapshot
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 
@@ -51,6 +52,8 @@ SLOW_CLIENT_REASON = "send deadline exceeded: the client is not reading events"
 # How long the close frame itself may wait for the client's buffer to drain before the
 # connection is dropped outright.
 CLOSE_GRACE_S = 10.0
+# Close code when the server shuts down, sent after the last terminal event ("service restart").
+CLOSE_SHUTDOWN = 1012
 # Identity and tracing headers that travel upstream with the executor's own body (as over HTTP).
 _UPSTREAM_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "x-request-id")
 
@@ -79,6 +82,7 @@ class Lane:
     queue: deque[Job] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
     latest: str | None = None  # response id of this lane's cached checkpoint
+    storing: bool = False  # its current job generates a stored response (finished if the client leaves)
 
 
 class _Refused(Exception):
@@ -111,13 +115,26 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.outstanding_bytes = 0
         self.outbound: asyncio.Queue[bytes] = asyncio.Queue(self.limits.outbound_queue_events)
         self.closing = False
+        self.draining = False
         self.main_task = asyncio.current_task()
         self.writer = asyncio.create_task(self._write_loop())
         await self.accept()
+        self.unlisten = drain.listen(self._on_drain)
 
     async def disconnect(self, code: int) -> None:
         self.closing = True
-        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        if hasattr(self, "unlisten"):
+            self.unlisten()
+        tasks = []
+        for lane in self.lanes.values():
+            if lane.task is None:
+                continue
+            if lane.storing and not lane.task.done():
+                # A stored response is finished and stored after its client leaves (as over HTTP):
+                # the id it announced stays retrievable. Its events are no longer sent.
+                runs.keep_running(lane.task)
+            else:
+                tasks.append(lane.task)
         if hasattr(self, "writer"):
             tasks.append(self.writer)
         current = asyncio.current_task()
@@ -169,6 +186,15 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                     f"Unsupported WebSocket event type '{shown}'. This endpoint accepts 'response.create'.",
                     param="type",
                     code="unknown_event_type",
+                ),
+                echo,
+            )
+            return
+        if self.draining:
+            await self._error(
+                errors.ServiceUnavailable(
+                    "The server is shutting down; send this request again on a new connection.",
+                    code="server_shutting_down",
                 ),
                 echo,
             )
@@ -277,12 +303,14 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 self._evict(lane)
             await self._error(refused.error, job.stream_id)
             return
+        lane.storing = job.generate and prepared.store
         try:
             if job.generate:
                 ok, items = await self._generate(prepared, job)
             else:
                 ok, items = await self._prewarm(prepared, job)
         finally:
+            lane.storing = False
             self.reserved_bytes -= reserved
         if ok and items is not None:
             self._retain(lane, prepared.response_id, items)
@@ -354,11 +382,14 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def _generate(self, prepared: Prepared, job: Job) -> tuple[bool, list[dict[str, Any]] | None]:
         """Run the shared executor; every event goes out with the request's ``stream_id``."""
         executor = Executor(prepared, self.config, event_fields=self._tag(job))
-        async for event in executor.run():
+
+        async def on_event(event: Event) -> None:
             if event is executor.failure_event:
                 await self._execution_error(event.data, job.stream_id)
             else:
                 await self._send(event.json)
+
+        await runs.drive(executor, on_event)  # the shutdown deadline ends it failed
         final = executor.final
         if executor.failure_event is not None or final is None or final.get("status") == "failed":
             return False, None
@@ -454,6 +485,26 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 return
             except Exception:  # the client went away: disconnect() cleans up
                 return
+            finally:
+                self.outbound.task_done()
+
+    # --- shutdown ----------------------------------------------------------------------------
+
+    def _on_drain(self) -> None:
+        """The server is shutting down: refuse new requests, close once the running ones ended."""
+        self.draining = True
+        self.drain_task = asyncio.get_running_loop().create_task(self._close_when_idle())
+
+    async def _close_when_idle(self) -> None:
+        # Running responses end by themselves (finished, or failed at the shutdown deadline).
+        while self.outstanding and not self.closing:
+            await asyncio.sleep(0.05)
+        # Their terminal events are on the wire before the close.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.outbound.join(), CLOSE_GRACE_S)
+        if not self.closing:
+            self.closing = True
+            await self.close(code=CLOSE_SHUTDOWN)
 
     async def _close_slow_client(self) -> None:
         log.warning("closing a WebSocket whose client stopped reading (send_timeout_s exceeded)")

@@ -283,8 +283,9 @@ class Executor:
             async for event in self._end_unexpected():
                 yield event
 
-    async def _end_unexpected(self) -> AsyncIterator[Event]:
-        message = "The gateway failed while generating this response."
+    async def _end_unexpected(
+        self, message: str = "The gateway failed while generating this response."
+    ) -> AsyncIterator[Event]:
         if self.sink.sequence_number and not self._finishing:
             self._fail(message, "server_error", None)
             try:
@@ -351,6 +352,14 @@ class Executor:
                 yield event
             return
         async for event in self._finish(status):
+            yield event
+
+    async def interrupt(self, message: str) -> AsyncIterator[Event]:
+        """End a run that was stopped from outside (the shutdown deadline) as ``failed``: the
+        terminal event, and the stored row when it stores. Nothing when it had already ended."""
+        if self.final is not None or self.failure_event is not None:
+            return
+        async for event in self._end_unexpected(message):
             yield event
 
     def _fail(self, message: str, code: str, status: int | None) -> None:
@@ -770,6 +779,10 @@ class Executor:
         # The upstream calls the flat function; the client gets back the tool it declared.
         restored = self.client_tools.restore(_str(name)) if kind == "function_call" else None
         namespace = None
+        if restored is not None and restored.kind == "shell":
+            # The shell tool's call: buffered whole, then streamed as the public shell_call item.
+            self.open = _Open(key, "shell_call", {"call_id": _str(call_id)}, -1, buffered=True)
+            return out
         if restored is not None:
             name, namespace = restored.name, restored.namespace
             if restored.kind == "custom":
@@ -894,6 +907,11 @@ class Executor:
         if current.hidden:
             assert self.tools is not None
             return self.tools.on_gateway_call(self, item["call_id"], item["name"], text)
+        if current.kind == "shell_call":
+            self._round_client_calls += 1
+            return self._whole(
+                translate.shell_call_item(translate.mint_item_id("shell_call"), item["call_id"], text)
+            )
         if current.kind in ("function_call", "custom_tool_call"):
             self._round_client_calls += 1
         item_id, index = item["id"], current.index

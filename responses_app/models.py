@@ -45,6 +45,10 @@ class Response(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # The lease of the process running a background response (docs/operations.md): who runs it
+    # ("host/pid/token") and until when; a runner renews it, the sweep fails a row whose lease expired.
+    lease_owner = models.CharField(max_length=256, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]

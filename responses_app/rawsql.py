@@ -51,6 +51,7 @@ FINAL_COLUMNS = (
     "history_item_ids",
     "input_item_count",
     "completed_at",
+    "lease_expires_at",  # a finished response holds no lease
 )
 
 _sqlite_writer = threading.Lock()

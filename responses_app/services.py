@@ -6,6 +6,7 @@ Every function is keyword-only, synchronous and runs in one transaction; async c
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -300,8 +301,11 @@ def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def response_create_queued(*, prepared: Prepared) -> dict[str, Any]:
-    """A background response, stored as ``queued`` before any work starts."""
+def response_create_queued(
+    *, prepared: Prepared, lease_owner: str = "", lease_s: float | None = None
+) -> dict[str, Any]:
+    """A background response, stored as ``queued`` before any work starts; an in-process one
+    under this process's lease from the start (it has no broker to hold it meanwhile)."""
     p = prepared
     snapshot = base_snapshot(p, Response.Status.QUEUED)
     Response.objects.create(
@@ -314,20 +318,15 @@ def response_create_queued(*, prepared: Prepared) -> dict[str, Any]:
         conversation_id=p.conversation_id or "",
         request=strip_credentials(p.raw),
         snapshot=snapshot,
+        lease_owner=lease_owner,
+        lease_expires_at=_lease_until(lease_s) if lease_s is not None else None,
     )
     return snapshot
 
 
-def response_mark_in_progress(*, id: str) -> bool:
-    response = Response.objects.filter(id=id, status=Response.Status.QUEUED).first()
-    if response is None:
-        return False
-    snapshot = dict(response.snapshot or {})
-    snapshot["status"] = Response.Status.IN_PROGRESS
-    response.status = Response.Status.IN_PROGRESS
-    response.snapshot = snapshot
-    response.save(update_fields=["status", "snapshot"])
-    return True
+def response_delete_unsent(*, id: str) -> None:
+    """Remove a queued response whose task could not be sent (the request is refused with 503)."""
+    Response.objects.filter(id=id, status=Response.Status.QUEUED).delete()
 
 
 def response_events_append(*, response_id: str, events: list[tuple[int, bytes]]) -> str | None:
@@ -380,3 +379,96 @@ def response_delete(*, id: str, owner: str) -> None:
     response = selectors.response_get(id=id, owner=owner)
     response.delete()
     history_cache.discard(id)
+
+
+# --- leases of running background responses (docs/operations.md) ---------------------------------
+
+_UNFINISHED = (Response.Status.QUEUED, Response.Status.IN_PROGRESS)
+
+
+def _lease_until(lease_s: float) -> Any:
+    return timezone.now() + datetime.timedelta(seconds=lease_s)
+
+
+def response_lease_take(*, id: str, lease_owner: str, lease_s: float) -> bool:
+    """Mark a ``queued`` background response ``in_progress`` under ``lease_owner``'s lease."""
+    with transaction.atomic():
+        response = Response.objects.select_for_update().filter(id=id, status=Response.Status.QUEUED).first()
+        if response is None:
+            return False
+        snapshot = dict(response.snapshot or {})
+        snapshot["status"] = Response.Status.IN_PROGRESS
+        response.status = Response.Status.IN_PROGRESS
+        response.snapshot = snapshot
+        response.lease_owner = lease_owner
+        response.lease_expires_at = _lease_until(lease_s)
+        response.save(update_fields=["status", "snapshot", "lease_owner", "lease_expires_at"])
+    return True
+
+
+def response_lease_renew(*, id: str, lease_owner: str, lease_s: float) -> bool:
+    """The runner's heartbeat; False when the lease is no longer its own (failed, cancelled, taken)."""
+    return bool(
+        Response.objects.filter(id=id, lease_owner=lease_owner, status__in=_UNFINISHED).update(
+            lease_expires_at=_lease_until(lease_s)
+        )
+    )
+
+
+def response_fail_unfinished(*, id: str, message: str, lease_expired_before: Any = None) -> bool:
+    """Store an unfinished background response ``failed`` with ``message`` and end its stored
+    event stream with ``response.failed`` (a client tailing it gets its terminal event).
+
+    With ``lease_expired_before``, only while its lease is older than that (the sweep: a runner
+    that renewed meanwhile keeps it). False when it had finished (or was renewed) meanwhile.
+    """
+    with transaction.atomic():
+        rows = Response.objects.select_for_update().filter(id=id, status__in=_UNFINISHED)
+        if lease_expired_before is not None:
+            rows = rows.filter(lease_expires_at__lt=lease_expired_before)
+        response = rows.first()
+        if response is None:
+            return False
+        error = {"code": "server_error", "message": message}
+        snapshot = dict(response.snapshot or {})
+        snapshot.update(status=Response.Status.FAILED, error=error, completed_at=None)
+        response.status = Response.Status.FAILED
+        response.snapshot = snapshot
+        response.error = error
+        response.completed_at = timezone.now()
+        response.lease_expires_at = None
+        response.save(update_fields=["status", "snapshot", "error", "completed_at", "lease_expires_at"])
+        last = ResponseEvent.objects.filter(response_id=id).order_by("-sequence_number").first()
+        sequence_number = 0 if last is None else last.sequence_number + 1
+        event = {"type": "response.failed", "response": snapshot, "sequence_number": sequence_number}
+        ResponseEvent.objects.create(
+            response_id=id, sequence_number=sequence_number, data=rawsql.dumps(event) or ""
+        )
+    return True
+
+
+LEASE_EXPIRED_MESSAGE = (
+    "The process running this background response stopped before it finished (its lease expired); "
+    "the response was not completed. Create it again."
+)
+ORPHAN_MESSAGE = (
+    "The process running this background response exited before it finished; "
+    "the response was not completed. Create it again."
+)
+
+
+def response_sweep_leases(*, lease_owner_alive: Any = None, host_prefix: str = "") -> int:
+    """Fail every unfinished background response whose lease has expired, and (start-up recovery)
+    those held by a process of this host (``host_prefix``) that ``lease_owner_alive`` says is
+    gone; returns how many were failed."""
+    now = timezone.now()
+    failed = 0
+    expired = Response.objects.filter(status__in=_UNFINISHED, lease_expires_at__lt=now)
+    for id in list(expired.values_list("id", flat=True)[:1000]):
+        failed += response_fail_unfinished(id=id, message=LEASE_EXPIRED_MESSAGE, lease_expired_before=now)
+    if host_prefix and lease_owner_alive is not None:
+        held = Response.objects.filter(status__in=_UNFINISHED, lease_owner__startswith=host_prefix)
+        for id, owner in list(held.values_list("id", "lease_owner")[:1000]):
+            if not lease_owner_alive(owner):
+                failed += response_fail_unfinished(id=id, message=ORPHAN_MESSAGE)
+    return failed

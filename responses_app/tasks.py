@@ -7,18 +7,27 @@ server's own event loop: the request returns at once, and ``cancel`` cancels tha
 way every event is persisted (``ResponseEvent``) so clients can poll or stream it, and a cancel
 is seen by the runner at its next flush (the database row is the source of truth).
 
-In-process background work does not survive a restart of the gateway process.
+Nothing is left running forever (``docs/operations.md``): a running response holds a lease
+(:func:`runner_id`, renewed every ``[responses] heartbeat_s``); the sweep every gateway process runs
+(:func:`sweep_forever`) fails a row whose lease expired, and at start it fails the rows of this
+host's processes that are gone. A broker that cannot take the task refuses the request (503) and
+stores nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import time
 from typing import Any
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
+from gateway import errors
 from gateway.config import Config, get_config
 from gateway.db import run_orm
 from responses_app.executor import Executor, Prepared
@@ -31,15 +40,93 @@ _running: dict[str, asyncio.Task[None]] = {}
 _FLUSH_EVENTS = 32
 _FLUSH_SECONDS = 0.05
 
+_HOST = socket.gethostname()
+_identity: tuple[int, str] | None = None
 
-def start_background(prepared: Prepared, config: Config) -> None:
-    """Start the work of a queued background response (call after the queued row is committed)."""
-    if config.broker_enabled:
-        run_background_task.apply_async(args=[prepared.response_id], queue="responses")
-        return
-    task = asyncio.get_running_loop().create_task(run_background(prepared, config))
-    _running[prepared.response_id] = task
-    task.add_done_callback(lambda _t: _running.pop(prepared.response_id, None))
+
+def runner_id() -> str:
+    """This process's lease owner name, ``host/pid/token`` (a forked child gets its own)."""
+    global _identity
+    pid = os.getpid()
+    if _identity is None or _identity[0] != pid:
+        _identity = (pid, f"{_HOST}/{pid}/{secrets.token_hex(4)}")
+    return _identity[1]
+
+
+def lease_owner_alive(owner: str) -> bool:
+    """Whether the process named by lease owner ``owner`` (of this host) still runs."""
+    try:
+        host, pid_text, _token = owner.split("/", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return True  # not ours to judge
+    if host != _HOST:
+        return True
+    if pid == os.getpid():
+        return owner == runner_id()  # this pid's earlier life: a restarted process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_once() -> int:
+    from responses_app import services
+
+    return services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{_HOST}/")
+
+
+async def sweep_forever() -> None:
+    """The periodic sweep each gateway process runs (its first pass is the start-up recovery)."""
+    interval = get_config().responses.sweep_interval_s
+    while True:
+        try:
+            failed = await run_orm(sweep_once)
+            if failed:
+                log.warning("lease sweep: %d unfinished background responses stored failed", failed)
+        except Exception:
+            log.exception("lease sweep failed; next try in %g s", interval)
+        await asyncio.sleep(interval)
+
+
+async def create_background(prepared: Prepared, config: Config) -> dict[str, Any]:
+    """Store a queued background response and start its work; its snapshot.
+
+    With a broker, the task is sent after the row is committed; a broker that refuses it refuses
+    the request (503) and the row is removed again: no row is left that nobody will run.
+    """
+    from responses_app import services
+
+    if not config.broker_enabled:
+        snapshot: dict[str, Any] = await run_orm(
+            services.response_create_queued,
+            prepared=prepared,
+            lease_owner=runner_id(),
+            lease_s=config.responses.lease_s,
+        )
+        task = asyncio.get_running_loop().create_task(run_background(prepared, config))
+        _running[prepared.response_id] = task
+        task.add_done_callback(lambda _t: _running.pop(prepared.response_id, None))
+        return snapshot
+    snapshot = await run_orm(services.response_create_queued, prepared=prepared)
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, _send_task, prepared.response_id)
+    except Exception as exc:
+        log.error("background response %s: the broker refused its task: %s", prepared.response_id, exc)
+        await run_orm(services.response_delete_unsent, id=prepared.response_id)
+        raise errors.ServiceUnavailable(
+            "Background responses are unavailable: the task broker (REDIS_URL) cannot be reached.",
+            code="broker_unavailable",
+        ) from None
+    return snapshot
+
+
+def _send_task(response_id: str) -> None:
+    # No retries: a broker that is down refuses the request now rather than holding it.
+    run_background_task.apply_async(args=[response_id], queue="responses", retry=False)
 
 
 def cancel_local(response_id: str) -> None:
@@ -48,11 +135,41 @@ def cancel_local(response_id: str) -> None:
         task.cancel()
 
 
-async def run_background(prepared: Prepared, config: Config, *, upstream: Any = None) -> None:
+async def _heartbeat(response_id: str, config: Config, runner: asyncio.Task[Any], lost: list[bool]) -> None:
     from responses_app import services
 
-    if not await run_orm(services.response_mark_in_progress, id=prepared.response_id):
-        return  # cancelled before it started
+    owner, every, lease_s = runner_id(), config.responses.heartbeat_s, config.responses.lease_s
+    while True:
+        await asyncio.sleep(every)
+        try:
+            renewed = await run_orm(
+                services.response_lease_renew, id=response_id, lease_owner=owner, lease_s=lease_s
+            )
+        except Exception:
+            log.exception("background response %s: lease renewal failed", response_id)
+            continue  # the database may come back before the lease expires
+        if not renewed:  # failed by the sweep, or cancelled: stop working on it
+            lost.append(True)
+            runner.cancel()
+            return
+
+
+async def run_background(prepared: Prepared, config: Config, *, upstream: Any = None) -> None:
+    from responses_app import runs, services
+
+    response_id = prepared.response_id
+    try:
+        taken = await run_orm(
+            services.response_lease_take,
+            id=response_id,
+            lease_owner=runner_id(),
+            lease_s=config.responses.lease_s,
+        )
+    except (OperationalError, InterfaceError) as exc:
+        raise _NotStarted(str(exc)) from exc
+    if not taken:
+        log.info("background response %s: no longer queued (cancelled), not run", response_id)
+        return
     executor = Executor(prepared, config, upstream=upstream)
     pending: list[tuple[int, bytes]] = []
     last_flush = time.monotonic()
@@ -64,33 +181,66 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
             return
         batch = list(pending)
         pending.clear()
-        status = await run_orm(
-            services.response_events_append, response_id=prepared.response_id, events=batch
-        )
+        status = await run_orm(services.response_events_append, response_id=response_id, events=batch)
         last_flush = time.monotonic()
         if status == "cancelled":
             cancelled = True
 
+    class _Cancelled(Exception):
+        pass
+
+    async def on_event(event: Any) -> None:
+        pending.append((event.data["sequence_number"], event.json))
+        if len(pending) >= _FLUSH_EVENTS or time.monotonic() - last_flush >= _FLUSH_SECONDS:
+            await flush()
+        if cancelled:
+            raise _Cancelled
+
     executor.before_store = flush
-    events = executor.run()
+    lost: list[bool] = []
+    current = asyncio.current_task()
+    assert current is not None
+    heartbeat = asyncio.get_running_loop().create_task(_heartbeat(response_id, config, current, lost))
     try:
-        async for event in events:
-            pending.append((event.data["sequence_number"], event.json))
-            if len(pending) >= _FLUSH_EVENTS or time.monotonic() - last_flush >= _FLUSH_SECONDS:
-                await flush()
-            if cancelled:
-                break
+        await runs.drive(executor, on_event)
         await flush()
+    except _Cancelled:
+        pass
     except asyncio.CancelledError:
-        log.info("background response %s cancelled", prepared.response_id)
+        if lost:
+            log.warning("background response %s: lease lost, work stopped", response_id)
+            return
+        log.info("background response %s cancelled", response_id)
         raise
-    except Exception:
-        log.exception("background response %s crashed", prepared.response_id)
+    except Exception as exc:
+        log.exception("background response %s crashed", response_id)
+        try:
+            await run_orm(
+                services.response_fail_unfinished,
+                id=response_id,
+                message=f"The background response failed: {type(exc).__name__}.",
+            )
+        except Exception:  # the database itself is down: the lease expires and the sweep fails it
+            log.exception("background response %s: storing its failure failed", response_id)
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        heartbeat.cancel()
 
 
-@shared_task(name="responses.run_background", queue="responses")
+class _NotStarted(Exception):
+    """The database failed before the row was taken: the task is retried (nothing ran yet)."""
+
+
+@shared_task(
+    name="responses.run_background",
+    queue="responses",
+    # Nobody reads its result (the row is the result); and sending it then needs no result backend.
+    ignore_result=True,
+    # Until the database answers again: a task that gave up would leave its row queued for good.
+    autoretry_for=(_NotStarted,),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=None,
+)
 def run_background_task(response_id: str) -> None:
     """Celery entry point: rebuild the prepared request from the stored record and run it."""
     asyncio.run(_run_stored_and_close(response_id))
@@ -115,19 +265,46 @@ async def _run_stored(response_id: str) -> None:
     from responses_app.models import Response
     from responses_app.schemas import ResponseCreateRequest
 
-    row = await run_orm(lambda: Response.objects.filter(id=response_id).first())
-    if row is None or row.status != Response.Status.QUEUED:
-        return
     config = get_config()
-    request = ResponseCreateRequest.model_validate(row.request)
-    prepared = await run_orm(
-        services.response_prepare,
-        request=request,
-        raw=row.request,
-        owner=row.owner,
-        headers=forward_headers({}, config),
-        config=config,
-        response_id=row.id,
-        created_at=int(row.created_at.timestamp()),
-    )
+    try:
+        row = await run_orm(lambda: Response.objects.filter(id=response_id).first())
+    except (OperationalError, InterfaceError) as exc:
+        raise _NotStarted(str(exc)) from exc
+    if row is None or row.is_terminal:
+        log.info("background response %s: %s, nothing to run", response_id, row.status if row else "no row")
+        return
+    if row.status == Response.Status.IN_PROGRESS:
+        # A redelivered task (its worker died): the events it sent cannot be resumed. A lease that
+        # expired or belongs to a process that is gone is failed now; a live one runs elsewhere.
+        from django.utils import timezone
+
+        expired = row.lease_expires_at is None or row.lease_expires_at < timezone.now()
+        if expired or not lease_owner_alive(row.lease_owner):
+            await run_orm(
+                services.response_fail_unfinished, id=row.id, message=services.LEASE_EXPIRED_MESSAGE
+            )
+            log.warning("background response %s: redelivered after its runner died; stored failed", row.id)
+        return
+    try:
+        request = ResponseCreateRequest.model_validate(row.request)
+        prepared = await run_orm(
+            services.response_prepare,
+            request=request,
+            raw=row.request,
+            owner=row.owner,
+            headers=forward_headers({}, config),
+            config=config,
+            response_id=row.id,
+            created_at=int(row.created_at.timestamp()),
+        )
+    except (OperationalError, InterfaceError) as exc:
+        raise _NotStarted(str(exc)) from exc
+    except Exception as exc:  # e.g. its parent was deleted meanwhile
+        message = exc.message if isinstance(exc, errors.GatewayError) else type(exc).__name__
+        await run_orm(
+            services.response_fail_unfinished,
+            id=row.id,
+            message=f"The background response could not start: {message}",
+        )
+        return
     await run_background(prepared, config)

@@ -28,9 +28,15 @@ ID_PREFIX = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "reasoning": "rs",
+    "shell_call": "sh",
+    "shell_call_output": "sho",
 }
 
-CALL_TYPES = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+CALL_TYPES = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "shell_call": "shell_call_output",
+}
 OUTPUT_TYPES = {v: k for k, v in CALL_TYPES.items()}
 
 
@@ -253,7 +259,7 @@ def upstream_tool_name(name: str) -> str:
 class ClientTool:
     """One client-executed tool: how the client declared it and the name the upstream sees."""
 
-    kind: str  # function | custom
+    kind: str  # function | custom | shell
     name: str
     namespace: str | None
     upstream_name: str
@@ -286,6 +292,8 @@ class ToolMap:
             kind = tool.get("type")
             if kind in ("function", "custom"):
                 out._add(index, kind, tool, None)
+            elif kind == "shell":
+                out._add(index, "shell", {**tool, "name": SHELL_FUNCTION}, None)
             elif kind == "namespace":
                 namespace = tool.get("name")
                 if not isinstance(namespace, str) or not namespace:
@@ -335,6 +343,8 @@ class ToolMap:
     def _function(self, tool: ClientTool) -> dict[str, Any]:
         """The flat function declaration (Responses shape) for one client tool."""
         d = tool.declaration
+        if tool.kind == "shell":
+            return {"type": "function", "name": tool.upstream_name, **SHELL_DECLARATION}
         if tool.kind == "custom":
             description = d.get("description") or ""
             fmt = d.get("format")
@@ -386,6 +396,22 @@ class ToolMap:
             out = dict(item)
             out["type"] = "function_call_output"
             return out
+        if kind == "shell_call":
+            tool = self.by_client.get((None, SHELL_FUNCTION))
+            return {
+                "type": "function_call",
+                "id": item.get("id"),
+                "call_id": item.get("call_id"),
+                "name": tool.upstream_name if tool else SHELL_FUNCTION,
+                "arguments": orjson.dumps(item.get("action") or {}).decode(),
+                "status": "completed",
+            }
+        if kind == "shell_call_output":
+            return {
+                "type": "function_call_output",
+                "call_id": item.get("call_id"),
+                "output": orjson.dumps(item.get("output") or []).decode(),
+            }
         return item
 
     def tool_choice(self, choice: Any) -> Any:
@@ -395,3 +421,47 @@ class ToolMap:
             if tool is not None:
                 return {"type": "function", "name": tool.upstream_name}
         return choice
+
+
+# --- the client-owned shell tool ---------------------------------------------------------------
+
+# The model sees the shell tool as this function; its call comes back as a ``shell_call`` item and
+# the client's ``shell_call_output`` reaches the model as the function's output (JSON of its
+# ``output`` list).
+SHELL_FUNCTION = "shell"
+SHELL_DECLARATION: dict[str, Any] = {
+    "description": "Run shell commands on the user's machine and get their stdout, stderr and exit status.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "commands": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Commands to run, in order.",
+            },
+            "timeout_ms": {"type": "integer", "description": "Optional time limit for the commands."},
+            "max_output_length": {"type": "integer", "description": "Optional limit on the output kept."},
+        },
+        "required": ["commands"],
+    },
+}
+
+
+def shell_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any]:
+    """The public ``shell_call`` for the model's call of the shell function."""
+    try:
+        args = orjson.loads(arguments) if arguments else {}
+    except orjson.JSONDecodeError:
+        args = {}
+    if not isinstance(args, dict):
+        args = {}
+    commands = args.get("commands")
+    if isinstance(commands, str):
+        commands = [commands]
+    action: dict[str, Any] = {
+        "commands": [c for c in commands if isinstance(c, str)] if isinstance(commands, list) else []
+    }
+    for key in ("timeout_ms", "max_output_length"):
+        value = args.get(key)
+        action[key] = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return {"id": item_id, "type": "shell_call", "call_id": call_id, "action": action, "status": "completed"}

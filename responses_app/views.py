@@ -17,7 +17,8 @@ from gateway.db import run_orm
 from gateway.http import allow_methods, json_response
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
-from responses_app import selectors, services, tasks
+from responses_app import runs, selectors, services, tasks
+from responses_app.events import Event
 from responses_app.executor import Executor, Prepared
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.tool_loop import ToolLoop, public_item
@@ -103,8 +104,7 @@ async def create(call: Call) -> Outcome:
         # Tool declarations, host policy and approvals are refused (400) before anything is queued;
         # MCP discovery happens when the work runs.
         await ToolLoop.prepare(prepared, config, discover=False)
-        snapshot = await run_orm(services.response_create_queued, prepared=prepared)
-        tasks.start_background(prepared, config)
+        snapshot = await tasks.create_background(prepared, config)
         if parsed.stream:
             return _stream(_tail(prepared.response_id, -1))
         return _json(snapshot)
@@ -112,8 +112,7 @@ async def create(call: Call) -> Outcome:
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
         return _stream(_frames(executor))
-    async for _event in executor.run():
-        pass
+    await runs.drive(executor, _ignore)
     if executor.store_refusal is not None:
         raise executor.store_refusal
     if executor.failure_event is not None:
@@ -164,8 +163,13 @@ async def _closing(outcome: Outcome) -> AsyncIterator[bytes]:
             await outcome.close()
 
 
+async def _ignore(event: Event) -> None:
+    return None
+
+
 async def _frames(executor: Executor) -> AsyncIterator[bytes]:
-    async for event in executor.run():
+    # A stored response whose client leaves is finished and stored (responses_app.runs).
+    async for event in runs.detached(executor):
         yield event.frame
 
 

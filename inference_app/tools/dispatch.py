@@ -1,7 +1,8 @@
 """Running a round of gateway tool calls: on Celery ``tools`` workers, or in-process.
 
 With a broker (``REDIS_URL``) every call is a task on the ``tools`` queue, so tool load scales on
-separate workers and a sandbox crash cannot touch the gateway; the gateway waits for each result on
+separate workers and a sandbox crash cannot touch the gateway (MCP calls that carry credentials run
+in process instead: task payloads carry no secrets, :func:`carries_credentials`); the gateway waits for each result on
 the Redis result backend's pub/sub channel with ``redis.asyncio``, never blocking its event loop.
 Without a broker, calls run on the gateway's own event loop (the sandbox is a subprocess either way).
 
@@ -49,6 +50,13 @@ async def execute_call(call: ToolCall, config: Config) -> ToolResult:
 
 def timeout_result(call: ToolCall, timeout_s: float) -> ToolResult:
     return ToolResult.failure(call, f"{call.kind} call timed out after {timeout_s:g} s", duration_s=timeout_s)
+
+
+def carries_credentials(call: ToolCall) -> bool:
+    """Whether ``call`` holds credentials (an MCP server's headers: the request's ``authorization``
+    or the operator's configured headers). Such a call runs in the gateway process: a task message
+    would leave them in the broker (Redis) in clear until a worker took it."""
+    return call.kind == "mcp" and bool(call.tool.get("headers"))
 
 
 async def _run_in_process(call: ToolCall, config: Config) -> ToolResult:
@@ -171,7 +179,7 @@ async def run_gateway_calls(
 
     async def one(call: ToolCall) -> ToolResult:
         async with limit:
-            if dispatcher is not None:
+            if dispatcher is not None and not carries_credentials(call):
                 return await dispatcher.run(call)
             return await _run_in_process(call, config)
 

@@ -13,7 +13,14 @@ import orjson
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.server import GatewayHttpProtocol, GatewayServerProtocol, missing_internals
+from gateway.server import (
+    DrainingHttpProtocol,
+    DrainingServerProtocol,
+    DrainingWebSocketProtocol,
+    GatewayHttpProtocol,
+    GatewayServerProtocol,
+    missing_internals,
+)
 from tests.servers import LiveServer
 
 WRITES: list[bytes] = []
@@ -167,10 +174,29 @@ def test_serve_picks_the_protocol_and_falls_back_to_stock_uvicorn(
     monkeypatch.setattr("uvicorn.run", lambda app, **options: seen.update(options))
     monkeypatch.setattr(serve, "run_checks", lambda config: None)
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] is GatewayServerProtocol
+    assert seen["http"] is DrainingServerProtocol and issubclass(
+        DrainingServerProtocol, GatewayServerProtocol
+    )
+    assert seen["ws"] is DrainingWebSocketProtocol and seen["lifespan"] == "on"
     gateway_config(server__direct_relay=False)  # the limits without the relay
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] is GatewayHttpProtocol
+    assert seen["http"] is DrainingHttpProtocol and issubclass(DrainingHttpProtocol, GatewayHttpProtocol)
     monkeypatch.delattr(HttpToolsProtocol, "send_400_response")
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] == "httptools"
+    assert seen["http"] == "httptools" and seen["ws"] == "websockets"
+
+
+def test_the_draining_websocket_protocol_finds_the_uvicorn_internals_it_relies_on() -> None:
+    """gateway.server.DrainingWebSocketProtocol overrides uvicorn's shutdown() and reads these."""
+    import inspect
+
+    from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+
+    from gateway.server import DrainingWebSocketProtocol
+
+    assert issubclass(DrainingWebSocketProtocol, WebSocketProtocol)
+    assert "shutdown" in WebSocketProtocol.__dict__
+    init = inspect.getsource(WebSocketProtocol.__init__)
+    for attribute in ("self.loop", "self.handshake_completed_event"):
+        assert attribute in init, attribute
+    assert "self.transport" in inspect.getsource(WebSocketProtocol.connection_made)

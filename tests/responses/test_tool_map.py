@@ -117,3 +117,64 @@ def test_colliding_tool_names_are_refused_before_inference(gw: Gateway) -> None:
         "code": "tool_name_collision",
     }
     assert gw.upstream_bodies() == []
+
+
+SHELL = {"type": "shell"}
+SHELL_OUTPUT = [{"stdout": "a.txt\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]
+
+
+def test_shell_tool_is_a_function_upstream_and_its_call_a_shell_call(gw: Gateway) -> None:
+    gw.script(call("shell", '{"commands": ["ls",', ' "pwd"], "timeout_ms": 5000}', call_id="call_sh"))
+    events = gw.stream({"model": "test-model", "input": "list files", "tools": [SHELL]})
+    body = gw.upstream_bodies()[0]
+    tool = body["tools"][0] if gw.wire == "responses" else body["tools"][0]["function"]
+    assert tool["name"] == "shell" and tool["parameters"]["required"] == ["commands"]
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" not in kinds  # the public item is a shell_call
+    added = next(e for e in events if e["type"] == "response.output_item.added")["item"]
+    done = next(e for e in events if e["type"] == "response.output_item.done")["item"]
+    assert added == done
+    assert done["id"].startswith("sh_")
+    assert done == {
+        "id": done["id"],
+        "type": "shell_call",
+        "call_id": "call_sh",
+        "action": {"commands": ["ls", "pwd"], "timeout_ms": 5000, "max_output_length": None},
+        "status": "completed",
+    }
+    final = events[-1]["response"]
+    assert final["status"] == "completed" and final["output"] == [done]
+    for event in events:
+        check_sdk_event(event)
+
+    # Its output is validated like a function output, and reaches the model as one.
+    rid = final["id"]
+    missing = gw.post(
+        {"model": "test-model", "previous_response_id": rid, "input": "go on", "tools": [SHELL]}
+    )
+    assert missing.status_code == 400
+    assert missing.json()["error"]["message"] == "No tool output found for function call call_sh."
+    stray = [{"type": "shell_call_output", "call_id": "call_nope", "output": SHELL_OUTPUT}]
+    refused = gw.post({"model": "test-model", "previous_response_id": rid, "input": stray, "tools": [SHELL]})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == (
+        "No tool call found for function call output with call_id call_nope."
+    )
+    gw.script(text("two files"))
+    out = [{"type": "shell_call_output", "call_id": "call_sh", "output": SHELL_OUTPUT}]
+    follow = gw.stream({"model": "test-model", "previous_response_id": rid, "input": out, "tools": [SHELL]})
+    assert follow[-1]["type"] == "response.completed"
+    second = gw.upstream_bodies()[-1]
+    arguments = '{"commands":["ls","pwd"],"timeout_ms":5000,"max_output_length":null}'
+    output = '[{"stdout":"a.txt\\n","stderr":"","outcome":{"type":"exit","exit_code":0}}]'
+    if gw.wire == "responses":
+        replay = [i for i in second["input"] if i["type"] in ("function_call", "function_call_output")]
+        assert [i["type"] for i in replay] == ["function_call", "function_call_output"]
+        assert replay[0]["name"] == "shell" and replay[0]["arguments"] == arguments
+        assert replay[1]["call_id"] == "call_sh" and replay[1]["output"] == output
+    else:
+        assistant = next(m for m in second["messages"] if m["role"] == "assistant")
+        assert assistant["tool_calls"][0]["function"] == {"name": "shell", "arguments": arguments}
+        assert next(m for m in second["messages"] if m["role"] == "tool")["content"] == output
+    listed = gw.client.responses.input_items.list(follow[-1]["response"]["id"], order="asc").data
+    assert [i.type for i in listed][-1] == "shell_call_output"

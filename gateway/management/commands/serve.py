@@ -47,18 +47,26 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
-        from gateway.server import GatewayHttpProtocol, GatewayServerProtocol, missing_internals
+        from gateway.lifecycle import FLUSH_MARGIN_S
+        from gateway.server import (
+            DrainingHttpProtocol,
+            DrainingServerProtocol,
+            DrainingWebSocketProtocol,
+            missing_internals,
+        )
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
-        # Both protocols enforce the [server] request limits; only the first relays below ASGI.
-        http: Any = GatewayServerProtocol if config.server.direct_relay else GatewayHttpProtocol
+        # Both protocols enforce the [server] request limits and start the drain on SIGTERM
+        # (gateway.lifecycle); only the first relays below ASGI.
+        http: Any = DrainingServerProtocol if config.server.direct_relay else DrainingHttpProtocol
+        ws: Any = DrainingWebSocketProtocol
         missing = missing_internals()
         if missing:
-            http = "httptools"
+            http, ws = "httptools", "websockets"
             logging.getLogger("gateway").warning(
                 "uvicorn differs from what gateway/server.py is built on (%s): serving with stock "
                 "uvicorn, without the pass-through relay and the [server] request limits",
@@ -70,8 +78,12 @@ class Command(BaseCommand):
             "workers": workers,
             "loop": "uvloop",
             "http": http,
-            "ws": "websockets",
-            "lifespan": "off",
+            "ws": ws,
+            # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
+            "lifespan": "on",
+            # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
+            # failed (gateway.lifecycle); uvicorn cancels whatever still runs after the margin.
+            "timeout_graceful_shutdown": config.server.shutdown_grace_s + FLUSH_MARGIN_S,
             "log_level": "warning",
             "access_log": False,
             "proxy_headers": True,

@@ -1,0 +1,162 @@
+"""The server process's life: graceful shutdown (the drain) and its periodic jobs (the lease sweep).
+
+Shutdown (``docs/operations.md``): on SIGTERM uvicorn stops accepting and asks every connection to
+shut down; the gateway's protocols (:mod:`gateway.server`) then :meth:`Drain.begin` instead of
+cutting WebSockets at once. Every running response runs inside :func:`interruptible`: it may finish
+until ``[server] shutdown_grace_s`` has passed; then it is interrupted and ends with a ``failed``
+terminal event and a stored ``failed`` row, so every id a client saw is retrievable. WebSocket
+consumers close their connections themselves once their last terminal event is sent
+(:meth:`Drain.listen`). uvicorn's own ``timeout_graceful_shutdown`` (the grace plus
+:data:`FLUSH_MARGIN_S`) is the backstop that cancels whatever is still running after that.
+
+The ASGI ``lifespan`` app (:func:`lifespan`) starts the periodic jobs registered with
+:func:`on_startup` (the background responses' lease sweep) and, at shutdown, waits for the work no
+connection is waiting for (in-process background responses) within the same bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger("gateway.lifecycle")
+
+# After the grace: how long interrupted responses get to store their failure and send their last
+# event before uvicorn cancels what is left.
+FLUSH_MARGIN_S = 5.0
+
+
+class Interruptible:
+    """One running response's handle in the drain (see :func:`interruptible`)."""
+
+    __slots__ = ("_timeout", "interrupted")
+
+    def __init__(self, timeout: asyncio.Timeout) -> None:
+        self._timeout = timeout
+        self.interrupted = False
+
+    @property
+    def expired(self) -> bool:
+        return self._timeout.expired()
+
+    def interrupt(self) -> None:
+        if not self._timeout.expired():
+            self._timeout.reschedule(asyncio.get_running_loop().time())
+
+
+class Drain:
+    """This process's shutdown: started once, by the first protocol that is asked to shut down."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # loop time after which running work is interrupted
+        self.runs: set[Interruptible] = set()
+        self._listeners: set[Callable[[], None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.deadline is not None
+
+    def begin(self, grace_s: float | None = None) -> None:
+        """Start the drain (idempotent): running work gets ``grace_s`` (default: the config's)."""
+        if self.deadline is not None:
+            return
+        if grace_s is None:
+            from gateway.config import get_config
+
+            grace_s = get_config().server.shutdown_grace_s
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + grace_s
+        log.info("shutting down: %d responses running, %g s to finish", len(self.runs), grace_s)
+        self._timer = loop.call_at(self.deadline, self._interrupt_all)
+        for listener in list(self._listeners):
+            listener()
+
+    def _interrupt_all(self) -> None:
+        if self.runs:
+            log.warning("shutdown grace over: ending %d running responses as failed", len(self.runs))
+        for run in list(self.runs):
+            run.interrupt()
+
+    def listen(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when the drain begins (at once if it has); returns the unsubscriber."""
+        if self.deadline is not None:
+            asyncio.get_running_loop().call_soon(callback)
+        self._listeners.add(callback)
+        return lambda: self._listeners.discard(callback)
+
+    async def wait_idle(self) -> None:
+        """Until no response runs, or the deadline and the flush margin have passed."""
+        loop = asyncio.get_running_loop()
+        end = (self.deadline if self.deadline is not None else loop.time()) + FLUSH_MARGIN_S
+        while self.runs and loop.time() < end:
+            await asyncio.sleep(0.05)
+
+    def reset(self) -> None:
+        """Forget a finished drain (tests that run several servers in one process)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.deadline = None
+        self._timer = None
+
+
+drain = Drain()
+
+
+@contextlib.asynccontextmanager
+async def interruptible() -> AsyncIterator[Interruptible]:
+    """Run the body until it ends, or until the drain's deadline interrupts it.
+
+    An interrupted body is cancelled at the ``await`` it was at; the exception stops here and
+    ``handle.interrupted`` is True, so the caller ends the response (stores it failed, sends the
+    terminal event). The body must run in the task that entered this block.
+    """
+    handle: Interruptible | None = None
+    try:
+        async with asyncio.timeout(None) as timeout:
+            handle = Interruptible(timeout)
+            drain.runs.add(handle)
+            if drain.deadline is not None and asyncio.get_running_loop().time() >= drain.deadline:
+                handle.interrupt()
+            yield handle
+    except TimeoutError:
+        if handle is None or not handle.expired:
+            raise  # another timeout inside the body: not ours
+        handle.interrupted = True
+    finally:
+        if handle is not None:
+            drain.runs.discard(handle)
+
+
+# --- the ASGI lifespan: periodic jobs and the end of in-process work ---------------------------
+
+_startup: list[Callable[[], Coroutine[Any, Any, None]]] = []
+
+
+def on_startup(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``job`` (a long-lived coroutine: a periodic loop) as a task while the server runs."""
+    if job not in _startup:
+        _startup.append(job)
+
+
+async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    tasks: list[asyncio.Task[None]] = []
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            from django.apps import apps
+
+            apps.check_apps_ready()  # the apps register their jobs when they are loaded
+            tasks = [asyncio.create_task(job()) for job in _startup]
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            # Connections are closed by now; what runs still is work no client waits on.
+            drain.begin()
+            await drain.wait_idle()
+            for task in tasks:
+                task.cancel()
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,183 @@
+"""Leases of background responses, the sweep, redelivered tasks and crashes (docs/operations.md).
+
+The process-level faults (kill -9, database restart, SIGTERM) are in ``test_faults.py``; these are
+the rules themselves, on the test database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+import pytest
+from django.utils import timezone
+
+from gateway.config import get_config
+from inference_app.tools.base import ToolCall
+from inference_app.tools.dispatch import run_gateway_calls
+from responses_app import services, tasks
+from responses_app.models import Response, ResponseEvent
+from responses_app.schemas import ResponseCreateRequest
+from tests.servers import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _row(status: str, *, lease_owner: str = "", expires_in: float | None = None) -> Response:
+    rid = f"resp_{os.urandom(8).hex()}"
+    expires = None if expires_in is None else timezone.now() + datetime.timedelta(seconds=expires_in)
+    row = Response.objects.create(
+        id=rid,
+        owner="tester",
+        status=status,
+        model="m",
+        background=True,
+        request={"model": "m", "input": "x", "background": True},
+        snapshot={"id": rid, "object": "response", "status": status, "output": [], "error": None},
+        lease_owner=lease_owner,
+        lease_expires_at=expires,
+    )
+    ResponseEvent.objects.create(
+        response=row, sequence_number=0, data=orjson.dumps({"type": "response.created"}).decode()
+    )
+    return row
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_sweep_fails_expired_leases_and_dead_local_runners_only() -> None:
+    expired = _row("in_progress", lease_owner="elsewhere/12/ab", expires_in=-1)
+    live = _row("in_progress", lease_owner="elsewhere/13/ab", expires_in=60)
+    orphan = _row("queued", lease_owner=f"{tasks._HOST}/{_dead_pid()}/cd", expires_in=60)
+    mine = _row("in_progress", lease_owner=tasks.runner_id(), expires_in=60)
+    finished = _row("completed", lease_owner="elsewhere/14/ab", expires_in=-1)
+
+    assert tasks.sweep_once() == 2
+
+    def status(row: Response) -> str:
+        return str(Response.objects.get(id=row.id).status)
+
+    assert status(expired) == "failed" and status(orphan) == "failed"
+    assert status(live) == "in_progress" and status(mine) == "in_progress"
+    assert status(finished) == "completed"
+    failed = Response.objects.get(id=expired.id)
+    assert failed.error == {"code": "server_error", "message": services.LEASE_EXPIRED_MESSAGE}
+    assert failed.snapshot["status"] == "failed" and failed.snapshot["error"] == failed.error
+    assert Response.objects.get(id=orphan.id).error["message"] == services.ORPHAN_MESSAGE
+    # The stored stream ends with the terminal event (a tailing client stops there).
+    events = [orjson.loads(e.data) for e in ResponseEvent.objects.filter(response_id=expired.id)]
+    assert [(e["type"], e.get("sequence_number", 0)) for e in events] == [
+        ("response.created", 0),
+        ("response.failed", 1),
+    ]
+    assert events[-1]["response"]["status"] == "failed"
+    assert tasks.sweep_once() == 0  # nothing twice
+
+
+def test_a_heartbeat_keeps_the_lease_and_a_lost_lease_is_reported() -> None:
+    row = _row("in_progress", lease_owner=tasks.runner_id(), expires_in=-1)
+    assert services.response_lease_renew(id=row.id, lease_owner=tasks.runner_id(), lease_s=30)
+    assert tasks.sweep_once() == 0
+    assert not services.response_lease_renew(id=row.id, lease_owner="someone/else/x", lease_s=30)
+    Response.objects.filter(id=row.id).update(status="cancelled")
+    assert not services.response_lease_renew(id=row.id, lease_owner=tasks.runner_id(), lease_s=30)
+
+
+def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None:
+    expired = _row("in_progress", lease_owner="elsewhere/12/ab", expires_in=-1)
+    live = _row("in_progress", lease_owner="elsewhere/13/ab", expires_in=60)
+    asyncio.run(tasks._run_stored(expired.id))
+    asyncio.run(tasks._run_stored(live.id))
+    assert Response.objects.get(id=expired.id).status == "failed"
+    assert Response.objects.get(id=live.id).status == "in_progress"
+
+
+class _Exploding:
+    """An upstream whose transport breaks with an unexpected exception."""
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+
+def test_an_exception_in_background_work_stores_failed_with_an_error() -> None:
+    config = get_config()
+    request = ResponseCreateRequest.model_validate({"model": "m", "input": "x", "background": True})
+    prepared = services.response_prepare(
+        request=request,
+        raw={"model": "m", "input": "x", "background": True},
+        owner="tester",
+        headers={},
+        config=config,
+    )
+    services.response_create_queued(prepared=prepared, lease_owner=tasks.runner_id(), lease_s=30)
+    asyncio.run(tasks.run_background(prepared, config, upstream=_Exploding()))
+    row = Response.objects.get(id=prepared.response_id)
+    assert row.status == "failed"
+    assert row.error is not None and row.error["code"] == "server_error" and row.error["message"]
+    assert row.snapshot["status"] == "failed"
+    last = ResponseEvent.objects.filter(response_id=row.id).order_by("-sequence_number").first()
+    assert last is not None and orjson.loads(last.data)["type"] in ("response.failed", "error")
+
+
+def test_the_celery_app_is_loaded_wherever_tasks_are_sent() -> None:
+    """A process that only imports the Responses tasks sends them through the gateway's app and
+    its Redis broker, never Celery's default app (AMQP on localhost)."""
+    code = (
+        "import django; django.setup()\n"
+        "from responses_app.tasks import run_background_task as t\n"
+        "print(t.app.main, t.app.conf.broker_url)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LLM_API_BASE")}
+    env.update(DJANGO_SETTINGS_MODULE="gateway.settings", REDIS_URL="redis://127.0.0.1:6379/12")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.split() == ["gateway", "redis://127.0.0.1:6379/12"]
+
+
+def test_mcp_calls_with_credentials_never_enter_a_broker_message() -> None:
+    from celery import Celery
+
+    from gateway.celery import configure
+    from gateway.config import replace
+
+    config = replace(get_config(), redis_url="redis://127.0.0.1:1/0")  # a broker that refuses everything
+    app = configure(Celery("unreachable"), config)
+
+    def mcp(headers: dict[str, str]) -> ToolCall:
+        server = {
+            "label": "s",
+            "url": "http://127.0.0.1:1/mcp",
+            "tool_index": 0,
+            "transport": "streamable_http",
+        }
+        return ToolCall(
+            call_id="call_1",
+            name="mcp__s__t",
+            kind="mcp",
+            arguments="{}",
+            tool={**server, "operator": False, "headers": headers},
+            server_label="s",
+            mcp_tool_name="t",
+        )
+
+    with_credentials, without = asyncio.run(
+        run_gateway_calls([mcp({"authorization": "Bearer secret"}), mcp({})], config=config, celery_app=app)
+    )
+    assert without.error is not None and "could not be dispatched" in without.error  # went to the broker
+    assert with_credentials.error is not None and "could not be dispatched" not in with_credentials.error
