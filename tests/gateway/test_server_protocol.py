@@ -1,4 +1,5 @@
-"""The server protocol `manage.py serve` runs: a sized response leaves in one write, streams as before."""
+"""The server protocol `manage.py serve` runs: what one loop iteration produces leaves in one write
+(a sized response whole; a stream's head at once, its last chunk with the terminator)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,16 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     elif scope["path"] == "/sized-in-parts":
         await send({"type": "http.response.start", "status": 201, "headers": [(b"content-length", b"6")]})
         await send({"type": "http.response.body", "body": b"abc", "more_body": True})
+        if scope["query_string"] == b"wait":
+            await asyncio.sleep(0.05)
         await send({"type": "http.response.body", "body": b"def"})
+    elif scope["path"] == "/stream-together":
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +87,17 @@ def test_a_sized_response_is_written_once(server: LiveServer) -> None:
     assert WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n") and WRITES[0].endswith(b'\r\n\r\n{"a":1}')
 
 
-def test_a_sized_body_in_parts_carries_the_head_in_its_first_write(server: LiveServer) -> None:
+def test_a_sized_body_in_parts_produced_together_is_one_write(server: LiveServer) -> None:
     WRITES.clear()
     r = httpx.get(f"{server.url}/sized-in-parts")
+    assert r.status_code == 201 and r.content == b"abcdef"
+    assert len(WRITES) == 1
+    assert WRITES[0].startswith(b"HTTP/1.1 201 Created\r\n") and WRITES[0].endswith(b"\r\n\r\nabcdef")
+
+
+def test_a_sized_body_in_parts_carries_the_head_in_its_first_write(server: LiveServer) -> None:
+    WRITES.clear()
+    r = httpx.get(f"{server.url}/sized-in-parts?wait")
     assert r.status_code == 201 and r.content == b"abcdef"
     assert len(WRITES) == 2
     assert WRITES[0].startswith(b"HTTP/1.1 201 Created\r\n") and WRITES[0].endswith(b"\r\n\r\nabc")
@@ -94,6 +112,17 @@ def test_a_stream_sends_its_head_at_once(server: LiveServer) -> None:
         assert len(WRITES) == 1 and WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n")
         assert WRITES[0].endswith(b"\r\n\r\n")
         assert r.read() == b"late"
+    # The last chunk and the chunked terminator, sent in one iteration, leave in one write.
+    assert WRITES[1:] == [b"4\r\nlate\r\n0\r\n\r\n"]
+
+
+def test_a_stream_produced_in_one_iteration_is_one_write(server: LiveServer) -> None:
+    WRITES.clear()
+    r = httpx.get(f"{server.url}/stream-together")
+    assert r.status_code == 200 and r.content == b"ab"
+    assert len(WRITES) == 1
+    assert WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert WRITES[0].endswith(b"\r\n\r\n1\r\na\r\n1\r\nb\r\n0\r\n\r\n")
 
 
 def test_head_requests_are_answered_as_uvicorn_answers_them(server: LiveServer) -> None:
