@@ -296,6 +296,8 @@ class ToolMap:
         out = cls()
         for index, tool in enumerate(tools or ()):
             kind = tool.get("type")
+            if kind in ("function", "custom") and tool.get("defer_loading") is True:
+                continue  # deferred: the model sees it once a tool_search_output loads it (load())
             if kind in ("function", "custom"):
                 out._add(index, kind, tool, None)
             elif kind == "shell":
@@ -311,7 +313,11 @@ class ToolMap:
                         code="missing_required_parameter",
                     )
                 for member in tool.get("tools") or ():
-                    if isinstance(member, dict) and member.get("type") in ("function", "custom"):
+                    if (
+                        isinstance(member, dict)
+                        and member.get("type") in ("function", "custom")
+                        and member.get("defer_loading") is not True
+                    ):
                         out._add(index, member["type"], member, namespace)
             elif kind in SEARCH_TOOL_TYPES and not search_available:
                 continue  # withheld: no search provider is configured

@@ -403,3 +403,27 @@ def test_tool_search_refusals_store_nothing(
     assert error["code"] == (None if code == "invalid_request_error" else code)
     assert gw.upstream_bodies() == []
     assert Response.objects.count() == 0
+
+
+def test_deferred_tools_reach_the_model_only_once_loaded(gw: Gateway) -> None:
+    deferred = {**LOADED[0], "defer_loading": True}
+    lazy_member = {**MEMBERS[0], "name": "archive", "defer_loading": True}
+    namespace = {**NAMESPACE, "tools": [*MEMBERS, lazy_member]}
+    tools = [TOOL_SEARCH, deferred, namespace]
+    gw.script(call("tool_search", '{"query": "weather"}', call_id="call_ts"))
+    first = gw.post({"model": "test-model", "input": "weather?", "tools": tools}).json()
+    names = [name for _, name in _upstream_tools(gw, gw.upstream_bodies()[0])]
+    assert names == ["tool_search", "crm__lookup"]  # the deferred ones are withheld
+    assert first["tools"][1]["defer_loading"] is True  # echoed as declared
+    gw.script(call("get_weather", "{}", call_id="call_w"))
+    second = gw.post(
+        {
+            "model": "test-model",
+            "previous_response_id": first["id"],
+            "input": [_tool_search_output("call_ts")],
+            "tools": tools,
+        }
+    ).json()
+    names = [name for _, name in _upstream_tools(gw, gw.upstream_bodies()[1])]
+    assert "get_weather" in names and "crm__archive" not in names
+    assert second["output"][0]["type"] == "function_call" and second["output"][0]["name"] == "get_weather"
