@@ -36,12 +36,25 @@ def test_result_error_and_context_travel() -> None:
 
 
 def test_unrelated_calls_overlap() -> None:
-    async def main() -> float:
-        started = time.perf_counter()
-        await asyncio.gather(*(run_orm(time.sleep, 0.3) for _ in range(8)))
-        return time.perf_counter() - started
+    """Eight calls that each wait until all eight are running (bounded): side by side they meet;
+    funnelled through one thread the peak would be 1. Counted, not timed."""
+    count = 8
+    lock = threading.Condition()
+    state = {"in_flight": 0, "peak": 0}
 
-    assert asyncio.run(main()) < 0.3 * 3  # serialized: 2.4 s
+    def meet() -> None:
+        with lock:
+            state["in_flight"] += 1
+            state["peak"] = max(state["peak"], state["in_flight"])
+            lock.notify_all()
+            lock.wait_for(lambda: state["peak"] >= count, timeout=5)
+            state["in_flight"] -= 1
+
+    async def main() -> None:
+        await asyncio.gather(*(run_orm(meet) for _ in range(count)))
+
+    asyncio.run(main())
+    assert state["peak"] == count
 
 
 def test_a_cancelled_caller_stops_waiting_and_the_work_finishes() -> None:

@@ -180,12 +180,15 @@ def test_a_slow_reader_stops_the_upstream_being_read(gw: LiveServer, upstream: S
         client.stream("POST", url, content=chat(stream=True)) as response,
     ):
         assert response.status_code == 200
-        time.sleep(1.0)  # read nothing: the gateway must stop reading the upstream
-        held_back = written[0]
-        time.sleep(0.5)
-        assert written[0] == held_back < count / 2, (held_back, written[0])
-        streaming = [c for c in _upstream_connections() if not c.lost and c.phase == _BODY]
-        assert len(streaming) == 1 and streaming[0].reading_paused
+        # Read nothing: the gateway must pause reading the upstream (waited for, bounded).
+        deadline = time.monotonic() + 10
+        while True:
+            streaming = [c for c in _upstream_connections() if not c.lost and c.phase == _BODY]
+            if len(streaming) == 1 and streaming[0].reading_paused:
+                break
+            assert time.monotonic() < deadline, "the gateway never paused reading the upstream"
+            time.sleep(0.02)
+        assert written[0] < count / 2, written[0]  # the upstream is held back, not buffered whole
         received = b"".join(response.iter_raw())
     assert received == event * count + DONE
     assert written[0] == count
