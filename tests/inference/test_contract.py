@@ -276,7 +276,10 @@ def test_client_disconnect_aborts_the_request_in_the_engine(gateway: Gateway) ->
         assert next(line for line in lines if line).startswith("data: ")  # still streaming
     closed = time.monotonic()
     while engine_requests_running(gateway) != 0:
-        assert time.monotonic() - closed < 5.0, "the engine request was not aborted"
+        # Half the work's own duration: a CPU-starved CI machine once took over 5 s for the worker
+        # to poll the cancel flag and the engine to drop 128 busy sequences (the gateway had logged
+        # its 499 at 130 ms). In worker mode the "cancelled" outcome below proves the abort itself.
+        assert time.monotonic() - closed < 15.0, "the engine request was not aborted"
         time.sleep(0.05)
     if gateway.mode == "worker":
         assert worker_info()["outcomes"]["cancelled"] == cancelled_before + 1
