@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.servers import ROOT, GatewayProcess, free_port
+from tests.servers import ROOT, GatewayProcess, child_env, free_port
 
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -84,10 +84,7 @@ class CeleryWorker:
     the process that is killed)."""
 
     def __init__(self, env: Mapping[str, str], queues: str = "responses") -> None:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-        for inherited in ("LLM_API_BASE", "DATABASE_URL", "REDIS_URL"):
-            full_env.pop(inherited, None)
-        full_env.update(env)
+        full_env = child_env(env)
         self.log_path = Path(tempfile.mkstemp(prefix="celery-", suffix=".log")[1])
         self.log = open(self.log_path, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(

@@ -92,6 +92,16 @@ class LiveServer:
         self.thread.join(timeout=10)
 
 
+def child_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a gateway or worker process a test starts: this one's, less the gateway's
+    own settings and backends (a process gets only what the test gives it), plus ``env``."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
+    for inherited in ("LLM_API_BASE", "DATABASE_URL", "REDIS_URL"):
+        full_env.pop(inherited, None)
+    full_env.update(env)
+    return full_env
+
+
 class GatewayProcess:
     """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does).
 
@@ -109,10 +119,7 @@ class GatewayProcess:
         log: str | Path | None = None,
     ) -> None:
         self.port = port or free_port()
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
-        for inherited in ("LLM_API_BASE", "DATABASE_URL", "REDIS_URL"):
-            full_env.pop(inherited, None)  # a process gets only what the test gives it
-        full_env.update(env)
+        full_env = child_env(env)
         full_env["PORT"] = str(self.port)
         full_env.setdefault("HOST", "127.0.0.1")
         # Its own embedded database unless the test names one, migrated like `make run` does.
