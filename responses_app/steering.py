@@ -173,18 +173,18 @@ def steer_items(value: Any) -> list[dict[str, Any]]:
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise SteerFailure(INVALID_INPUT, f"{where} must be a user message object.")
+        if item.get("type", "message") != "message":
+            raise SteerFailure(
+                INVALID_INPUT,
+                f"{where}.type must be 'message': steering accepts only user messages "
+                "(tool outputs and other items are not supported).",
+            )
         extra = sorted(set(item) - MESSAGE_FIELDS)
         if extra:
             raise SteerFailure(
                 INVALID_INPUT,
                 f"{where} may contain only 'type', 'role' and 'content'; remove "
                 f"{', '.join(repr(k) for k in extra)}.",
-            )
-        if item.get("type", "message") != "message":
-            raise SteerFailure(
-                INVALID_INPUT,
-                f"{where}.type must be 'message': steering accepts only user messages "
-                "(tool outputs and other items are not supported).",
             )
         if item.get("role") != "user":
             raise SteerFailure(INVALID_INPUT, f"{where}.role must be 'user'.")
