@@ -197,3 +197,12 @@ def test_failure_budget_and_discard() -> None:
     s.submit("resp_a", "x", [])
     s.discard()
     assert s.targets == {} and s.input_bytes == 0 and s.settings_bytes == 0
+
+
+def test_spec_defaults() -> None:
+    from gateway.config import WebSocketConfig
+
+    ws = WebSocketConfig()
+    assert ws.steer_max_queued == 32 and ws.steer_target_ttl_s == 60.0
+    assert ws.steer_input_bytes == ws.steer_settings_bytes == ws.steer_failure_bytes == 12 * 1024 * 1024
+    assert Limits() == Limits(32, 12 * 1024 * 1024, 12 * 1024 * 1024, 12 * 1024 * 1024, 60.0)
