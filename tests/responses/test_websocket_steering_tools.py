@@ -90,3 +90,33 @@ def test_chat_completions_rounds_have_no_item_boundaries_so_the_round_completes(
     terminals = [e for e in events if e["type"] in TERMINAL]
     assert [e["type"] for e in terminals] == ["response.completed", "response.completed"]
     assert terminals[0]["response"]["output"][0]["content"][0]["text"] == "one two three"
+
+
+@pytest.mark.parametrize("wire", ["responses"], indirect=True)
+def test_a_parent_waiting_for_an_mcp_approval_refuses_steering(tools_gw: Any, mcp_server: Any) -> None:
+    """An approval request is client-owned input steering cannot describe: the accepted steering
+    comes back with ``steering_not_supported`` after the parent's terminal event."""
+    gw = tools_gw
+    _, _, url = mcp_server
+    decl = {"type": "mcp", "server_label": "local", "server_url": url, "require_approval": "always"}
+    gw.script(call("mcp__local__tool_0", '{"text": "please"}', call_id="call_a"))
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(store=False, tools=[decl]))
+            events = await c.until_terminal()
+            rid = events[0]["response"]["id"]
+            await c.send(steer(rid))  # the completed parent is no longer eligible
+            events.append(await c.recv())
+            return events
+
+    events = run(scenario())
+    assert [i["type"] for i in events[-2]["response"]["output"]] == ["mcp_list_tools", "mcp_approval_request"]
+    failed = events[-1]
+    assert failed["type"] == "response.steer.failed"
+    assert (
+        failed["error"]["code"] == "steering_not_supported"
+        and "mcp_approval_request" in failed["error"]["message"]
+    )
+    assert len(gw.upstream_bodies()) == 1
