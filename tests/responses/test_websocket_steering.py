@@ -502,6 +502,13 @@ def test_unknown_foreign_and_expired_targets_are_not_found(
     gateway_config(websocket__steer_target_ttl_s=0.2)
     script(upstream, text("one"))
     script(upstream, text("two"))
+    script(upstream, text("over HTTP"))
+    # HTTP/SSE has no steering: a response created over HTTP is no WebSocket target either.
+    over_http = httpx.post(
+        f"{gw.url}/v1/responses", json={"model": "test-model", "input": "hi", "stream": True}, timeout=30
+    )
+    assert over_http.status_code == 200
+    http_id = orjson.loads(over_http.text.split("data: ", 1)[1].split("\n", 1)[0])["response"]["id"]
 
     async def scenario() -> list[dict[str, Any]]:
         async with await connect(gw.url) as other:
@@ -514,6 +521,8 @@ def test_unknown_foreign_and_expired_targets_are_not_found(
             out = [await c.recv()]
             await c.send(steer(foreign))  # stored, but not generated on this connection
             out.append(await c.recv())
+            await c.send(steer(http_id))
+            out.append(await c.recv())
             await c.send(create(stream_id="e", store=False))
             rid = (await c.until_terminal())[0]["response"]["id"]
             await asyncio.sleep(0.4)  # past the (shortened) 60 s expiry of completed targets
@@ -522,9 +531,9 @@ def test_unknown_foreign_and_expired_targets_are_not_found(
             return out
 
     events = run(scenario())
-    assert [checked(e)["error"]["code"] for e in events] == ["response_not_found"] * 3
+    assert [checked(e)["error"]["code"] for e in events] == ["response_not_found"] * 4
     assert all(e["steer"]["input"] == FAHRENHEIT and "id" not in e["steer"] for e in events)
-    assert len(upstream_bodies(upstream)) == 2
+    assert len(upstream_bodies(upstream)) == 3
 
 
 def test_queue_of_32_and_the_input_budget_answer_too_many_pending_steers(
@@ -858,12 +867,3 @@ def test_disconnect_discards_unapplied_steering_even_for_a_stored_parent(
     assert row.status == "completed" and row.snapshot["incomplete_details"] is None
     assert Response.objects.count() == 1  # no successor
     assert len(upstream_bodies(upstream)) == 1
-
-
-def test_http_has_no_steering(gw: LiveServer) -> None:
-    r = httpx.post(
-        f"{gw.url}/v1/responses",
-        json={"type": "response.steer", "previous_response_id": "resp_x", "input": "x"},
-        timeout=10,
-    )
-    assert r.status_code == 400
