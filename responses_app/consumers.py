@@ -110,6 +110,13 @@ def _size(items: list[dict[str, Any]]) -> int:
     return len(orjson.dumps(items))
 
 
+def _streamed(fields: dict[str, Any]) -> tuple[ResponseCreateRequest, dict[str, Any]]:
+    """A request the consumer builds itself (steering successors), parsed as a client's would be."""
+    request, raw = parse_create_request(orjson.dumps(fields))
+    raw["stream"] = True
+    return request.model_copy(update={"stream": True}), raw
+
+
 @dataclass
 class _Counted:
     """An outbound failure echo: its bytes stay on the failure-delivery budget until written."""
@@ -577,16 +584,11 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             )
             return None
         target.state = "succeeding"
-        fields = dict(target.settings)
-        fields["input"] = [item for steer in target.batch for item in steer.items]
-        fields["previous_response_id"] = target.response_id
         try:
-            request, raw = parse_create_request(orjson.dumps(fields))
+            request, raw = _streamed(steering.successor_fields(target))
         except errors.GatewayError as exc:
             await self._fail_batch(target, steering.SUCCESSOR_CREATION_FAILED, exc.message)
             return None
-        raw["stream"] = True
-        request = request.model_copy(update={"stream": True})
         return Job(target.lane, request, raw, True, 0, successor_of=target)
 
     def _with_pending_steering(self, lane: Lane, job: Job) -> Job:
@@ -595,21 +597,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         target = self.steering.waiting_for(lane.key, job.request.previous_response_id)
         if target is None or not job.generate:
             return job
-        given = job.raw.get("input")
-        missing = steering.missing_outputs(target.required, given)
-        if missing:
-            raise errors.BadRequest(
-                f"This continuation of '{target.response_id}' carries pending steering and must supply "
-                f"the outputs of every required call; missing: {', '.join(missing)}.",
-                param="input",
-                code="missing_required_input",
-            )
-        fields = {k: v for k, v in job.raw.items() if k != "stream"}
-        steered = [item for steer in target.batch for item in steer.items]
-        fields["input"] = [*steered, *(given if isinstance(given, list) else [])]
-        request, raw = parse_create_request(orjson.dumps(fields))
-        raw["stream"] = True
-        request = request.model_copy(update={"stream": True})
+        request, raw = _streamed(steering.steered_fields(target, job.raw))
         return Job(job.stream_id, request, raw, True, job.size, steered=target)
 
     def _sequence(self, target: Target | None) -> int:

@@ -291,6 +291,35 @@ def missing_outputs(required: list[dict[str, Any]], items: Any) -> list[str]:
     return [str(s["call_id"]) for s in required if (s["type"], s["call_id"]) not in given]
 
 
+def successor_fields(target: Target) -> dict[str, Any]:
+    """The automatic successor's request: the parent's settings, the parent as
+    ``previous_response_id`` and the accepted steering, in acceptance order, as its input."""
+    assert target.settings is not None
+    fields = dict(target.settings)
+    fields["input"] = [item for steer in target.batch for item in steer.items]
+    fields["previous_response_id"] = target.response_id
+    return fields
+
+
+def steered_fields(target: Target, raw: dict[str, Any]) -> dict[str, Any]:
+    """An explicit continuation of a parent with pending steering: it must answer every required
+    call (else 400 ``missing_required_input``, and the steering stays pending); the accepted
+    steering is prepended to its input, and its own settings stay."""
+    given = raw.get("input")
+    missing = missing_outputs(target.required, given)
+    if missing:
+        raise errors.BadRequest(
+            f"This continuation of '{target.response_id}' carries pending steering and must supply "
+            f"the outputs of every required call; missing: {', '.join(missing)}.",
+            param="input",
+            code="missing_required_input",
+        )
+    fields = {k: v for k, v in raw.items() if k != "stream"}
+    steered = [item for steer in target.batch for item in steer.items]
+    fields["input"] = [*steered, *(given if isinstance(given, list) else [])]
+    return fields
+
+
 def _size(value: Any) -> int:
     return len(orjson.dumps(value))
 
