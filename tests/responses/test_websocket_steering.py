@@ -867,3 +867,50 @@ def test_disconnect_discards_unapplied_steering_even_for_a_stored_parent(
     assert row.status == "completed" and row.snapshot["incomplete_details"] is None
     assert Response.objects.count() == 1  # no successor
     assert len(upstream_bodies(upstream)) == 1
+
+
+def test_pending_lists_custom_shell_and_client_tool_search_stubs(gw: LiveServer, upstream: Any) -> None:
+    custom = {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}
+    tools = [custom, {"type": "shell"}, {"type": "tool_search", "execution": "client"}]
+    script(
+        upstream,
+        call("apply_patch", '{"input": "*** patch"}', call_id="call_c"),
+        call("shell", '{"commands": ["ls"]}', call_id="call_sh"),
+        call("tool_search", '{"query": "weather"}', call_id="call_ts"),
+    )
+    script(upstream, text("all answered"))
+    outputs = [
+        {"type": "custom_tool_call_output", "call_id": "call_c", "output": "patched"},
+        {
+            "type": "shell_call_output",
+            "call_id": "call_sh",
+            "output": [{"stdout": "a\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+        },
+        {"type": "tool_search_output", "call_id": "call_ts", "execution": "client", "tools": [WEATHER_TOOL]},
+    ]
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(stream_id="k", store=False, tools=tools, parallel_tool_calls=True))
+            events = await c.until_terminal()
+            rid = events[0]["response"]["id"]
+            await c.send(steer(rid, "then stop"))
+            events += await recv_until(c, "response.steer.pending")
+            await c.send(
+                create(stream_id="k", store=False, previous_response_id=rid, input=outputs, tools=tools)
+            )
+            events += await c.until_terminal()
+            return events
+
+    events = run(scenario())
+    [pending] = control(events, "response.steer.pending")
+    assert pending["required_input"] == [
+        {"type": "custom_tool_call_output", "call_id": "call_c"},
+        {"type": "shell_call_output", "call_id": "call_sh"},
+        {"type": "tool_search_output", "call_id": "call_ts", "execution": "client"},
+    ]
+    assert events[-1]["type"] == "response.completed"
+    body = upstream_bodies(upstream)[1]
+    users = [t for t in texts(body) if t[0] == "user"]
+    assert users[-1] == ("user", "then stop")
