@@ -513,6 +513,9 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     def _register(self, job: Job, prepared: Prepared, sink: EventSink) -> Target:
         """A ``response.created`` on the job's lane: the response becomes a steering target, and the
         steering a successor or explicit continuation carries is committed to it."""
+        for source in (job.successor_of, job.steered):
+            if source is not None:  # committed first: the parent's settings make room for these
+                self.steering.commit(source)
         refusal = steering.eligibility(
             job.raw, generate=job.generate, conversation_id=prepared.conversation_id
         )
@@ -526,9 +529,6 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return number
 
         target.next_sequence = next_sequence
-        for source in (job.successor_of, job.steered):
-            if source is not None:
-                self.steering.commit(source)
         return target
 
     async def _parent_ended(self, target: Target, status: str, output: list[dict[str, Any]]) -> None:

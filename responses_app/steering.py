@@ -111,12 +111,7 @@ class Target:
     ended_at: float | None = None
     superseded: bool = False  # a newer response.created appeared on its lane
     successor_scheduled: bool = False
-    on_steer: Callable[[], None] | None = None  # asks the running executor to stop at a safe boundary
     next_sequence: Callable[[], int] | None = None  # numbering that continues the target's stream
-
-    @property
-    def stream_id(self) -> str | None:
-        return self.lane
 
 
 @dataclass(frozen=True)
@@ -460,7 +455,6 @@ class Steering:
         """
         target.status = status
         target.ended_at = self.clock()
-        target.on_steer = None
         if status not in ("completed", "incomplete"):
             target.state = "closed"
             target.refusal = SteerFailure(RESPONSE_NOT_ACTIVE, f"Response '{target.response_id}' {status}.")
@@ -504,7 +498,6 @@ class Steering:
         """The connection ended: unapplied steering is dropped, nothing is replayed."""
         for target in self.targets.values():
             target.batch = []
-            target.on_steer = None
         self.targets.clear()
         self.input_bytes = self.settings_bytes = 0
 

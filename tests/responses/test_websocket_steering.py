@@ -914,3 +914,28 @@ def test_pending_lists_custom_shell_and_client_tool_search_stubs(gw: LiveServer,
     body = upstream_bodies(upstream)[1]
     users = [t for t in texts(body) if t[0] == "user"]
     assert users[-1] == ("user", "then stop")
+
+
+def test_a_successor_takes_over_its_parents_settings_budget(
+    gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]
+) -> None:
+    gateway_config(websocket__steer_settings_bytes=2_000)  # room for one target's settings
+    for n in range(3):
+        script(upstream, text(f"answer {n}"))
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(store=False, instructions="r" * 1_200))
+            events = await c.until_terminal()
+            await c.send(steer(events[0]["response"]["id"], "again"))
+            events += await c.until_terminal()
+            successor = [e for e in events if e["type"] == "response.created"][-1]["response"]["id"]
+            await c.send(steer(successor, "and again"))  # the successor is steerable in its turn
+            events += await c.until_terminal()
+            return events
+
+    events = run(scenario())
+    assert len(control(events, "response.steer.accepted")) == 2
+    assert not control(events, "response.steer.failed")
+    assert [e["type"] for e in events if e["type"] in TERMINAL] == ["response.completed"] * 3
