@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
+from responses_app.multi_agent_config import multi_agent_config
 from responses_app.tool_decls import check_declared_tool
 
 # Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
@@ -76,7 +77,7 @@ UNRUNNABLE_ITEM_TYPES = frozenset(
 COMPACTION_ITEM_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
 
 # Top-level request fields the gateway does not implement: refused when set (non-null).
-UNBUILT_FIELDS = ("context_management", "multi_agent")
+UNBUILT_FIELDS = ("context_management",)
 # OpenAI-only request fields with no meaning in front of vLLM: refused when set (non-null).
 REFUSED_FIELDS = ("access_programs", "background_options", "image", "moderation", "prompt")
 
@@ -93,6 +94,7 @@ def refuse_unsupported(raw: Mapping[str, Any]) -> None:
     for name in REFUSED_FIELDS:
         if raw.get(name) is not None:
             raise _unsupported(f"'{name}' is not supported by this gateway.", name)
+    multi_agent_config(raw)  # multi-agent mode (beta): its own refusals
     tools = raw.get("tools")
     if isinstance(tools, list):
         for index, tool in enumerate(tools):

@@ -21,6 +21,7 @@ from responses_app import runs, selectors, services, tasks
 from responses_app.domain import Prepared
 from responses_app.events import Event
 from responses_app.executor import Executor
+from responses_app.multi_agent import Coordinator, is_multi_agent
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.tool_loop import ToolLoop, public_item
 
@@ -109,7 +110,7 @@ async def create(call: Call) -> Outcome:
         if parsed.stream:
             return _stream(_tail(prepared.response_id, -1))
         return _json(snapshot)
-    executor = Executor(prepared, config)
+    executor = (Coordinator if is_multi_agent(prepared) else Executor)(prepared, config)
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
         return _stream(_frames(executor))

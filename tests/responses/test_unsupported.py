@@ -24,7 +24,6 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
         "unsupported_parameter",
         "context_management",
     ),
-    ({"multi_agent": {"enabled": True}}, "unsupported_parameter", "multi_agent"),
     ({"tools": [FN, {**FN, "name": "later", "async": True}]}, "unsupported_parameter", "tools[1].async"),
     ({"tools": [{"type": "custom", "name": "c", "async": True}]}, "unsupported_parameter", "tools[0].async"),
     (
