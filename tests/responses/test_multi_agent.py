@@ -4,7 +4,9 @@ the concurrency limit, client calls from a subagent, and the stored agent tree."
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +20,6 @@ from pydantic import TypeAdapter
 from responses_app.models import Response
 from tests.responses.conftest import Gateway, _sdk_view, sse_events
 from tests.responses.scripts import Script, call, handler, path_for, text
-from tests.upstream import Meeting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,6 +66,7 @@ def route(gw: Gateway, router: Router, count: int, wrap: Callable[[Any], Any] | 
         script = router(rec.json())
         return await handler(script, gw.wire)(request, rec)
 
+    gw.upstream.scripts[path_for(gw.wire)].clear()  # leftovers of an earlier response
     for _ in range(count):
         gw.upstream.script(path_for(gw.wire), wrap(answer) if wrap else answer)
 
@@ -283,16 +285,33 @@ def test_max_concurrent_subagents_is_respected(gw: Gateway) -> None:
             return Script([text("all four")])
         return Script([call("wait_agent", _args())])
 
-    # Each upstream answer holds until 3 requests are in flight (or 1.5 s): with a limit of 2
-    # subagents (the root waits meanwhile) at most 2 ever overlap; without the limit, 4 would.
-    meeting = Meeting(gw.upstream, 3, timeout=1.5)
-    route(gw, router, 12, wrap=meeting.handler)
+    # Each subagent request holds until 3 subagent requests are in flight (or 1.5 s): with a limit
+    # of 2, at most 2 ever overlap; without the limit, all 4 would.
+    flight = {"now": 0, "peak": 0}
+
+    def hold(inner: Any) -> Any:
+        async def held(request: Any, rec: Any) -> Any:
+            if task_of(rec.json()) is None:
+                return await inner(request, rec)
+            flight["now"] += 1
+            flight["peak"] = max(flight["peak"], flight["now"])
+            try:
+                deadline = time.monotonic() + 1.5
+                while flight["now"] < 3 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+                return await inner(request, rec)
+            finally:
+                flight["now"] -= 1
+
+        return held
+
+    route(gw, router, 12, wrap=hold)
     events = gw.stream(
         {"model": "m", "input": "go", "multi_agent": {"enabled": True, "max_concurrent_subagents": 2}}
     )
     final = check_attribution(events)
     assert final["status"] == "completed" and final["output"][-1]["content"][0]["text"] == "all four"
-    assert gw.upstream.peak_in_flight == 2
+    assert flight["peak"] == 2
     spawned = [
         o["output"][0]["text"]
         for o in final["output"]
@@ -349,7 +368,7 @@ def test_client_call_from_subagent_is_answered_in_a_continuation(gw: Gateway) ->
     later = gw.upstream_bodies()[count:]
     sub = [b for b in later if task_of(b) is not None]
     # The output went to the subagent that made the call (its restored history), not the root.
-    assert sub and '"call_id":"call_sub1"' in body_text(sub[0]) and "sunny" in body_text(sub[0])
+    assert sub and "call_sub1" in body_text(sub[0]) and "sunny" in body_text(sub[0])
     roots = [b for b in later if task_of(b) is None]
     assert all('"output":"sunny"' not in body_text(b) for b in roots)
     assert Response.objects.get(id=second["id"]).agent_tree["config"]["max_concurrent_subagents"] == 3
