@@ -252,9 +252,9 @@ class Outcome:
     output_items: list[dict[str, Any]]
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    agent_tree: dict[str, Any] | None = None  # a multi-agent response's tree snapshot
     # A background response's terminal event (sequence number, JSON), stored with it.
     terminal_event: tuple[int, bytes] | None = None
+    agent_tree: dict[str, Any] | None = None  # a multi-agent response's tree snapshot
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
