@@ -54,6 +54,8 @@ def eligible(scope: dict[str, Any], route: Route | None) -> bool:
     """Whether this request can be served directly (else it takes the ASGI path)."""
     if route is None or route.stream_request_body or scope["method"] != "POST":
         return False
+    if route.divert is not None:
+        return False  # its body decides where it goes: the ASGI path reads it (see Relay._to_asgi)
     return all(name != b"expect" for name, _ in scope["headers"])
 
 
@@ -425,8 +427,25 @@ class Relay(_Response):
         self.body = bytes(cycle.body)
         cycle.body = bytearray()
         self.body_in = True
+        divert = self.route.divert
+        if divert is not None and divert(self.body):
+            self._to_asgi()
+            return
         if self.forwarded is not None:
             self._send_body()
+
+    def _to_asgi(self) -> None:
+        """The body says the ASGI app serves this request (``Route.divert``, the Messages server-tool
+        loop): the relay steps aside without answering and the protocol hands it over."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()  # authentication still in flight: the ASGI path authenticates again
+        self.over = True
+        protocol: Any = self.protocol
+        if protocol.relay is self:
+            protocol.relay = None
+        HTTP_IN_FLIGHT.dec()  # the ASGI path counts the request from here on
+        protocol.serve_asgi(self.cycle, self.body)
 
     def _send_body(self) -> None:
         assert self.forwarded is not None

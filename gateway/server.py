@@ -365,6 +365,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 
 _direct_module: Any = None
+# Scope key of a request the relay handed to the ASGI app (GatewayServerProtocol.serve_asgi).
+_DIVERTED = "gateway.diverted"
 
 
 def _direct() -> Any:
@@ -514,9 +516,29 @@ class GatewayServerProtocol(GatewayHttpProtocol):
             routes = GatewayServerProtocol._routes = fast_routes()
         return routes
 
+    def serve_asgi(self, cycle: Any, body: bytes) -> None:
+        """Hand a request the relay took to the ASGI app after all, its body read in full: the
+        body decided (``Route.divert``). Called as that body completes, so the parser is still on
+        this request and uvicorn's scope and cycle can be built for it as for any other."""
+        if type(cycle) is LeanCycle:
+            cycle.response_complete = True  # the stand-in is done with: uvicorn's cycle takes over
+            self._scope()
+            self.scope[_DIVERTED] = True  # type: ignore[typeddict-unknown-key]
+            HttpToolsProtocol.on_headers_complete(self)  # builds the cycle and starts the app's task
+            cycle = self.cycle
+            start = False
+        else:
+            cycle.scope[_DIVERTED] = True
+            start = True
+        cycle.body = body
+        cycle.more_body = False
+        cycle.message_event.set()
+        if start:
+            HttpToolsProtocol._start_asgi_task(self, cycle, self.app)
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         scope = cycle.scope
-        route = self._fast_routes().get(scope["path"])
+        route = None if _DIVERTED in scope else self._fast_routes().get(scope["path"])
         if route is not None:
             direct = _direct()
             if self.callbacks and direct.start(self, cycle, route):
