@@ -158,7 +158,8 @@ def _domains(tool: Mapping[str, Any], key: str, index: int) -> list[str] | None:
 def _server_tool(tool: Mapping[str, Any], kind: str, index: int) -> ServerTool:
     version = tool["type"].rsplit("_", 1)[1]
     callers = tool.get("allowed_callers")
-    if version != BASE_VERSIONS[kind] and not (isinstance(callers, list) and "direct" in callers):
+    later = version > BASE_VERSIONS[kind] and isinstance(callers, list) and "direct" in callers
+    if version != BASE_VERSIONS[kind] and not later:
         raise _bad(
             f"tools.{index}: server tool type {tool['type']!r} is not supported by this gateway: use "
             f'{kind}_{BASE_VERSIONS[kind]}, or a later version whose allowed_callers includes "direct"'

@@ -66,13 +66,15 @@ class _PublicOnlyResolver(AbstractResolver):
     operator has not listed: the check applies to the addresses the connection really uses."""
 
     def __init__(self, exempt: tuple[str, ...]) -> None:
-        self._inner = aiohttp.ThreadedResolver()
+        self._inner: aiohttp.ThreadedResolver | None = None
         self._exempt = exempt
         self.refused: str | None = None
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
+        if self._inner is None:
+            self._inner = aiohttp.ThreadedResolver()
         answers = await self._inner.resolve(host, port, family)
         if not host_listed(host, self._exempt)[1] and not all(is_public_address(a["host"]) for a in answers):
             self.refused = host
@@ -80,7 +82,8 @@ class _PublicOnlyResolver(AbstractResolver):
         return answers
 
     async def close(self) -> None:
-        await self._inner.close()
+        if self._inner is not None:
+            await self._inner.close()
 
 
 def domain_filter(tool: Mapping[str, Any]) -> DomainFilter:

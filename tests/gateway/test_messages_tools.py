@@ -266,14 +266,14 @@ def test_fetch_round_json_and_sse(
     assert result.content.url == url
     assert result.content.retrieved_at
     document = result.content.content
-    assert document.type == "document" and document.title == "The Gateway Gazette"
+    assert document.type == "document" and document.title == "Tool loops"  # trafilatura's title: the headline
     assert document.source.type == "text" and "secret number of this page is 7319" in document.source.data
     assert "Copyright nobody" not in document.source.data  # boilerplate left out by trafilatura
     assert message.usage.server_tool_use is not None
     assert message.usage.server_tool_use.web_fetch_requests == 1
     tool_result = rounds(upstream)[1]["messages"][2]["content"][0]
     assert tool_result["tool_use_id"] == "f1" and "7319" in tool_result["content"]
-    assert "Title: The Gateway Gazette" in tool_result["content"]
+    assert "Title: Tool loops" in tool_result["content"]
 
     upstream.script(
         "/v1/messages", sse(anthropic_tool_events([("f2", "web_fetch", {"url": f"{site.url}/notes.txt"})]))
