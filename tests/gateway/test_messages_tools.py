@@ -823,3 +823,79 @@ def test_round_cap_ends_with_pause_turn(
     assert r.json()["stop_reason"] == "pause_turn"
     assert len(rounds(upstream)) == 2
     assert [b["type"] for b in r.json()["content"]].count("web_search_tool_result") == 2
+
+
+# --- Claude Code end to end -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_claude_code_web_search_end_to_end(
+    gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider, tmp_path: Any
+) -> None:
+    """Claude Code (``claude -p``) asks for a web search: its WebSearch tool sends the
+    ``web_search_20250305`` server tool, the gateway runs it against the local provider, and the
+    answer Claude Code prints is built from the search result."""
+    import re
+    import subprocess
+
+    from aiohttp import web
+
+    from tests.clients import claude_code_cli
+
+    seen: list[dict[str, Any]] = []
+
+    async def model(request: web.Request, rec: Any) -> web.StreamResponse:
+        """The scripted model: it searches when asked, and answers from what the search found."""
+        data = rec.json()
+        seen.append(data)
+        names = [t.get("name") for t in data.get("tools") or []]
+        last = data["messages"][-1]
+        content = last["content"] if isinstance(last["content"], list) else []
+        results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+        if "web_search" in names:  # Claude Code's WebSearch request, through the gateway's loop
+            if not results:
+                events = anthropic_tool_events([("toolu_s1", "web_search", {"query": "gateway news"})])
+            else:
+                found = re.search(r"https://[A-Za-z0-9./_-]+", str(results[0]["content"]))
+                assert found is not None, results
+                events = anthropic_events([f"The top result is {found.group(0)}"])
+        elif not results:  # Claude Code's main turn: call its WebSearch tool
+            events = anthropic_tool_events([("toolu_m1", "WebSearch", {"query": "gateway news"})])
+        else:
+            found = re.search(r"https://[A-Za-z0-9./_-]+", orjson.dumps(results[0]["content"]).decode())
+            assert found is not None, results
+            events = anthropic_events([f"Answer from the web: {found.group(0)}"])
+        return await sse(events)(request, rec)
+
+    for _ in range(8):
+        upstream.script("/v1/messages", model)
+    result = subprocess.run(
+        [
+            str(claude_code_cli()),
+            "-p",
+            "search the web for gateway news",
+            "--model",
+            "test-model",
+            "--allowedTools",
+            "WebSearch",
+        ],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "ANTHROPIC_BASE_URL": gw.url,
+            "ANTHROPIC_API_KEY": "sk-claude-code",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        },
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert [r.query["q"] for r in provider.requests] == ["gateway news"]
+    assert result.stdout.strip() == "Answer from the web: https://example.com/gateway-news/1"
+    server_tool_requests = [
+        s for s in seen if any(t.get("name") == "web_search" for t in s.get("tools") or [])
+    ]
+    assert len(server_tool_requests) == 2  # the hidden search round and the answer round
