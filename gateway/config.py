@@ -166,7 +166,6 @@ class WebFetchConfig:
     # The most bytes read of one page; a longer one fails with ``content_too_large``.
     max_bytes: int = 5 * MiB
     max_redirects: int = 5
-    request_timeout_s: float = 20.0
     # Text given to the model when the declaration names no ``max_content_tokens`` (about 4 bytes a token).
     max_content_tokens: int = 100_000
     max_url_chars: int = 2048
@@ -643,7 +642,6 @@ def _validate(c: Config) -> None:
         "web_search.max_queries_per_call": c.web_search.max_queries_per_call,
         "web_search.request_timeout_s": c.web_search.request_timeout_s,
         "web_fetch.max_bytes": c.web_fetch.max_bytes,
-        "web_fetch.request_timeout_s": c.web_fetch.request_timeout_s,
         "web_fetch.max_content_tokens": c.web_fetch.max_content_tokens,
         "web_fetch.max_url_chars": c.web_fetch.max_url_chars,
         "code_interpreter.cpu_time_s": c.code_interpreter.cpu_time_s,

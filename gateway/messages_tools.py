@@ -220,7 +220,7 @@ def plan_request(data: Any, config: Config) -> Plan:
             raise _bad(f"tools.{index}: {server.kind} is declared twice")
         plan.tools[server.function.name] = server
         plan.by_kind[server.kind] = server.function.name
-    client_names = {t.get("name") for t in plan.client_tools if isinstance(t, Mapping)}
+    client_names = {str(t.get("name")) for t in plan.client_tools if isinstance(t, Mapping)}
     clash = client_names & set(plan.tools)
     if clash:
         raise _bad(f"tools: the name {sorted(clash)[0]!r} is declared twice")
@@ -244,8 +244,10 @@ def result_text(block: Mapping[str, Any]) -> str:
                     lines.append(f"    {hit.get('encrypted_content')}")
         return "\n".join(lines)
     if isinstance(content, Mapping):
-        document = content.get("content") if isinstance(content.get("content"), Mapping) else {}
-        source = document.get("source") if isinstance(document.get("source"), Mapping) else {}
+        document: Mapping[str, Any] = (
+            content["content"] if isinstance(content.get("content"), Mapping) else {}
+        )
+        source: Mapping[str, Any] = document["source"] if isinstance(document.get("source"), Mapping) else {}
         title = document.get("title")
         head = f"Title: {title}\n" if title else ""
         return f"{head}URL: {content.get('url')}\n\n{source.get('data', '')}"
@@ -424,7 +426,7 @@ def parse_json_round(raw: bytes) -> Round:
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         raise RoundError("the answer is not a message")
     content = [_check_block(b) for b in message["content"]]
-    usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
+    usage: dict[str, Any] = message["usage"] if isinstance(message.get("usage"), dict) else {}
     return Round(message, content, message.get("stop_reason"), usage)
 
 
@@ -497,7 +499,7 @@ class StreamRound:
                 return None
             return {**data, "index": self.public_index[index]}
         if kind == "message_delta":
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            delta: dict[str, Any] = data["delta"] if isinstance(data.get("delta"), dict) else {}
             if "stop_reason" in delta:
                 self.stop_reason = delta["stop_reason"]
             if isinstance(data.get("usage"), dict):

@@ -523,7 +523,8 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         if type(cycle) is LeanCycle:
             cycle.response_complete = True  # the stand-in is done with: uvicorn's cycle takes over
             self._scope()
-            self.scope[_DIVERTED] = True  # type: ignore[typeddict-unknown-key]
+            scope: Any = self.scope
+            scope[_DIVERTED] = True
             HttpToolsProtocol.on_headers_complete(self)  # builds the cycle and starts the app's task
             cycle = self.cycle
             start = False

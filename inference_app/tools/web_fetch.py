@@ -10,8 +10,7 @@ The Responses API has no web fetch tool type, so the Responses executor does not
   answers are checked too (a resolver that refuses non-public addresses), so a name that changes
   its answer between the check and the connection gets nowhere.
 * What it reads: at most ``[web_fetch] max_bytes`` (more fails with ``content_too_large``), within
-  ``[web_fetch] request_timeout_s`` (the dispatcher's ``[tools] call_timeout_s`` bounds the whole
-  call). HTML becomes text with ``trafilatura`` (main-content extraction); ``text/*``, JSON and XML
+  ``[tools] call_timeout_s`` (which the dispatcher also applies to the whole call). HTML becomes text with ``trafilatura`` (main-content extraction); ``text/*``, JSON and XML
   are taken as they are; PDF and other types fail with ``unsupported_content_type``.
 * What the model gets: the page's title, URL and text, cut to ``max_content_tokens`` (the
   declaration's, else ``[web_fetch] max_content_tokens``; about four bytes a token).
@@ -134,7 +133,7 @@ async def fetch_page(url: str, flt: DomainFilter, config: Config) -> Page:
     wf = config.web_fetch
     resolver = _PublicOnlyResolver(wf.allowed_hosts)
     connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
-    timeout = aiohttp.ClientTimeout(total=wf.request_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=config.tools.call_timeout_s)
     try:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, headers={"User-Agent": USER_AGENT}
@@ -163,7 +162,7 @@ async def fetch_page(url: str, flt: DomainFilter, config: Config) -> Page:
         ) from None
     except TimeoutError:
         raise FetchError(
-            "url_not_accessible", f"{url} did not answer within {wf.request_timeout_s:g} s"
+            "url_not_accessible", f"{url} did not answer within {config.tools.call_timeout_s:g} s"
         ) from None
 
 
