@@ -899,3 +899,53 @@ def test_claude_code_web_search_end_to_end(
         s for s in seen if any(t.get("name") == "web_search" for t in s.get("tools") or [])
     ]
     assert len(server_tool_requests) == 2  # the hidden search round and the answer round
+
+
+# --- Celery ----------------------------------------------------------------------------------------
+
+
+def test_calls_go_to_the_tools_queue_when_celery_is_configured(
+    gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any
+) -> None:
+    """With a broker the loop's calls are tasks on the ``tools`` queue (the dispatch the Responses
+    loop uses): with no worker consuming, the call times out although the provider is up; with a
+    real worker it runs."""
+    from celery.contrib.testing.worker import start_worker
+
+    import inference_app.tool_tasks  # noqa: F401  (registers the tool task)
+    from gateway.celery import app as celery_app
+    from tests.responses.test_tool_loop_celery import REDIS_URL, rebind
+
+    rebind(celery_app, gateway_config(redis_url=REDIS_URL, tools__call_timeout_s=2.0))
+    try:
+        upstream.script(
+            "/v1/messages", json_answer(anthropic_tool_message([("s1", "web_search", {"query": "q"})]))
+        )
+        upstream.script("/v1/messages", json_answer(anthropic_message("ok")))
+        r = post(gw, body([SEARCH]))
+        assert r.json()["content"][1]["content"] == {
+            "type": "web_search_tool_result_error",
+            "error_code": "unavailable",
+        }
+        assert (
+            "web_search call timed out after 2 s"
+            in rounds(upstream)[1]["messages"][2]["content"][0]["content"]
+        )
+        assert provider.requests == []
+        with start_worker(
+            celery_app,
+            queues=["tools"],
+            pool="threads",
+            concurrency=2,
+            perform_ping_check=False,
+            loglevel="WARNING",
+        ):
+            upstream.script(
+                "/v1/messages", json_answer(anthropic_tool_message([("s2", "web_search", {"query": "q"})]))
+            )
+            upstream.script("/v1/messages", json_answer(anthropic_message("ok")))
+            r = post(gw, body([SEARCH]))
+        assert r.json()["content"][1]["content"][0]["url"] == "https://example.com/q/1"
+        assert [q.query["q"] for q in provider.requests] == ["q"]
+    finally:
+        rebind(celery_app, gateway_config(redis_url=""))
