@@ -914,9 +914,11 @@ def test_calls_go_to_the_tools_queue_when_celery_is_configured(
 
     import inference_app.tool_tasks  # noqa: F401  (registers the tool task)
     from gateway.celery import app as celery_app
-    from tests.responses.test_tool_loop_celery import REDIS_URL, rebind
+    from tests.celery_rebind import rebind
 
-    rebind(celery_app, gateway_config(redis_url=REDIS_URL, tools__call_timeout_s=2.0))
+    redis_url = "redis://127.0.0.1:6379/7"
+
+    rebind(celery_app, gateway_config(redis_url=redis_url, tools__call_timeout_s=2.0))
     try:
         upstream.script(
             "/v1/messages", json_answer(anthropic_tool_message([("s1", "web_search", {"query": "q"})]))
