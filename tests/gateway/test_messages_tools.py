@@ -916,7 +916,7 @@ def test_calls_go_to_the_tools_queue_when_celery_is_configured(
     from gateway.celery import app as celery_app
     from tests.celery_rebind import rebind
 
-    redis_url = "redis://127.0.0.1:6379/7"
+    redis_url = "redis://127.0.0.1:6379/11"  # a db of its own: no other test's worker reads it
 
     rebind(celery_app, gateway_config(redis_url=redis_url, tools__call_timeout_s=2.0))
     try:
