@@ -248,6 +248,42 @@ def test_every_serving_path_runs_the_loop(
             assert upstream.last("/v1/messages").body == raw
 
 
+def test_pipelined_requests_are_handed_over_in_order(
+    gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider
+) -> None:
+    """Three requests in one write on one connection: the first (relayed on a lean cycle) and the
+    third (queued by uvicorn, relayed on its cycle) declare a server tool and are handed to the
+    ASGI path; the second is relayed. Each gets its own answer, in order."""
+    import socket
+
+    from tests.gateway.test_direct_relay import _json_answers
+
+    upstream.script(
+        "/v1/messages", json_answer(anthropic_tool_message([("s1", "web_search", {"query": "one"})]))
+    )
+    upstream.script("/v1/messages", json_answer(anthropic_message("first")))
+    upstream.script("/v1/messages", json_answer(anthropic_message("second")))
+    upstream.script(
+        "/v1/messages", json_answer(anthropic_tool_message([("s3", "web_search", {"query": "three"})]))
+    )
+    upstream.script("/v1/messages", json_answer(anthropic_message("third")))
+    with_tools = orjson.dumps(body([SEARCH]))
+    plain = orjson.dumps({"model": "m", "max_tokens": 5, "messages": USER})
+
+    def request(payload: bytes) -> bytes:
+        return b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + (
+            b"content-length: %d\r\n\r\n%b" % (len(payload), payload)
+        )
+
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+        sock.sendall(request(with_tools) + request(plain) + request(with_tools))
+        answers = _json_answers(sock, 3)
+    bodies = [orjson.loads(a.split(b"\r\n\r\n", 1)[1]) for a in answers]
+    assert [b["content"][-1]["text"] for b in bodies] == ["first", "second", "third"]
+    assert [b["content"][0]["type"] for b in bodies] == ["server_tool_use", "text", "server_tool_use"]
+    assert [r.query["q"] for r in provider.requests] == ["one", "three"]
+
+
 # --- fetch rounds ---------------------------------------------------------------------------------
 
 
@@ -315,6 +351,23 @@ def test_fetch_failures_are_result_errors(
     assert tool_result["is_error"] is True
     if code == "unsupported_content_type" and path.endswith(".pdf"):
         assert "PDF documents are not supported" in tool_result["content"]
+
+
+def test_fetch_is_bounded_by_the_tools_call_timeout(
+    gw: LiveServer, upstream: ScriptedUpstream, site: WebSite, gateway_config: Any
+) -> None:
+    gateway_config(web_fetch__allowed_hosts=("127.0.0.1",), tools__call_timeout_s=1.0)
+    upstream.script(
+        "/v1/messages",
+        json_answer(anthropic_tool_message([("f1", "web_fetch", {"url": f"{site.url}/slow"})])),
+    )
+    upstream.script("/v1/messages", json_answer(anthropic_message("too slow")))
+    r = post(gw, body([FETCH]))
+    assert r.json()["content"][1]["content"]["type"] == "web_fetch_tool_result_error"
+    assert r.json()["content"][2]["text"] == "too slow"
+    assert site.paths == ["/slow"]
+    tool_result = rounds(upstream)[1]["messages"][2]["content"][0]
+    assert tool_result["is_error"] is True and "1 s" in tool_result["content"]
 
 
 def test_fetch_max_content_tokens_cuts_the_text(

@@ -177,8 +177,8 @@ ARTICLE_HTML = """<!doctype html><html><head><title>The Gateway Gazette</title><
 @dataclass
 class WebSite:
     """A small site on 127.0.0.1 for web fetch: ``/article`` (HTML), ``/notes.txt``, ``/doc.pdf``,
-    ``/image.png``, ``/big`` (``big_bytes`` of text), ``/missing`` (404) and ``/redirect?to=URL``
-    (302). ``paths`` records every request path."""
+    ``/image.png``, ``/big`` (``big_bytes`` of text), ``/missing`` (404), ``/slow`` (no answer for
+    30 s) and ``/redirect?to=URL`` (302). ``paths`` records every request path."""
 
     big_bytes: int = 64 * 1024
     paths: list[str] = field(default_factory=list)
@@ -207,6 +207,8 @@ class WebSite:
             return web.Response(text="x" * self.big_bytes, content_type="text/plain")
         if request.path == "/redirect":
             raise web.HTTPFound(request.query["to"])
+        if request.path == "/slow":
+            await asyncio.sleep(30)
         return web.Response(status=404, text="not found")
 
     def _run(self) -> None:
@@ -214,7 +216,7 @@ class WebSite:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         self.loop.run_until_complete(self._runner.setup())
         self.loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
         self.loop.run_forever()
