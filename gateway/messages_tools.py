@@ -54,8 +54,15 @@ from gateway.passthrough import (
     client_left,
     send_error,
 )
-from inference_app.tools import ToolCall, ToolCallBudget, ToolResult, run_gateway_calls
-from inference_app.tools.base import FunctionDef, single_query_web_search_function, web_fetch_function
+from inference_app.tools import (
+    FunctionDef,
+    ToolCall,
+    ToolCallBudget,
+    ToolResult,
+    run_gateway_calls,
+    single_query_web_search_function,
+    web_fetch_function,
+)
 from inference_app.upstream import UpstreamResponse, get_upstream
 
 UPSTREAM_PATH = "/v1/messages"
@@ -473,11 +480,9 @@ class StreamRound:
                 raise RoundError("a content block index that is not a non-negative integer")
             if index in self.blocks:
                 raise RoundError(f"content block index {index} used twice")
-            block = _check_block(
-                block
-                if not isinstance(block, dict) or block.get("type") != "tool_use"
-                else {**block, "input": block.get("input") if isinstance(block.get("input"), dict) else {}}
-            )
+            if isinstance(block, dict) and block.get("type") == "tool_use" and "input" not in block:
+                block = {**block, "input": {}}  # a streamed tool_use's input arrives as deltas
+            block = _check_block(block)
             self.blocks[index] = dict(block)
             self.partial[index] = []
             self.open.add(index)
