@@ -507,6 +507,8 @@ class StreamRound:
             delta: dict[str, Any] = data["delta"] if isinstance(data.get("delta"), dict) else {}
             if "stop_reason" in delta:
                 self.stop_reason = delta["stop_reason"]
+            if "stop_sequence" in delta and self.message is not None:
+                self.message["stop_sequence"] = delta["stop_sequence"]
             if isinstance(data.get("usage"), dict):
                 self.usage.update(data["usage"])
             return None  # the client gets one message_delta, at the end of the last round
@@ -645,6 +647,8 @@ class MessagesLoop:
     def calls_of(self, content: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(gateway calls, client calls) among a round's blocks."""
         uses = [b for b in content if b["type"] == "tool_use"]
+        if len({b["id"] for b in uses}) != len(uses):
+            raise RoundError("a tool_use id used twice")
         return [b for b in uses if b["name"] in self.plan.tools], [
             b for b in uses if b["name"] not in self.plan.tools
         ]
@@ -719,18 +723,19 @@ class MessagesLoop:
             first = first or response
             try:
                 round_ = parse_json_round(raw)
+                gateway_calls, client_calls = self.calls_of(round_.content)
             except RoundError as exc:
                 raise errors.UpstreamError(f"{_ROUND_ERROR}: {exc}.") from None
             message = message or round_.message
             self.usage.add(round_.usage)
-            gateway_calls, client_calls = self.calls_of(round_.content)
             outcome = await self.run_calls(gateway_calls) if gateway_calls else Outcome([], [])
+            shown = {id(use): n for n, use in enumerate(gateway_calls)}
             for block in round_.content:
-                if block["type"] == "tool_use" and block["name"] in self.plan.tools:
-                    index = gateway_calls.index(block)
-                    public += outcome.public[2 * index : 2 * index + 2]
-                else:
+                n = shown.get(id(block))
+                if n is None:
                     public.append(block)
+                else:
+                    public += outcome.public[2 * n : 2 * n + 2]  # its server_tool_use and result
             reason = self.stop_reason(round_.stop_reason, client_calls)
             if not gateway_calls or client_calls or self.round_no >= self.config.responses.max_rounds:
                 if gateway_calls and not client_calls:
@@ -778,13 +783,13 @@ class MessagesLoop:
                             continue
                         await write(sse_event(name or shown.get("type", ""), shown))
                     last = round_state.result()
+                    gateway_calls, client_calls = self.calls_of(last.content)
                 except RoundError as exc:
                     await write(errors.anthropic_sse_error(errors.UpstreamError(f"{_ROUND_ERROR}: {exc}.")))
                     return None
             finally:
                 await response.aclose()
             self.usage.add(last.usage)
-            gateway_calls, client_calls = self.calls_of(last.content)
             reason = self.stop_reason(last.stop_reason, client_calls)
             if gateway_calls:
                 outcome = await self.run_calls(gateway_calls)
@@ -796,7 +801,7 @@ class MessagesLoop:
                 if not client_calls:
                     reason = "pause_turn"
             break
-        delta = {"stop_reason": reason, "stop_sequence": None}
+        delta = {"stop_reason": reason, "stop_sequence": last.message.get("stop_sequence") if last else None}
         await write(
             sse_event(
                 "message_delta", {"type": "message_delta", "delta": delta, "usage": self.usage.public()}

@@ -801,6 +801,19 @@ _END = [
         ),
         ([_start(), _tool_start(0, ""), _tool_delta(), _stop(), *_END], "a tool_use block has an empty id"),
         (
+            [
+                _start(),
+                _tool_start(0),
+                _tool_delta(0),
+                _stop(0),
+                _tool_start(1),
+                _tool_delta(1),
+                _stop(1),
+                *_END,
+            ],
+            "a tool_use id used twice",
+        ),
+        (
             [_start(), _tool_start(0, "s1", ""), _tool_delta(), _stop(), *_END],
             "a tool_use block has an empty name",
         ),
