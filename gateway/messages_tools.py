@@ -34,6 +34,7 @@ response before anything was sent, else as the stream's ``error`` event. Nothing
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -792,7 +793,7 @@ class MessagesLoop:
             self.usage.add(last.usage)
             reason = self.stop_reason(last.stop_reason, client_calls)
             if gateway_calls:
-                outcome = await self.run_calls(gateway_calls)
+                outcome = await self._run_calls_with_pings(gateway_calls, write)
                 for block in outcome.public:
                     await write(_block_events(next(counter), block))
                 if not client_calls and self.round_no < self.config.responses.max_rounds:
@@ -809,6 +810,21 @@ class MessagesLoop:
             + sse_event("message_stop", {"type": "message_stop"})
         )
         return None
+
+    async def _run_calls_with_pings(
+        self, uses: list[dict[str, Any]], write: Callable[[bytes], Awaitable[None]]
+    ) -> Outcome:
+        """:meth:`run_calls`, with Anthropic's ``ping`` event every ``[server] sse_keepalive_s``
+        while the calls run, so the client and any proxy see a live stream."""
+        task = asyncio.ensure_future(self.run_calls(uses))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=self.config.server.sse_keepalive_s)
+                if not task.done():
+                    await write(sse_event("ping", {"type": "ping"}))
+            return task.result()
+        finally:
+            task.cancel()
 
 
 def _error_event(body: bytes, status: int) -> bytes:

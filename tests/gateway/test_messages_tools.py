@@ -214,6 +214,21 @@ def test_search_round_sse(gw: LiveServer, upstream: ScriptedUpstream, provider: 
     assert final.stop_reason == "end_turn"
 
 
+def test_pings_keep_the_stream_alive_while_tools_run(
+    gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any
+) -> None:
+    gateway_config(server__sse_keepalive_s=0.1)
+    provider.slow_delay_s = 1.0  # a query with "slow" in it answers after this long
+    upstream.script("/v1/messages", sse(anthropic_tool_events([("s1", "web_search", {"query": "slow one"})])))
+    upstream.script("/v1/messages", sse(anthropic_events(["ok"])))
+    events = stream(gw, body([SEARCH]))
+    names = [name for name, _ in events]
+    shown = names.index("content_block_start")  # the server_tool_use block, once the search is done
+    assert names[0] == "message_start" and set(names[1:shown]) == {"ping"}
+    assert "ping" not in names[shown:]
+    assert ("ping", {"type": "ping"}) in events
+
+
 def test_every_serving_path_runs_the_loop(
     upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any, transactional_db: None
 ) -> None:
