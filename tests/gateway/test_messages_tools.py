@@ -1032,3 +1032,80 @@ def test_calls_go_to_the_tools_queue_when_celery_is_configured(
         assert [q.query["q"] for q in provider.requests] == ["q"]
     finally:
         rebind(celery_app, gateway_config(redis_url=""))
+
+
+# --- the decision and the history, directly ---------------------------------------------------------
+
+
+def test_the_decision(gateway_config: Any) -> None:
+    from gateway.messages_tools import declares_gateway_tools
+
+    gateway_config(messages__tool_aliases=("WebFetch=web_fetch",))
+    assert declares_gateway_tools(orjson.dumps(body([SEARCH])))
+    assert declares_gateway_tools(orjson.dumps(body([{"type": "web_fetch_20990101", "name": "web_fetch"}])))
+    assert declares_gateway_tools(orjson.dumps(body([{"name": "WebFetch", "input_schema": {}}])))
+    assert not declares_gateway_tools(orjson.dumps(body([WEATHER])))
+    assert not declares_gateway_tools(orjson.dumps(body([{"name": "WebSearch", "input_schema": {}}])))
+    assert not declares_gateway_tools(b'{"messages": "web_search_20250305", "tools": "x"}')
+    assert not declares_gateway_tools(b"web_search_20250305 not json")
+
+
+def test_fetch_and_error_results_in_history_go_upstream_as_tool_results(gateway_config: Any) -> None:
+    from gateway.config import get_config
+    from gateway.messages_tools import plan_request, upstream_messages
+
+    gateway_config()
+    plan = plan_request(body([FETCH, SEARCH]), get_config())
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Body."}}
+    history = [
+        {"role": "user", "content": "Read it."},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "server_tool_use",
+                    "id": "f0",
+                    "name": "web_fetch",
+                    "input": {"url": "https://a.example/"},
+                },
+                {"type": "server_tool_use", "id": "s0", "name": "web_search", "input": {"query": "a"}},
+                {
+                    "type": "web_fetch_tool_result",
+                    "tool_use_id": "f0",
+                    "content": {
+                        "type": "web_fetch_result",
+                        "url": "https://a.example/",
+                        "content": {**document, "title": "A"},
+                    },
+                },
+                {
+                    "type": "web_search_tool_result",
+                    "tool_use_id": "s0",
+                    "content": {"type": "web_search_tool_result_error", "error_code": "max_uses_exceeded"},
+                },
+            ],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "And?"}]},
+    ]
+    assert upstream_messages(history, plan) == [
+        {"role": "user", "content": "Read it."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "f0", "name": "web_fetch", "input": {"url": "https://a.example/"}},
+                {"type": "tool_use", "id": "s0", "name": "web_search", "input": {"query": "a"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "f0",
+                    "content": "Title: A\nURL: https://a.example/\n\nBody.",
+                },
+                {"type": "tool_result", "tool_use_id": "s0", "content": '{"error":"max_uses_exceeded"}'},
+                {"type": "text", "text": "And?"},
+            ],
+        },
+    ]
