@@ -6,6 +6,7 @@ Every function is keyword-only, synchronous and runs in one transaction; async c
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 
-COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
+COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
 EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
 
@@ -281,6 +282,23 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
     if stored:
         history_cache.put(p.response_id, p.owner, [*p.history, *p.new_items, *outcome.output_items])
     return stored
+
+
+def response_compaction_store(
+    *, prepared: Prepared, retained: list[dict[str, Any]], item: dict[str, Any], answer: dict[str, Any]
+) -> None:
+    """Store a ``POST /v1/responses/compact`` answer as a checkpoint (the retained user messages,
+    then the compaction item) that ``previous_response_id`` can name. The retained messages that
+    were stored already are referenced, not copied; nothing stored before is changed."""
+    new_ids = {i["id"] for i in prepared.items_to_insert}
+    window = dataclasses.replace(
+        prepared,
+        history=[],
+        new_items=retained,
+        items_to_insert=[message for message in retained if message["id"] in new_ids],
+    )
+    outcome = Outcome("completed", answer, [item], answer.get("usage"))
+    response_store_final(prepared=window, outcome=outcome)
 
 
 def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
