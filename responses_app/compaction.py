@@ -192,6 +192,7 @@ def summarizable(items: Iterable[dict[str, Any]]) -> bool:
     return any(
         not (item.get("type", "message") == "message" and item.get("role") == "user")
         and item.get("type") not in (COMPACTION, TRIGGER)
+        and not str(item.get("id", "")).startswith("cmp_")  # a summary, as the model reads it
         for item in items
     )
 
@@ -432,3 +433,90 @@ def usage_dict(usage: dict[str, Any]) -> dict[str, Any]:
         "output_tokens_details": details(usage.get("output_tokens_details")),
         "total_tokens": count(total) if isinstance(total, int) else input_tokens + output_tokens,
     }
+
+
+# --- compaction inside a running response (the executor's hook before every round) ------------
+
+
+class Compactor:
+    """One response's compaction state: the threshold of its ``context_management``, whether its
+    input ends with a ``compaction_trigger``, and the window once it compacted.
+
+    The executor calls :meth:`before_round` before every inference round (tool rounds included)
+    and reads the model's items through :meth:`window`; a response that compacted stores
+    :meth:`checkpoint` (the retained user messages, its compaction item and what followed) as the
+    history a continuation starts from. Nothing stored before is changed.
+    """
+
+    def __init__(self, prepared: Any) -> None:
+        self.p = prepared
+        self.threshold = compact_threshold(prepared.raw.get("context_management"))
+        self.trigger = has_trigger(prepared.new_items)
+        self.retained: list[dict[str, Any]] | None = None  # set once compacted
+        self.item: dict[str, Any] | None = None  # the latest compaction item of this response
+        self.ends_response = False  # a compaction_trigger response ends with its compaction item
+
+    @property
+    def active(self) -> bool:
+        return self.trigger or self.threshold is not None
+
+    def window(self, model_items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The executor's model items (history, input, output, in order) as the model reads them:
+        after a compaction in this response, the retained messages, the summary and what followed."""
+        if self.item is not None and self.retained is not None:
+            cut = next(
+                (i for i, item in enumerate(model_items) if item.get("id") == self.item["id"]), None
+            )
+            if cut is not None:
+                model_items = [*self.retained, *model_items[cut:]]
+        return model_view(model_items)
+
+    def checkpoint(self, prior: list[dict[str, Any]], output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The history a continuation of this response starts from."""
+        if self.item is None or self.retained is None:
+            return [*prior, *output]
+        at = next(i for i, item in enumerate(output) if item.get("id") == self.item["id"])
+        return [*self.retained, *output[at:]]
+
+    async def before_round(self, ex: Any) -> Any:
+        """Compact first when the trigger asks for it (once) or the estimate is over the threshold;
+        yields the compaction item's events. Upstream failures end the response failed."""
+        if self.ends_response:
+            return
+        model_items = ex._model_items()
+        if not self.trigger and not over_threshold(self.threshold, model_items, ex.p.request.instructions):
+            return
+        from responses_app.events import StreamFailure
+
+        try:
+            summary = await summarize(
+                upstream=ex.upstream,
+                config=ex.config,
+                headers=ex.p.headers,
+                model=ex.p.request.model,
+                model_items=model_items,
+                instructions=ex.p.request.instructions,
+                forwarded=forwarded_fields(ex.p.raw, ex.p.prompt_cache_options),
+            )
+        except errors.GatewayError as exc:
+            if exc.status < 500:
+                ex.http_error = exc
+            raise StreamFailure(exc.message, status=exc.status) from None
+        if summary.usage is not None:
+            usage = summary.usage
+            ex.usage.add(
+                input_tokens=usage["input_tokens"],
+                output_tokens=usage["output_tokens"],
+                total=usage["total_tokens"],
+                input_details=usage["input_tokens_details"],
+                output_details=usage["output_tokens_details"],
+            )
+        prior = [*ex.p.history, *ex.p.new_items]
+        current = self.checkpoint(prior, ex.output)
+        self.retained = retained_messages(current)
+        self.item = compaction_item(summary.text)
+        for event in ex._whole(self.item):
+            yield event
+        if self.trigger:
+            self.ends_response = True
+            self.trigger = False

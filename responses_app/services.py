@@ -244,6 +244,9 @@ class Outcome:
     error: dict[str, Any] | None = None
     # A background response's terminal event (sequence number, JSON), stored with it.
     terminal_event: tuple[int, bytes] | None = None
+    # The history a continuation starts from when it is not history + input + output: a response
+    # that compacted (responses_app.compaction) continues from its window.
+    window: list[dict[str, Any]] | None = None
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
@@ -280,8 +283,14 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
                     expected_revision=p.conversation_revision,
                 )
     if stored:
-        history_cache.put(p.response_id, p.owner, [*p.history, *p.new_items, *outcome.output_items])
+        history_cache.put(p.response_id, p.owner, _window(p, outcome))
     return stored
+
+
+def _window(p: Prepared, outcome: Outcome) -> list[dict[str, Any]]:
+    if outcome.window is not None:
+        return outcome.window
+    return [*p.history, *p.new_items, *outcome.output_items]
 
 
 def response_compaction_store(
@@ -316,10 +325,19 @@ def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
         "snapshot": outcome.snapshot,
         "usage": outcome.usage,
         "error": outcome.error,
-        "history_item_ids": [item["id"] for item in (*p.history, *p.new_items, *outcome.output_items)],
-        "input_item_count": len(p.history) + len(p.new_items),
+        "history_item_ids": [item["id"] for item in _window(p, outcome)],
+        "input_item_count": _input_count(p, outcome),
         "completed_at": timezone.now(),
     }
+
+
+def _input_count(p: Prepared, outcome: Outcome) -> int:
+    """How many leading checkpoint items are input (the rest is output): for a window, the items
+    before the first of this response's output items in it."""
+    if outcome.window is None:
+        return len(p.history) + len(p.new_items)
+    produced = {item["id"] for item in outcome.output_items}
+    return next((i for i, item in enumerate(outcome.window) if item["id"] in produced), len(outcome.window))
 
 
 def response_create_queued(
