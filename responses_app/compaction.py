@@ -179,7 +179,9 @@ def _text_bytes(value: Any) -> int:
     return 0
 
 
-def over_threshold(threshold: int | None, model_items: list[dict[str, Any]], instructions: str | None) -> bool:
+def over_threshold(
+    threshold: int | None, model_items: list[dict[str, Any]], instructions: str | None
+) -> bool:
     """Whether automatic compaction runs before this round: the estimate is greater than the
     threshold and there is something to summarize (not only the user's messages and a summary)."""
     if threshold is None or not summarizable(model_items):
@@ -203,9 +205,7 @@ def summarizable(items: Iterable[dict[str, Any]]) -> bool:
 def model_view(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``items`` as the model reads them: the latest ``compaction`` item as an assistant message
     holding its summary; earlier ones (superseded by it) and ``compaction_trigger`` items dropped."""
-    latest = max(
-        (index for index, item in enumerate(items) if item.get("type") == COMPACTION), default=None
-    )
+    latest = max((index for index, item in enumerate(items) if item.get("type") == COMPACTION), default=None)
     if latest is None and not has_trigger(items):
         return items
     out = []
@@ -228,7 +228,9 @@ def summary_message(item: dict[str, Any]) -> dict[str, Any]:
         "type": "message",
         "role": "assistant",
         "status": "completed",
-        "content": [{"type": "output_text", "text": text if isinstance(text, str) else "", "annotations": []}],
+        "content": [
+            {"type": "output_text", "text": text if isinstance(text, str) else "", "annotations": []}
+        ],
     }
 
 
@@ -390,7 +392,9 @@ def _responses_summary(answer: dict[str, Any]) -> Summary:
                 if isinstance(part, dict) and part.get("type") == "output_text":
                     texts.append(str(part.get("text") or ""))
     usage = answer.get("usage")
-    return Summary("".join(texts).strip(), usage_dict(usage) if isinstance(usage, dict) else None, _tier(answer))
+    return Summary(
+        "".join(texts).strip(), usage_dict(usage) if isinstance(usage, dict) else None, _tier(answer)
+    )
 
 
 def _chat_summary(answer: dict[str, Any]) -> Summary:
@@ -464,9 +468,7 @@ class Compactor:
         """The executor's model items (history, input, output, in order) as the model reads them:
         after a compaction in this response, the retained messages, the summary and what followed."""
         if self.item is not None and self.retained is not None:
-            cut = next(
-                (i for i, item in enumerate(model_items) if item.get("id") == self.item["id"]), None
-            )
+            cut = next((i for i, item in enumerate(model_items) if item.get("id") == self.item["id"]), None)
             if cut is not None:
                 model_items = [*self.retained, *model_items[cut:]]
         return model_view(model_items)
@@ -483,7 +485,7 @@ class Compactor:
         yields the compaction item's events. Upstream failures end the response failed."""
         if self.ends_response:
             return
-        model_items = ex._model_items()
+        model_items = ex.model_items()
         if not self.trigger and not over_threshold(self.threshold, model_items, ex.p.request.instructions):
             return
         from responses_app.events import StreamFailure
@@ -515,7 +517,7 @@ class Compactor:
         current = self.checkpoint(prior, ex.output)
         self.retained = retained_messages(current)
         self.item = compaction_item(summary.text)
-        for event in ex._whole(self.item):
+        for event in ex.emitter.whole(self.item):
             yield event
         if self.trigger:
             self.ends_response = True

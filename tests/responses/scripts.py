@@ -422,7 +422,11 @@ def json_answer(script: Script, body: dict[str, Any], wire: str) -> dict[str, An
     content = "".join(c for part in script.parts if part.kind == "text" for c in part.chunks)
     reasoning = "".join(c for part in script.parts if part.kind == "reasoning" for c in part.chunks)
     calls = [
-        {"id": part.call_id, "type": "function", "function": {"name": part.name, "arguments": "".join(part.chunks)}}
+        {
+            "id": part.call_id,
+            "type": "function",
+            "function": {"name": part.name, "arguments": "".join(part.chunks)},
+        }
         for part in script.parts
         if part.kind == "call"
     ]

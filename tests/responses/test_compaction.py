@@ -50,7 +50,9 @@ def test_sdk_compact_returns_the_user_messages_and_one_compaction_item(gw: Gatew
         ("user", [{"type": "input_text", "text": "I want to visit Lisbon."}]),
         ("user", [{"type": "input_text", "text": "In May, on a budget."}]),
     ]
-    assert all(m["type"] == "message" and m["status"] == "completed" and m["id"].startswith("msg_") for m in users)
+    assert all(
+        m["type"] == "message" and m["status"] == "completed" and m["id"].startswith("msg_") for m in users
+    )
     assert item["type"] == "compaction" and item["id"].startswith("cmp_")
     assert item["encrypted_content"] == SUMMARY  # plain text: nothing is encrypted
     assert compacted.usage.input_tokens == 40 and compacted.usage.output_tokens == 15
@@ -93,7 +95,9 @@ def test_compacting_a_stored_chain_references_its_messages_and_changes_nothing(g
     gw.script(text("Hello!"))
     first = gw.post({"model": "test-model", "input": "Hi, I am Ana."}).json()
     gw.script(text("Noted."))
-    second = gw.post({"model": "test-model", "previous_response_id": first["id"], "input": "I like jazz."}).json()
+    second = gw.post(
+        {"model": "test-model", "previous_response_id": first["id"], "input": "I like jazz."}
+    ).json()
     before = Response.objects.get(id=second["id"]).history_item_ids
     items_before = Item.objects.count()
 
@@ -102,7 +106,9 @@ def test_compacting_a_stored_chain_references_its_messages_and_changes_nothing(g
     assert r.status_code == 200, r.text
     compacted = r.json()
     users = compacted["output"][:-1]
-    stored_users = [Item.objects.get(id=i).data for i in before if Item.objects.get(id=i).data.get("role") == "user"]
+    stored_users = [
+        Item.objects.get(id=i).data for i in before if Item.objects.get(id=i).data.get("role") == "user"
+    ]
     assert [m["id"] for m in users] == [m["id"] for m in stored_users]  # stored once, referenced
     assert Item.objects.count() == items_before + 1  # only the compaction item is new
     assert Response.objects.get(id=second["id"]).history_item_ids == before  # history untouched
@@ -197,7 +203,12 @@ def test_unused_fields_are_accepted_and_not_sent(gw: Gateway) -> None:
             "input[0].content[0]",
             "unsupported_parameter",
         ),
-        ({"model": "m", "input": "hi", "prompt_cache_options": {"mode": "x"}}, 400, "prompt_cache_options", None),
+        (
+            {"model": "m", "input": "hi", "prompt_cache_options": {"mode": "x"}},
+            400,
+            "prompt_cache_options",
+            None,
+        ),
         ({"model": "m", "input": "hi", "service_tier": "turbo"}, 400, "service_tier", "invalid_value"),
         ({"model": "m", "previous_response_id": "resp_missing"}, 400, "previous_response_id", None),
         ({"model": "m", "input": [{"type": "compaction"}]}, 400, "input[0].encrypted_content", None),
@@ -266,5 +277,10 @@ def test_the_estimate_is_bytes_over_four_plus_framing_plus_images() -> None:
     with_image = {**message, "content": [*message["content"], image]}
     assert estimate_tokens([with_image]) == 3 + 4 + 2 + 2 + 1024
     assert estimate_tokens([message], "abcd") == 4 + 4 + 2  # 14 bytes -> 4 tokens
-    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": orjson.dumps({"a": 1}).decode()}
+    call = {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "f",
+        "arguments": orjson.dumps({"a": 1}).decode(),
+    }
     assert estimate_tokens([call]) == 4 + 2  # "f" + '{"a":1}' = 8 bytes -> 2 tokens

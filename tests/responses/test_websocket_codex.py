@@ -64,7 +64,13 @@ def codex_gateway(
 
 
 def _run_codex(
-    url: str, tmp_path: Path, prompt: str, *, websockets: bool
+    url: str,
+    tmp_path: Path,
+    prompt: str,
+    *,
+    websockets: bool,
+    provider_name: str = "agentic gateway",
+    extra: str = "",
 ) -> subprocess.CompletedProcess[str]:
     binary = codex_cli()
     home = tmp_path / "codex-home"
@@ -73,9 +79,10 @@ def _run_codex(
     work.mkdir()
     (home / "config.toml").write_text(
         'model = "test-model"\n'
-        'model_provider = "gateway"\n\n'
+        'model_provider = "gateway"\n'
+        f"{extra}\n"
         "[model_providers.gateway]\n"
-        'name = "agentic gateway"\n'
+        f'name = "{provider_name}"\n'
         f'base_url = "{url}/v1"\n'
         'wire_api = "responses"\n'
         f"supports_websockets = {'true' if websockets else 'false'}\n"
@@ -164,3 +171,43 @@ def test_codex_runs_the_shell_tool_and_continues(
     follow_up = recorder.ws_frames[-1]
     assert follow_up["previous_response_id"]
     assert [i["type"] for i in follow_up["input"]] == ["function_call_output"]
+
+
+def test_codex_compacts_remotely_and_continues_from_the_window(
+    codex_gateway: tuple[str, Recorder], upstream: Any, tmp_path: Path
+) -> None:
+    """A provider named "OpenAI" makes Codex compact remotely; a low
+    ``model_auto_compact_token_limit`` makes it compact after the first tool round (the upstream
+    reports a large usage), and the turn goes on from the compacted window."""
+    url, recorder = codex_gateway
+    big = {"input_tokens": 90_000, "output_tokens": 10, "total_tokens": 90_010}
+    upstream.script(
+        "/v1/responses",
+        handler(
+            Script([call("exec_command", '{"cmd": "echo compact-', 'me"}', call_id="call_c1")], usage=big)
+        ),
+    )
+    upstream.script("/v1/responses", handler(Script([text("SUMMARY: the user ran echo compact-me.")])))
+    upstream.script("/v1/responses", handler(Script([text("Done after compaction.")])))
+    result = _run_codex(
+        url,
+        tmp_path,
+        "Run echo compact-me and tell me what it printed.",
+        websockets=True,
+        provider_name="OpenAI",
+        extra="model_auto_compact_token_limit = 20000\n",
+    )
+    bodies = [r.json() for r in upstream.requests if r.path == "/v1/responses"]
+    print(
+        recorder.http,
+        [f.get("input", [])[-1:] for f in recorder.ws_frames],
+        result.stdout,
+        result.stderr[-3000:],
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Done after compaction." in result.stdout
+    assert len(bodies) == 3
+    summary_request, after = bodies[1], bodies[2]
+    assert summary_request["stream"] is False
+    texts = orjson.dumps(after["input"]).decode()
+    assert "SUMMARY: the user ran echo compact-me." in texts  # the window the turn continued from
