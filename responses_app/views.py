@@ -418,7 +418,10 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
         headers=_upstream_headers(_request_headers(request), credential_consumed(request)),
         config=config,
     )
-    messages = translate.items_to_messages(parsed.instructions, [*prepared.history, *prepared.new_items])
+    from responses_app.compaction import model_view
+
+    items = model_view([*prepared.history, *prepared.new_items])  # a summary counts as the model reads it
+    messages = translate.items_to_messages(parsed.instructions, items)
     body: dict[str, Any] = {"messages": messages}
     if parsed.model:
         body["model"] = parsed.model

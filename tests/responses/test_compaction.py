@@ -284,3 +284,28 @@ def test_the_estimate_is_bytes_over_four_plus_framing_plus_images() -> None:
         "arguments": orjson.dumps({"a": 1}).decode(),
     }
     assert estimate_tokens([call]) == 4 + 2  # "f" + '{"a":1}' = 8 bytes -> 2 tokens
+
+
+def test_input_tokens_counts_a_compaction_item_as_its_summary(gw: Gateway) -> None:
+    from aiohttp import web
+
+    async def tokenize(request: web.Request, rec: Any) -> web.StreamResponse:
+        return web.json_response({"count": 9, "max_model_len": 4096, "tokens": [1] * 9, "token_strs": None})
+
+    gw.upstream.script("/tokenize", tokenize)
+    r = httpx.post(
+        f"{gw.url}/v1/responses/input_tokens",
+        json={
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "compaction", "encrypted_content": SUMMARY},
+                {"type": "compaction_trigger"},
+            ],
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert gw.upstream.last("/tokenize").json()["messages"] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": SUMMARY},
+    ]
