@@ -461,8 +461,8 @@ class Compactor:
         self.ends_response = False  # a compaction_trigger response ends with its compaction item
 
     @property
-    def active(self) -> bool:
-        return self.trigger or self.threshold is not None
+    def compacted(self) -> bool:
+        return self.item is not None
 
     def window(self, model_items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The executor's model items (history, input, output, in order) as the model reads them:

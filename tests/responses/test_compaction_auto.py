@@ -114,13 +114,10 @@ def test_just_below_the_estimate_the_history_is_compacted_first(gw: Gateway) -> 
     gw.script(text("next"))
     r = gw.post({"model": "m", "previous_response_id": final["id"], "input": "more"})
     assert r.status_code == 200, r.text
-    assert texts(gw, 2) == [
-        ("user", "A" * 400),
-        ("user", "C" * 40),
-        ("assistant", SUMMARY),
-        ("assistant", "answer"),
-        ("user", "more"),
-    ]
+    assistant = [("assistant", SUMMARY), ("assistant", "answer")]
+    if gw.wire == "chat_completions":  # consecutive assistant items are one chat message
+        assistant = [("assistant", SUMMARY + "answer")]
+    assert texts(gw, 2) == [("user", "A" * 400), ("user", "C" * 40), *assistant, ("user", "more")]
 
 
 def test_json_answer_and_forwarded_cache_fields_and_tier(gw: Gateway, gateway_config: Any) -> None:
