@@ -182,7 +182,15 @@ def test_trigger_not_last_is_400(gw: Gateway) -> None:
 
 def test_compaction_trigger_over_sse(gw: Gateway) -> None:
     gw.script(text(SUMMARY), usage={"input_tokens": 30, "output_tokens": 9, "total_tokens": 39})
-    events = gw.stream({"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}]})
+    events = gw.stream(
+        {
+            "model": "m",
+            "input": [*HISTORY, {"type": "compaction_trigger"}],
+            "prompt_cache_key": "codex-session",
+            "prompt_cache_retention": "24h",
+            "service_tier": "priority",
+        }
+    )
     assert types_of(events) == [
         "response.created",
         "response.in_progress",
@@ -199,6 +207,12 @@ def test_compaction_trigger_over_sse(gw: Gateway) -> None:
     assert final["usage"]["total_tokens"] == 39
     (body,) = gw.upstream_bodies()  # the summary round only
     assert body["stream"] is False
+    assert (body["prompt_cache_key"], body["prompt_cache_retention"], body["service_tier"]) == (
+        "codex-session",
+        "24h",
+        "priority",
+    )
+    assert final["prompt_cache_key"] is None  # request-scoped, not echoed
     assert "compaction_trigger" not in orjson.dumps(body).decode()
     row = Response.objects.get(id=final["id"])
     window = [Item.objects.get(id=i).data for i in row.history_item_ids]
