@@ -8,7 +8,9 @@
 * ``/v1/chat/completions``: ``data:`` chunks (role chunk, ``content`` / ``reasoning`` /
   ``tool_calls`` deltas, a finish chunk, the usage chunk with empty ``choices``) and ``[DONE]``.
 
-A script is a list of output parts: ``text(...)``, ``reasoning(...)``, ``call(...)``.
+A script is a list of output parts: ``text(...)``, ``reasoning(...)``, ``call(...)``. A request
+with ``"stream": false`` (compaction's summary round) gets vLLM's JSON answer instead
+(:func:`json_answer`).
 """
 
 from __future__ import annotations
