@@ -52,7 +52,7 @@ class LiveServer:
     ) -> None:
         self.port = port or free_port()
         self.on_stop = on_stop
-        from gateway.server import GatewayHttpProtocol
+        from gateway.relay.protocol import GatewayHttpProtocol
 
         # The protocol `manage.py serve` runs, so the tests exercise what production serves.
         options = {
