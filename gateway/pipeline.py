@@ -89,7 +89,9 @@ def leave(token: contextvars.Token[str]) -> None:
     request_id_var.reset(token)
 
 
-def admit(passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD) -> AuthResult | None:
+def admit(
+    passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD
+) -> AuthResult | None:
     """CORS, authentication and the method (``methods`` empty: any). Raises the refusal; None:
     authentication must wait, await :func:`admit_waiting` with the same arguments."""
     passage.cors = cors_headers(passage.method, passage.path, headers)
@@ -100,14 +102,18 @@ def admit(passage: Passage, headers: Mapping[str, str], methods: frozenset[str] 
     return auth
 
 
-async def admit_waiting(passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD) -> AuthResult:
+async def admit_waiting(
+    passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD
+) -> AuthResult:
     """The rest of :func:`admit` when authentication had to wait."""
     auth = await authenticate(passage.path, headers)
     _check_method(passage, methods)
     return auth
 
 
-async def admitted(passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD) -> AuthResult:
+async def admitted(
+    passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD
+) -> AuthResult:
     """:func:`admit`, waiting for authentication when it has to."""
     auth = admit(passage, headers, methods)
     if auth is None:
@@ -202,5 +208,6 @@ def cors_headers(method: str, path: str, headers: Mapping[str, str]) -> RawHeade
     request.META = {"HTTP_" + key.upper().replace("-", "_"): value for key, value in headers.items()}
     response = HttpResponse()
     del response["Content-Type"]
-    answered = CorsMiddleware(lambda r: response)(request)
+    answered = CorsMiddleware(lambda r: response)(request)  # synchronous: get_response is
+    assert isinstance(answered, HttpResponse)
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answered.headers.items()]

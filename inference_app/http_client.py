@@ -13,7 +13,7 @@ replayable request (a ``bytes`` body) that finds its reused connection closed be
 is retried once on a fresh one.
 
 Two ways to take a response: :meth:`HttpPool.request` (await the headers, then iterate the body),
-or, for a relay that runs on callbacks alone (``gateway.direct``), :meth:`HttpPool.send_on` with a
+or, for a relay that runs on callbacks alone (``gateway.relay.callbacks``), :meth:`HttpPool.send_on` with a
 :class:`Sink` whose ``pump()`` is called whenever the exchange moves on (headers, body bytes, the
 end, an error); it reads the same state :class:`ResponseBody` reads.
 
@@ -506,7 +506,7 @@ class HttpPool:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    # -- exchanges on callbacks (gateway.direct) ----------------------------------------------
+    # -- exchanges on callbacks (gateway.relay) -----------------------------------------------
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
         """The request line and headers for a ``bytes`` body of ``length``, as :meth:`request` frames them.

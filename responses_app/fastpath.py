@@ -117,4 +117,3 @@ async def _close(outcome: Outcome) -> None:
         await frames.aclose()
     if outcome.close is not None:
         await outcome.close()
-

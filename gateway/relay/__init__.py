@@ -148,7 +148,11 @@ def missing_internals() -> list[str]:
             except (AttributeError, OSError, TypeError):
                 missing.append(f"{name}.{method}")
                 continue
-            missing += [f"{name}.{attr}" for attr in names if f"self.{attr} =" not in source and f"self.{attr}: " not in source]
+            missing += [
+                f"{name}.{attr}"
+                for attr in names
+                if f"self.{attr} =" not in source and f"self.{attr}: " not in source
+            ]
     return missing
 
 

@@ -30,6 +30,7 @@ from gateway import errors
 from gateway.config import get_config
 from gateway.middleware import READ_TIMED_OUT
 
+
 class _HeldHead:
     """Stands in for the transport while uvicorn writes the status line and headers."""
 

@@ -63,7 +63,11 @@ def test_an_instance_attribute_no_longer_set_is_found(monkeypatch: pytest.Monkey
 
     def without_flow(obj: Any) -> str:
         source = real(obj)
-        return source.replace("self.flow =", "self.renamed_flow =") if obj is RequestResponseCycle.__init__ else source
+        return (
+            source.replace("self.flow =", "self.renamed_flow =")
+            if obj is RequestResponseCycle.__init__
+            else source
+        )
 
     monkeypatch.setattr(inspect, "getsource", without_flow)
     assert missing_internals() == ["RequestResponseCycle.flow"]
@@ -98,7 +102,9 @@ def test_serve_picks_the_protocol_and_falls_back_to_stock_uvicorn(
     monkeypatch.setattr("uvicorn.run", lambda app, **options: seen.update(options))
     monkeypatch.setattr(serve, "run_checks", lambda config: None)
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] is DrainingServerProtocol and issubclass(DrainingServerProtocol, GatewayServerProtocol)
+    assert seen["http"] is DrainingServerProtocol and issubclass(
+        DrainingServerProtocol, GatewayServerProtocol
+    )
     assert seen["ws"] is DrainingWebSocketProtocol and seen["lifespan"] == "on"
     gateway_config(server__direct_relay=False)  # the limits without the relay
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
@@ -128,5 +134,7 @@ def test_only_the_relay_package_imports_uvicorn_protocols() -> None:
                     names = [node.module]
                 elif isinstance(node, ast.Import):
                     names = [alias.name for alias in node.names]
-                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("uvicorn.protocols")]
+                offenders += [
+                    f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("uvicorn.protocols")
+                ]
     assert offenders == []

@@ -4,21 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import socket
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.relay.protocol import (
-    DrainingHttpProtocol,
-    DrainingServerProtocol,
-    DrainingWebSocketProtocol,
     GatewayHttpProtocol,
-    GatewayServerProtocol,
 )
 from tests.servers import LiveServer
 
