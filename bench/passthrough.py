@@ -12,7 +12,11 @@ The load generator is a raw keep-alive HTTP/1.1 client (uvloop + httptools), one
 concurrent worker, so it costs little CPU next to the servers it measures.
 
     .venv/bin/python bench/passthrough.py --reference /work/ref-venv/bin/agentic-server \\
-        [--seconds 3] [--rounds 2] [--concurrency 1,16,64]
+        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off] [--before DIR]
+
+``--relay-off`` adds our gateway with ``[server] direct_relay = false``; ``--before DIR`` adds the
+gateway of another checkout (``git worktree add DIR <commit>``), so a change is measured against
+what it changes in one run, interleaved, on the same machine.
 """
 
 from __future__ import annotations
@@ -198,6 +202,26 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
         procs.append(gateway.proc)
         wait_http(gateway.port)
         targets["ours" if workers == 1 else f"ours-w{workers}"] = gateway.port
+    extra: list[tuple[str, dict[str, str], Path]] = []
+    if args.relay_off:
+        extra.append(("ours-relay-off", {"GATEWAY_SERVER_DIRECT_RELAY": "false"}, ROOT))
+    if args.before:
+        extra.append(("before", {}, Path(args.before).resolve()))
+    for name, env, root in extra:
+        gateway = GatewayProcess(
+            {
+                "LLM_API_BASE": f"http://127.0.0.1:{up_port}",
+                "LOG_LEVEL": args.log_level,
+                "GATEWAY_SERVER_DATA_DIR": str(tmp / name),
+                "GATEWAY_SERVER_WORKERS": "1",
+                **env,
+            },
+            log=os.devnull,
+            root=root,
+        )
+        procs.append(gateway.proc)
+        wait_http(gateway.port)
+        targets[name] = gateway.port
     reference = args.reference or shutil.which("agentic-server")
     if reference:
         home = tmp / "ref"
@@ -243,6 +267,16 @@ def main() -> None:
         "--workers",
         default="1",
         help="our gateway's server processes; a list (1,2) starts one gateway per value",
+    )
+    parser.add_argument(
+        "--relay-off",
+        action="store_true",
+        help="also run our gateway with [server] direct_relay = false (the ASGI fast path only)",
+    )
+    parser.add_argument(
+        "--before",
+        default="",
+        help="a checkout of an earlier commit (git worktree add DIR COMMIT): its gateway runs beside ours",
     )
     parser.add_argument(
         "--django-floor",
