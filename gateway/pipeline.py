@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.urls import Resolver404, resolve
 
 from gateway import accesslog, errors, fastroutes
@@ -193,8 +194,6 @@ def cors_headers(method: str, path: str, headers: Mapping[str, str]) -> RawHeade
     ``Origin`` is decided here, as the library decides it. The list returned is shared: callers
     copy it, never change it.
     """
-    from django.conf import settings
-
     if not _cors_applies(settings.CORS_URLS_REGEX, path):
         return _NO_HEADERS
     if "origin" not in headers:
