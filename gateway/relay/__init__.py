@@ -39,6 +39,11 @@ moves):
 - ``uvicorn.protocols.websockets.websockets_impl.WebSocketProtocol.shutdown`` and
   ``connection_made``, and its attributes ``loop``, ``transport``, ``handshake_completed_event``.
 
+uvicorn 0.54 announces (``UvicornDeprecationWarning``, a ``UserWarning``, at import) that
+``websockets_impl`` will give way to ``websockets_sansio_impl``: ``DrainingWebSocketProtocol`` moves
+with it on the uvicorn upgrade that removes it (the guard below falls back to stock uvicorn until
+then).
+
 At start-up ``manage.py serve`` calls :func:`protocols`: on a uvicorn other than the pinned one, or
 with an internal gone, it logs one warning and serves everything through stock uvicorn (``httptools``
 and ``websockets``) and the ASGI fast path. ``[server] direct_relay = false`` switches the relay off
