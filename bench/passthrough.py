@@ -331,7 +331,13 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for mode in modes:
                     for conc in concurrencies:
-                        for name, port in targets.items():
+                        # direct first, then the others in an order rotated every round, so no
+                        # target always runs right after the same one
+                        others = list(targets)[1:]
+                        shift = round_ % len(others) if others else 0
+                        order = list(targets)[:1] + others[shift:] + others[:shift]
+                        for name in order:
+                            port = targets[name]
                             cell = uvloop.run(run_cell(port, mode == "sse", conc, args.seconds, args.warmup))
                             results.setdefault((mode, conc, name), []).append(cell)
                             print(
