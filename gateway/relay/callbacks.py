@@ -34,14 +34,18 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from gateway import errors
 from gateway.auth import AuthResult
 from gateway.config import get_config
+from gateway.logging import request_id_var
 from gateway.passthrough import SSE_CONTENT_TYPE, RawHeaders, Route
-from gateway.pipeline import Passage, admit, admit_waiting, finish, leave
+from gateway.pipeline import Passage, admit, admit_waiting, finish
 from inference_app.http_client import Connection, HttpPool, describe
 from inference_app.upstream import HttpUpstream, forward_headers, get_upstream
 
 log = logging.getLogger("gateway")
 
 _LAST_CHUNK = b"0\r\n\r\n"
+# Each step of a relay runs in its request's log context (Passage.enter, inlined: pump runs per chunk).
+_enter = request_id_var.set
+_leave = request_id_var.reset
 
 
 class Flow(Protocol):
@@ -161,7 +165,7 @@ class Relay:
 
     def admit(self, headers: dict[str, str]) -> None:
         """The headers are in: the pipeline's admission (body ceiling, CORS, auth, method)."""
-        token = self.passage.enter()
+        token = _enter(self.rid)
         try:
             passage = self.passage
             if passage.refusal is not None:
@@ -181,7 +185,7 @@ class Relay:
         except Exception:
             self._unexpected()  # not raised into the parser: that would answer the client 400
         finally:
-            leave(token)
+            _leave(token)
 
     async def _admit_waiting(self, headers: dict[str, str]) -> None:
         try:
@@ -206,13 +210,13 @@ class Relay:
         cycle.body = bytearray()
         self.body_in = True
         if self.forwarded is not None:
-            token = self.passage.enter()
+            token = _enter(self.rid)
             try:
                 self._send_body()
             except Exception:
                 self._unexpected()
             finally:
-                leave(token)
+                _leave(token)
 
     def _send_body(self) -> None:
         assert self.forwarded is not None
@@ -312,13 +316,13 @@ class Relay:
 
     def pump(self) -> None:
         """Write whatever the upstream connection has for the client now."""
-        token = self.passage.enter()
+        token = _enter(self.rid)
         try:
             self._pump()
         except Exception:
             self._unexpected()
         finally:
-            leave(token)
+            _leave(token)
 
     def _pump(self) -> None:
         conn = self.conn
@@ -410,14 +414,14 @@ class Relay:
     def refuse(self, exc: errors.GatewayError) -> None:
         """The protocol refuses the request (its body came too late): answer ``exc`` if nothing
         was sent yet, else drop it."""
-        token = self.passage.enter()
+        token = _enter(self.rid)
         try:
             task, self.task = self.task, None
             if task is not None:
                 task.cancel()
             self._error(exc)
         finally:
-            leave(token)
+            _leave(token)
 
     def _unexpected(self) -> None:
         """A bug: log it, and answer 500 if nothing was sent yet, else cut the response off."""
@@ -437,7 +441,7 @@ class Relay:
 
     def client_gone(self) -> None:
         """The client disconnected: drop the upstream request at once."""
-        token = self.passage.enter()
+        token = _enter(self.rid)
         try:
             task, self.task = self.task, None
             if task is not None:
@@ -447,7 +451,7 @@ class Relay:
                 self.pool.discard(conn)
             self._done(False)
         finally:
-            leave(token)
+            _leave(token)
 
     def _done(self, answered: bool) -> None:
         """The exchange is over: metrics, the access log, and (answered) the cycle completed."""
