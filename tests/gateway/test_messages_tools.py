@@ -232,11 +232,11 @@ def test_pings_keep_the_stream_alive_while_tools_run(
 def test_every_serving_path_runs_the_loop(
     upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any, transactional_db: None
 ) -> None:
-    """The relay below ASGI (callbacks and task) hands the request to the ASGI path; daphne-style
-    ASGI serves it directly: all three run the loop, and a body without gateway tools is still
-    relayed byte for byte."""
+    """The relay below ASGI hands the request to the ASGI path; with the relay off the ASGI path
+    serves it directly: both run the loop, and a body without gateway tools is still relayed byte
+    for byte."""
     gateway_config(llm_api_base=upstream.url, web_search__base_url=provider.url)
-    for kind in ("direct", "direct-task", "asgi"):
+    for kind in ("relay-on", "relay-off"):
         for live in serve_gateway(kind):
             upstream.script(
                 "/v1/messages", json_answer(anthropic_tool_message([("c1", "web_search", {"query": kind})]))
