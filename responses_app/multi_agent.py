@@ -42,6 +42,7 @@ import orjson
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
+from responses_app import compaction
 from responses_app.domain import Prepared, RoundState, Usage
 from responses_app.events import Event, EventTooLarge, StreamFailure
 from responses_app.executor import Executor
@@ -125,6 +126,16 @@ def belongs_to(item: dict[str, Any], name: str) -> bool:
     if item.get("type") == "agent_message":
         return item.get("recipient") == name
     return agent_of(item) == name
+
+
+def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Agent ``name``'s part of a stored history; after its latest compaction, the retained user
+    messages, the compaction item and what followed (what its model read when it compacted)."""
+    own = [i for i in items if belongs_to(i, name)]
+    latest = max((n for n, i in enumerate(own) if i.get("type") == compaction.COMPACTION), default=None)
+    if latest is None:
+        return own
+    return [*compaction.retained_messages(own[:latest]), *own[latest:]]
 
 
 def _text(value: Any) -> list[dict[str, Any]]:
@@ -212,10 +223,17 @@ class AgentExecutor(Executor):
         self.tools = self.collab  # type: ignore[assignment]  # the wire and the emitter see the proxy
         self.emitter.tools = self.collab
         self.rounds_run = 0
+        # Each agent compacts itself: at the request's context_management threshold, else at
+        # COMPACT_AT_TOKENS estimated tokens (a compaction_trigger is refused in multi-agent mode).
+        threshold = self.compactor.threshold
+        self.compactor.threshold = (
+            COMPACT_AT_TOKENS if threshold is None else min(threshold, COMPACT_AT_TOKENS)
+        )
+        self.compactor.trigger = False
 
     def model_items(self) -> list[dict[str, Any]]:
         prior = [*self.p.history, *self.p.new_items]
-        items = self.loop.model_items(prior, self.output)
+        items = self.compactor.window(self.loop.model_items(prior, self.output))
         out = []
         for item in items:
             seen = model_item(item, self.name)
@@ -227,12 +245,11 @@ class AgentExecutor(Executor):
         """Mail (or a client's tool output) joins this agent's history (no segment runs now)."""
         self.emitter.output.append(item)
 
-    def estimated_tokens(self) -> int:
-        return len(orjson.dumps(self.model_items())) // 4
-
-    async def before_segment_round(self) -> None:
-        """The per-agent seam before every inference round: automatic compaction at
-        COMPACT_AT_TOKENS estimated tokens belongs here (not built yet: the compaction issue)."""
+    async def before_segment_round(self) -> AsyncIterator[Event]:
+        """Before every inference round of this agent: its automatic compaction (the compaction
+        item is this agent's, attributed to it)."""
+        async for event in self.compactor.before_round(self):
+            yield event
 
 
 @dataclass
@@ -266,7 +283,8 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
     end = SegmentEnd("rounds")
     try:
         for _ in range(agent.config.responses.max_rounds):
-            await agent.before_segment_round()
+            async for event in agent.before_segment_round():
+                await queue.put(("event", agent.name, event))
             agent.rounds_run += 1  # round numbers key the parsers' items: unique per agent
             state = RoundState(agent.rounds_run)
             agent.round = state
@@ -469,13 +487,13 @@ class Coordinator(Executor):
         """The agents of this response: a fresh root, or the stored tree with each client output
         routed to the agent whose call it answers."""
         history = [*self.p.history]
-        root = await self._new_agent(ROOT, [i for i in history if belongs_to(i, ROOT)])
+        root = await self._new_agent(ROOT, own_history(history, ROOT))
         owners: dict[str, str] = {}
         for entry in self.tree_in.get("agents", []):
             name = entry["name"]
             if name == ROOT:
                 continue
-            agent = await self._new_agent(name, [i for i in history if belongs_to(i, name)])
+            agent = await self._new_agent(name, own_history(history, name))
             status = entry["status"]
             agent.status = "idle" if status == "awaiting_client" else status
             if status in ("running", "queued"):

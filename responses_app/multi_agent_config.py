@@ -84,4 +84,13 @@ def multi_agent_config(raw: Mapping[str, Any]) -> MultiAgentConfig | None:
                     param=f"reasoning.{key}",
                     code="unsupported_parameter",
                 )
+    items = raw.get("input")
+    if isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping) and item.get("type") == "compaction_trigger":
+                raise errors.BadRequest(
+                    "compaction_trigger is not supported with multi_agent; agents compact automatically.",
+                    param=f"input[{index}]",
+                    code="unsupported_parameter",
+                )
     return MultiAgentConfig(limit)

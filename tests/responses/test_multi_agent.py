@@ -414,3 +414,49 @@ def test_continuation_restores_the_tree(gw: Gateway) -> None:
     tree = Response.objects.get(id=second["id"]).agent_tree
     assert tree["config"]["max_concurrent_subagents"] == 1
     assert {a["name"] for a in tree["agents"]} == {"/root", "/root/a", "/root/b"}
+
+
+# --- per-agent compaction ------------------------------------------------------------------------
+
+LONG = [
+    {"role": "user", "content": "A" * 400},
+    {"role": "assistant", "content": "B" * 400},
+    {"role": "user", "content": "C" * 40},
+]
+
+
+def compacting(body: dict[str, Any]) -> Script:
+    if body.get("stream") is False:  # a summary round
+        return Script([text("SUMMARY of " + ("sub" if "task X" in body_text(body) else "root"))])
+    task = task_of(body)
+    if task is not None:
+        return Script([text(f"answer to {task}")])
+    seen = body_text(body)
+    if "Spawned" not in seen:
+        return Script(
+            [call("spawn_agent", _args(task_name="x", message="task X")), call("wait_agent", _args())]
+        )
+    return Script([text("done")])
+
+
+def test_each_agent_compacts_itself_over_the_threshold(gw: Gateway) -> None:
+    route(gw, compacting, 8)
+    events = gw.stream(
+        {
+            "model": "m",
+            "input": LONG,
+            "multi_agent": MA,
+            # Over the history's estimate for the root and its forked subagent, not after compacting.
+            "context_management": [{"type": "compaction", "compact_threshold": 200}],
+        }
+    )
+    final = check_attribution(events)
+    assert final["status"] == "completed", final
+    compactions = [i for i in final["output"] if i["type"] == "compaction"]
+    assert {i["agent"]["agent_name"]: i["encrypted_content"] for i in compactions} == {
+        "/root": "SUMMARY of root",
+        "/root/x": "SUMMARY of sub",
+    }
+    bodies = [b for b in gw.upstream_bodies() if b.get("stream") is not False]
+    sub = next(b for b in bodies if task_of(b) is not None)
+    assert "SUMMARY of sub" in body_text(sub) and "B" * 400 not in body_text(sub)
