@@ -30,6 +30,7 @@ Automatic compaction per agent (at :data:`COMPACT_AT_TOKENS` estimated tokens) h
 from __future__ import annotations
 
 import asyncio
+import re
 import contextlib
 import dataclasses
 import time
@@ -47,7 +48,7 @@ from responses_app.domain import Prepared, RoundState, Usage
 from responses_app.events import Event, EventTooLarge, StreamFailure
 from responses_app.executor import Executor
 from responses_app.multi_agent_config import MultiAgentConfig, multi_agent_config
-from responses_app.tool_loop import PRIVATE_KEY, ToolLoop
+from responses_app.tool_loop import PRIVATE_KEY, ROUND_CAP_REASON, ToolLoop
 
 ROOT = "/root"
 TREE_VERSION = 1
@@ -66,7 +67,11 @@ COLLAB_FUNCTIONS: list[dict[str, Any]] = [
         "parameters": {
             "type": "object",
             "properties": {
-                "task_name": {**_STR, "description": "A short identifier: letters, digits, '_' or '-'."},
+                "task_name": {
+                    **_STR,
+                    "description": "A short identifier: letters, digits, '_' or '-'.",
+                    "pattern": "^[A-Za-z0-9_-]{1,64}$",
+                },
                 "message": {**_STR, "description": "The task for the subagent."},
                 "fork_turns": {"type": "string", "enum": ["all", "none"]},
             },
@@ -204,6 +209,12 @@ class CollabTools:
             out += [{"type": "function", **f} for f in COLLAB_FUNCTIONS]
         return out
 
+    def tool_choice(self, choice: Any) -> Any:
+        """A ``tool_choice`` naming a collaboration tool binds the root; a subagent lacks the tool."""
+        if isinstance(choice, dict) and choice.get("name") in ACTIONS and not self.collaborates:
+            return "auto"
+        return self.loop.tool_choice(choice)
+
     def chat_tools(self) -> list[dict[str, Any]]:
         out = self.loop.chat_tools()
         if self.collaborates:
@@ -223,6 +234,7 @@ class AgentExecutor(Executor):
         self.tools = self.collab  # type: ignore[assignment]  # the wire and the emitter see the proxy
         self.emitter.tools = self.collab
         self.rounds_run = 0
+        self.turn_rounds = 0
         # Each agent compacts itself: at the request's context_management threshold, else at
         # COMPACT_AT_TOKENS estimated tokens (a compaction_trigger is refused in multi-agent mode).
         threshold = self.compactor.threshold
@@ -282,7 +294,8 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
     and the end to ``queue``. Touches only ``agent``."""
     end = SegmentEnd("rounds")
     try:
-        for _ in range(agent.config.responses.max_rounds):
+        while agent.turn_rounds < agent.config.responses.max_rounds:
+            agent.turn_rounds += 1  # the round budget is per turn, across its segments
             async for event in agent.before_segment_round():
                 await queue.put(("event", agent.name, event))
             agent.rounds_run += 1  # round numbers key the parsers' items: unique per agent
@@ -399,8 +412,11 @@ class Coordinator(Executor):
     def _running(self) -> int:
         return sum(1 for a in self.agents.values() if a.name != ROOT and a.status == "running")
 
-    def _start(self, agent: Agent) -> None:
-        """Start (or queue, when every slot is taken) a turn of ``agent``; its mail is delivered."""
+    def _start(self, agent: Agent, *, new_turn: bool = True) -> None:
+        """Start (or queue, when every slot is taken) a turn of ``agent`` (or the next segment of
+        the root's turn after its collaboration calls); its mail is delivered."""
+        if new_turn:
+            agent.ex.turn_rounds = 0
         if agent.name != ROOT and self._running() >= self.ma.max_concurrent_subagents:
             agent.status = "queued"
             return
@@ -409,6 +425,9 @@ class Coordinator(Executor):
         agent.mailbox.clear()
         agent.status = "running"
         agent.segment = asyncio.get_running_loop().create_task(_segment(agent.ex, self.queue))
+
+    def _busy(self) -> bool:
+        return any(a.status in ("running", "queued") for a in self.agents.values() if a.name != ROOT)
 
     def _start_queued(self) -> None:
         for agent in self.agents.values():
@@ -566,9 +585,13 @@ class Coordinator(Executor):
             elif name == ROOT:
                 if end.kind == "rounds":
                     self._end_status = "incomplete"
-                    self.incomplete_details = {"reason": "max_rounds"}
+                    self.incomplete_details = {"reason": ROUND_CAP_REASON}
                 root.status = "completed"
-                return  # the root's answer ends the response
+                # The root's turn is over: subagents still at work finish their turn first (their
+                # mail waits in the tree for the root's next turn), then the response ends.
+                if not self._busy():
+                    return
+                continue
             else:
                 agent.status = "completed" if end.kind == "answer" else "failed"
                 agent.answer = end.answer
@@ -576,6 +599,8 @@ class Coordinator(Executor):
                 for event in self._mail(name, ROOT, text):
                     yield event
             self._start_queued()
+            if root.status == "completed" and not self._busy():
+                return
             async for event in self._answer_waits():
                 yield event
 
@@ -592,7 +617,7 @@ class Coordinator(Executor):
             for event in [*events, *self._call_output(call, text)]:
                 yield event
         if not waits:
-            self._start(root)
+            self._start(root, new_turn=False)
             return
         root.status = "waiting"
         for call in waits:
@@ -621,7 +646,7 @@ class Coordinator(Executor):
                 yield event
         self.waiting = []
         root.status = "running"
-        self._start(root)
+        self._start(root, new_turn=False)
 
     def _call_output(self, call: dict[str, Any], text: str) -> list[Event]:
         root = self.agents[ROOT]
@@ -675,7 +700,7 @@ class Coordinator(Executor):
 
     async def _spawn(self, args: dict[str, Any]) -> tuple[str, list[Event]]:
         task, message = args.get("task_name"), args.get("message")
-        if not isinstance(task, str) or not task or not all(c.isalnum() or c in "_-" for c in task):
+        if not isinstance(task, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", task):
             return "Error: task_name must be letters, digits, '_' or '-'.", []
         if not isinstance(message, str) or not message:
             return "Error: 'message' is required.", []

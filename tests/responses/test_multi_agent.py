@@ -460,3 +460,39 @@ def test_each_agent_compacts_itself_over_the_threshold(gw: Gateway) -> None:
     bodies = [b for b in gw.upstream_bodies() if b.get("stream") is not False]
     sub = next(b for b in bodies if task_of(b) is not None)
     assert "SUMMARY of sub" in body_text(sub) and "B" * 400 not in body_text(sub)
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_subagent_at_work_finishes_its_turn_after_the_root_answers(gw: Gateway) -> None:
+    answered = {"root": False}
+
+    def router(body: dict[str, Any]) -> Script:
+        task = task_of(body)
+        if task is not None:
+            return Script([text("late answer")])
+        if "Spawned" not in body_text(body):
+            return Script([call("spawn_agent", _args(task_name="late", message="late", fork_turns="none"))])
+        answered["root"] = True
+        return Script([text("root done")])
+
+    def hold(inner: Any) -> Any:
+        async def held(request: Any, rec: Any) -> Any:
+            if task_of(rec.json()) is not None:  # the subagent answers only after the root did
+                deadline = time.monotonic() + 10
+                while not answered["root"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+            return await inner(request, rec)
+
+        return held
+
+    route(gw, router, 4, wrap=hold)
+    final = check_attribution(gw.stream({"model": "m", "input": "go", "multi_agent": MA}))
+    assert final["status"] == "completed"
+    kinds = [(i["type"], i["agent"]["agent_name"]) for i in final["output"]]
+    assert kinds.index(("message", "/root")) < kinds.index(("message", "/root/late"))
+    assert kinds[-1] == ("agent_message", "/root/late")  # mail for the root's next turn
+    tree = Response.objects.get(id=final["id"]).agent_tree
+    assert {a["name"]: a["status"] for a in tree["agents"]} == {
+        "/root": "completed",
+        "/root/late": "completed",
+    }
