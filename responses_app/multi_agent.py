@@ -30,9 +30,9 @@ Automatic compaction per agent (at :data:`COMPACT_AT_TOKENS` estimated tokens) h
 from __future__ import annotations
 
 import asyncio
-import re
 import contextlib
 import dataclasses
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
