@@ -58,60 +58,33 @@ MAX_WAIT_MS = 300_000
 ACTIONS = ("spawn_agent", "send_message", "followup_task", "wait_agent", "interrupt_agent", "list_agents")
 
 _STR = {"type": "string"}
+_TARGET = {"target": _STR}
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        parameters["required"] = required
+    return {"name": name, "description": description, "parameters": parameters}
+
+
+# Short on purpose: every root round carries them (a small model's context is small).
 COLLAB_FUNCTIONS: list[dict[str, Any]] = [
-    {
-        "name": "spawn_agent",
-        "description": "Start a subagent on a task. It works in parallel and reports back by mail "
-        "(read it with wait_agent). fork_turns: 'all' gives it this conversation so far, 'none' only "
-        "the message.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "task_name": {
-                    **_STR,
-                    "description": "A short identifier: letters, digits, '_' or '-'.",
-                    "pattern": "^[A-Za-z0-9_-]{1,64}$",
-                },
-                "message": {**_STR, "description": "The task for the subagent."},
-                "fork_turns": {"type": "string", "enum": ["all", "none"]},
-            },
-            "required": ["task_name", "message"],
+    _fn(
+        "spawn_agent",
+        "Start a subagent on a task; it reports back by mail.",
+        {
+            "task_name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+            "message": _STR,
+            "fork_turns": {"type": "string", "enum": ["all", "none"]},
         },
-    },
-    {
-        "name": "send_message",
-        "description": "Send a message to a subagent; it reads it at its next turn.",
-        "parameters": {
-            "type": "object",
-            "properties": {"target": _STR, "message": _STR},
-            "required": ["target", "message"],
-        },
-    },
-    {
-        "name": "followup_task",
-        "description": "Give a subagent a further task; it starts a new turn.",
-        "parameters": {
-            "type": "object",
-            "properties": {"target": _STR, "message": _STR},
-            "required": ["target", "message"],
-        },
-    },
-    {
-        "name": "wait_agent",
-        "description": "Wait until a running subagent finishes its turn (or timeout_ms passes); "
-        "returns the mail received.",
-        "parameters": {"type": "object", "properties": {"timeout_ms": {"type": "integer"}}},
-    },
-    {
-        "name": "interrupt_agent",
-        "description": "Stop a running subagent.",
-        "parameters": {"type": "object", "properties": {"target": _STR}, "required": ["target"]},
-    },
-    {
-        "name": "list_agents",
-        "description": "List the subagents and their status.",
-        "parameters": {"type": "object", "properties": {}},
-    },
+        ["task_name", "message"],
+    ),
+    _fn("send_message", "Mail a subagent.", {**_TARGET, "message": _STR}, ["target", "message"]),
+    _fn("followup_task", "Give a subagent a new task.", {**_TARGET, "message": _STR}, ["target", "message"]),
+    _fn("wait_agent", "Wait for subagent mail.", {"timeout_ms": {"type": "integer"}}, []),
+    _fn("interrupt_agent", "Stop a subagent.", dict(_TARGET), ["target"]),
+    _fn("list_agents", "List subagents.", {}, []),
 ]
 
 

@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 from responses_app.models import Response
 from tests.responses.conftest import Gateway, _sdk_view, sse_events
 from tests.responses.scripts import Script, call, handler, path_for, text
+from tests.responses.wsutil import Client, connect, create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -496,3 +497,23 @@ def test_a_subagent_at_work_finishes_its_turn_after_the_root_answers(gw: Gateway
         "/root": "completed",
         "/root/late": "completed",
     }
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_websocket_refuses_to_continue_a_multi_agent_response(gw: Gateway) -> None:
+    route(gw, two_subagents, 8)
+    first = gw.post({"model": "m", "input": "do two things", "multi_agent": MA}).json()
+    count = len(gw.upstream_bodies())
+
+    async def scenario() -> dict[str, Any]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(previous_response_id=first["id"], input="more"))
+            answer: dict[str, Any] = await c.recv()
+            return answer
+
+    error = asyncio.run(scenario())
+    assert error["type"] == "error" and error["status"] == 400
+    assert error["error"]["param"] == "previous_response_id"
+    assert error["error"]["code"] == "unsupported_parameter"
+    assert len(gw.upstream_bodies()) == count
