@@ -33,7 +33,7 @@ import aiohttp
 import jwt
 
 from gateway import errors
-from gateway.config import AuthConfig, Config, _is_loopback_host
+from gateway.config import AuthConfig, Config, is_loopback_host
 
 log = logging.getLogger("gateway.auth")
 
@@ -84,7 +84,7 @@ def check_provider_url(name: str, url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme == "https" and parts.hostname:
         return
-    if parts.scheme == "http" and parts.hostname and _is_loopback_host(parts.hostname):
+    if parts.scheme == "http" and parts.hostname and is_loopback_host(parts.hostname):
         return
     raise ProviderError(f"{name} must be an https URL (plain http only on loopback), got {url!r}")
 
