@@ -12,9 +12,9 @@ from inference_app.tools.base import (
     ToolCall,
     ToolResult,
     ToolSet,
-    classify_tools,
-    run_gateway_calls,
 )
+from inference_app.tools.classify import classify_tools
+from inference_app.tools.dispatch import run_gateway_calls
 from inference_app.tools.limits import ToolCallBudget, limit_output, validate_max_tool_calls
 from inference_app.tools.mcp import (
     McpListing,
