@@ -55,7 +55,7 @@ def _recover_orphans(**kwargs: object) -> None:
         logging.getLogger("responses.background").exception("start-up lease sweep failed")
 
 
-@app.task(name="gateway.ping", queue="tools")
+@app.task(name="gateway.ping")
 def ping() -> str:
     """A trivial task to check that a worker consumes a queue."""
     return "pong"

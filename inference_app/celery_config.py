@@ -13,6 +13,12 @@ from kombu import Exchange, Queue
 from gateway.config import Config
 
 QUEUES = ("inference", "tools", "responses")
+TASK_QUEUES = {
+    "gateway.ping": {"queue": "tools"},
+    "inference_app.run_gateway_tool": {"queue": "tools"},
+    "inference.generate": {"queue": "inference"},
+    "responses.run_background": {"queue": "responses"},
+}
 
 
 def configure(app: Celery, config: Config) -> Celery:
@@ -27,6 +33,9 @@ def configure(app: Celery, config: Config) -> Celery:
         # delivered to every queue.
         task_queues=tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES),
         task_default_queue="tools",
+        # Each task's queue by name (Celery deprecates the ``queue`` task attribute); a sender may
+        # still name another queue (WorkerUpstream sends to the served model's own queue).
+        task_routes=TASK_QUEUES,
         task_acks_late=True,
         task_reject_on_worker_lost=False,
         worker_prefetch_multiplier=1,
