@@ -231,7 +231,7 @@ class McpServerConfig:
     def _http_url(cls, url: str) -> str:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PydanticCustomError("config", "must be an http(s) URL, got {url!r}", {"url": url})
+            raise PydanticCustomError("config", "must be an http(s) URL, got '{url}'", {"url": url})
         return url
 
 
@@ -505,10 +505,12 @@ def _config_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> ConfigE
     error = exc.errors()[0]
     loc = prefix + tuple(str(part) for part in error["loc"])
     what = _describe(error)
+    if error["type"] in ("missing", "missing_argument", "extra_forbidden", "unexpected_keyword_argument"):
+        return ConfigError(f"{'.'.join(loc)}: {what}")
     if len(loc) == 1 and error["type"] in ("dataclass_type", "dict_type"):
         return ConfigError(f"[{loc[0]}]: must be a table")
     name = ".".join(loc)
-    if what.startswith("must") and "input" in error:
+    if (error["type"] in _TYPE_WORDS or error["type"] == "literal_error") and "input" in error:
         what += f", got {error['input']!r}"
     return ConfigError(f"{name}: {what}")
 
