@@ -20,6 +20,7 @@ import ipaddress
 import os
 import tomllib
 import typing
+from contextvars import ContextVar
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -515,7 +516,31 @@ def _config_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> ConfigE
     return ConfigError(f"{name}: {what}")
 
 
-def _settings_base() -> type[BaseSettings]:
+class _SettingsBase(BaseSettings):
+    """Its sources: the environment over the TOML file; which environment and file, per load."""
+
+    model_config = SettingsConfigDict(extra="forbid", case_sensitive=True, frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _loading.get()
+        env_source = GatewayEnvSource(settings_cls, environ)
+        path = environ.get("GATEWAY_CONFIG", "")
+        return (env_source, _toml_source(settings_cls, path)) if path else (env_source,)
+
+
+# The environment of the load in progress (load_config's argument, or os.environ).
+_loading: ContextVar[typing.Mapping[str, str]] = ContextVar("gateway_config_environ")
+
+
+def _settings_class() -> type[BaseSettings]:
     """A pydantic-settings class with the fields of :class:`Config` (declared once, there)."""
     hints = typing.get_type_hints(Config, include_extras=True)
     fields: dict[str, Any] = {}
@@ -527,10 +552,6 @@ def _settings_base() -> type[BaseSettings]:
     return create_model("GatewaySettings", __base__=_SettingsBase, **fields)  # type: ignore[no-any-return]
 
 
-class _SettingsBase(BaseSettings):
-    model_config = SettingsConfigDict(extra="forbid", case_sensitive=True, frozen=True)
-
-
 _settings_cls: type[BaseSettings] | None = None
 
 
@@ -539,26 +560,14 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
     global _settings_cls
     environ: typing.Mapping[str, str] = os.environ if env is None else env
     if _settings_cls is None:
-        _settings_cls = _settings_base()
-    path = environ.get("GATEWAY_CONFIG", "")
-
-    class Sources(_settings_cls):  # type: ignore[valid-type,misc]
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            env_source = GatewayEnvSource(settings_cls, environ)
-            return (env_source, _toml_source(settings_cls, path)) if path else (env_source,)
-
+        _settings_cls = _settings_class()
+    token = _loading.set(environ)
     try:
-        settings = Sources()
+        settings = _settings_cls()
     except ValidationError as exc:
         raise _config_error(exc) from None
+    finally:
+        _loading.reset(token)
     values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(Config)}
     values["mcp_servers"] = _resolve_headers_env(values["mcp_servers"], environ)
     if "WEB_SEARCH_API_KEY" not in environ:
