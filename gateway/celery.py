@@ -47,7 +47,7 @@ def _close_stale_connections(**kwargs: object) -> None:
 def _recover_orphans(**kwargs: object) -> None:
     """Start-up recovery: fail the background responses of this host's processes that are gone
     (a worker killed mid-response), and any whose lease expired."""
-    from responses_app.leases import sweep_once
+    from responses_app.tasks import sweep_once
 
     try:
         sweep_once()

@@ -7,6 +7,6 @@ class ResponsesAppConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway import lifecycle
-        from responses_app.leases import sweep_forever
+        from responses_app.tasks import sweep_forever
 
         lifecycle.on_startup(sweep_forever)  # the lease sweep, in every server process

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from conversations_app.schemas import check_input_item
 from gateway import errors
 from responses_app.features import refuse_unsupported
-from responses_app.tool_declarations import check_tool_declaration
+from responses_app.tool_decls import check_declared_tool
 
 INT64_MAX = 9223372036854775807
 
@@ -206,7 +206,7 @@ def _check_items_and_tools(request: ResponseCreateRequest) -> None:
                 param=f"tools[{index}].name",
                 code="missing_required_parameter",
             )
-        check_tool_declaration(tool, f"tools[{index}]")
+        check_declared_tool(tool, f"tools[{index}]")
 
 
 def _check_stored_lengths(request: ResponseCreateRequest) -> None:

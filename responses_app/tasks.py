@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
@@ -27,11 +31,8 @@ from django.db import InterfaceError, OperationalError
 from gateway import errors
 from gateway.config import Config, get_config
 from gateway.db import run_orm
-from responses_app.executor import Executor, Prepared
-from responses_app.leases import HOST as _HOST  # noqa: F401  (tests name this host's runners)
-from responses_app.leases import lease_owner_alive, runner_id, start_heartbeat
-from responses_app.leases import sweep_forever as sweep_forever
-from responses_app.leases import sweep_once as sweep_once
+from responses_app.domain import Prepared
+from responses_app.executor import Executor
 
 log = logging.getLogger("responses.background")
 
@@ -40,6 +41,57 @@ _running: dict[str, asyncio.Task[None]] = {}
 
 _FLUSH_EVENTS = 32
 _FLUSH_SECONDS = 0.05
+
+_HOST = socket.gethostname()
+_identity: tuple[int, str] | None = None
+
+
+def runner_id() -> str:
+    """This process's lease owner name, ``host/pid/token`` (a forked child gets its own)."""
+    global _identity
+    pid = os.getpid()
+    if _identity is None or _identity[0] != pid:
+        _identity = (pid, f"{_HOST}/{pid}/{secrets.token_hex(4)}")
+    return _identity[1]
+
+
+def lease_owner_alive(owner: str) -> bool:
+    """Whether the process named by lease owner ``owner`` (of this host) still runs."""
+    try:
+        host, pid_text, _token = owner.split("/", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return True  # not ours to judge
+    if host != _HOST:
+        return True
+    if pid == os.getpid():
+        return owner == runner_id()  # this pid's earlier life: a restarted process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_once() -> int:
+    from responses_app import services
+
+    return services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{_HOST}/")
+
+
+async def sweep_forever() -> None:
+    """The periodic sweep each gateway process runs (its first pass is the start-up recovery)."""
+    interval = get_config().responses.sweep_interval_s
+    while True:
+        try:
+            failed = await run_orm(sweep_once)
+            if failed:
+                log.warning("lease sweep: %d unfinished background responses stored failed", failed)
+        except Exception:
+            log.exception("lease sweep failed; next try in %g s", interval)
+        await asyncio.sleep(interval)
 
 
 async def create_background(prepared: Prepared, config: Config) -> dict[str, Any]:
@@ -83,6 +135,31 @@ def cancel_local(response_id: str) -> None:
     task = _running.get(response_id)
     if task is not None:
         task.cancel()
+
+
+def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> asyncio.Task[None]:
+    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until the
+    task is cancelled; ``on_lost()`` once a renewal finds the lease gone (the row was failed by the
+    sweep, cancelled or deleted). Background work and stored streams (``runs.drive``) share it."""
+    return asyncio.get_running_loop().create_task(_heartbeat(response_id, config, on_lost))
+
+
+async def _heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> None:
+    from responses_app import services
+
+    owner, every, lease_s = runner_id(), config.responses.heartbeat_s, config.responses.lease_s
+    while True:
+        await asyncio.sleep(every)
+        try:
+            renewed = await run_orm(
+                services.response_lease_renew, id=response_id, lease_owner=owner, lease_s=lease_s
+            )
+        except Exception:
+            log.exception("response %s: lease renewal failed", response_id)
+            continue  # the database may come back before the lease expires
+        if not renewed:  # failed by the sweep, or cancelled: stop working on it
+            on_lost()
+            return
 
 
 async def run_background(prepared: Prepared, config: Config, *, upstream: Any = None) -> None:

@@ -1,6 +1,6 @@
-"""Client tool declarations (``function``, ``custom``, ``namespace``): the types the executor reads,
-checked the same wherever a declaration arrives (a request's ``tools``, a tool search's result).
-Other tool types have their own checks."""
+"""Client tool declarations: the typed models of the tools the executor reads (``function``,
+``custom``, ``namespace``; other tool types have their own checks), used for a request's
+``tools`` (``schemas``) and for the tools a client tool search loaded (``features``)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ _TOOL_MODELS: dict[str, type[_Declared]] = {
 }
 
 
-def check_tool_declaration(tool: dict[str, Any], param: str, *, members: tuple[str, ...] = ()) -> None:
+def check_declared_tool(tool: dict[str, Any], param: str, *, members: tuple[str, ...] = ()) -> None:
     kind = tool.get("type")
     if members and kind not in members:
         if not isinstance(kind, str):
@@ -71,4 +71,4 @@ def check_tool_declaration(tool: dict[str, Any], param: str, *, members: tuple[s
         raise errors.validation_error(exc, tool, param=param) from None
     if kind == "namespace":
         for index, member in enumerate(tool["tools"]):
-            check_tool_declaration(member, f"{param}.tools[{index}]", members=("function", "custom"))
+            check_declared_tool(member, f"{param}.tools[{index}]", members=("function", "custom"))
