@@ -46,6 +46,9 @@ Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 StrList = tuple[Str, ...]
+# Sizes, counts and durations that must be above zero.
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
 
 # Every section refuses keys it does not declare.
 _SECTION = ConfigDict(extra="forbid")
@@ -78,12 +81,12 @@ class ConfigError(Exception):
 class ServerConfig:
     host: Str = "127.0.0.1"
     port: Int = 8000
-    max_request_body_size_bytes: Int = 10 * MiB
+    max_request_body_size_bytes: PositiveInt = 10 * MiB
     # Request line and headers together (431, or 414 for a request line, beyond it), the number of
     # header fields (431), and how long a request may take to arrive in full, head and body (408).
-    max_request_head_size_bytes: Int = 64 * 1024
-    max_request_headers: Int = 100
-    request_read_timeout_s: Float = 30.0
+    max_request_head_size_bytes: PositiveInt = 64 * 1024
+    max_request_headers: PositiveInt = 100
+    request_read_timeout_s: PositiveFloat = 30.0
     cors_allowed_origins: StrList = ()
     debug: Bool = False
     log_format: Literal["text", "json"] = "text"
@@ -104,10 +107,10 @@ class ServerConfig:
 
 @dataclass(frozen=True, config=_SECTION)
 class UpstreamConfig:
-    connect_timeout_s: Float = 10.0
-    read_timeout_s: Float = 600.0
-    stall_timeout_s: Float = 300.0
-    pool_size: Int = 1000
+    connect_timeout_s: PositiveFloat = 10.0
+    read_timeout_s: PositiveFloat = 600.0
+    stall_timeout_s: PositiveFloat = 300.0
+    pool_size: PositiveInt = 1000
     ready_timeout_s: Float = 1.0
 
 
@@ -115,17 +118,17 @@ class UpstreamConfig:
 class DatabaseConfig:
     statement_timeout_ms: Int = 30_000
     pool_min_size: Int = 2
-    pool_max_size: Int = 20
+    pool_max_size: PositiveInt = 20
     conn_max_age_s: Int = 0
 
 
 @dataclass(frozen=True, config=_SECTION)
 class ResponsesConfig:
-    max_retained_bytes: Int = 8 * MiB
-    max_upstream_sse_line_bytes: Int = 16 * MiB
-    max_stream_event_bytes: Int = 16 * MiB
+    max_retained_bytes: PositiveInt = 8 * MiB
+    max_upstream_sse_line_bytes: PositiveInt = 16 * MiB
+    max_stream_event_bytes: PositiveInt = 16 * MiB
     prompt_cache_options_supported: Bool = False
-    max_rounds: Int = 10
+    max_rounds: PositiveInt = 10
     # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
     # continuations on the same process; 0 disables it.
     history_cache_bytes: Int = 64 * MiB
@@ -140,21 +143,21 @@ class ResponsesConfig:
 class WebSocketConfig:
     """Per-connection limits of the ``/v1/responses`` WebSocket transport (spec defaults)."""
 
-    max_outstanding_requests: Int = 64
-    max_outstanding_request_bytes: Int = 12 * MiB
-    max_lanes: Int = 128
-    max_checkpoint_items: Int = 32_768
-    max_checkpoint_bytes: Int = 16 * MiB
-    max_connection_checkpoint_bytes: Int = 32 * MiB
+    max_outstanding_requests: PositiveInt = 64
+    max_outstanding_request_bytes: PositiveInt = 12 * MiB
+    max_lanes: PositiveInt = 128
+    max_checkpoint_items: PositiveInt = 32_768
+    max_checkpoint_bytes: PositiveInt = 16 * MiB
+    max_connection_checkpoint_bytes: PositiveInt = 32 * MiB
     # Backpressure: events waiting for a slow client, and how long one send may block.
-    outbound_queue_events: Int = 256
-    send_timeout_s: Float = 30.0
+    outbound_queue_events: PositiveInt = 256
+    send_timeout_s: PositiveFloat = 30.0
 
 
 @dataclass(frozen=True, config=_SECTION)
 class ToolsConfig:
-    max_concurrent_gateway_calls: Int = 5
-    call_timeout_s: Float = 60.0
+    max_concurrent_gateway_calls: PositiveInt = 5
+    call_timeout_s: PositiveFloat = 60.0
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -162,9 +165,9 @@ class WebSearchConfig:
     provider: Literal["searxng", "brave", "tavily"] = "searxng"
     base_url: Str = ""
     api_key_env: Str = ""
-    max_results: Int = 5
-    max_queries_per_call: Int = 5
-    request_timeout_s: Float = 15.0
+    max_results: PositiveInt = 5
+    max_queries_per_call: PositiveInt = 5
+    request_timeout_s: PositiveFloat = 15.0
     allowed_domains: StrList = ()
     blocked_domains: StrList = ()
     max_snippet_chars: Int = 500
@@ -189,14 +192,14 @@ class CodeInterpreterConfig:
     enabled: Bool = True
     bwrap: Str = "bwrap"
     python: Str = ""
-    cpu_time_s: Int = 10
-    wall_time_s: Float = 30.0
-    memory_bytes: Int = 512 * MiB
-    max_processes: Int = 16
-    max_output_bytes: Int = 256 * 1024
-    max_file_size_bytes: Int = 16 * MiB
-    tmp_size_bytes: Int = 64 * MiB
-    max_code_bytes: Int = 1 * MiB
+    cpu_time_s: PositiveInt = 10
+    wall_time_s: PositiveFloat = 30.0
+    memory_bytes: PositiveInt = 512 * MiB
+    max_processes: PositiveInt = 16
+    max_output_bytes: PositiveInt = 256 * 1024
+    max_file_size_bytes: PositiveInt = 16 * MiB
+    tmp_size_bytes: PositiveInt = 64 * MiB
+    max_code_bytes: PositiveInt = 1 * MiB
     run_as_uid: Int = 65534
     run_as_gid: Int = 65534
     extra_ro_binds: StrList = ()
@@ -205,11 +208,11 @@ class CodeInterpreterConfig:
 @dataclass(frozen=True, config=_SECTION)
 class McpConfig:
     allowed_hosts: StrList = ()
-    max_servers: Int = 64
-    max_tools: Int = 128
-    max_list_pages: Int = 50
-    connect_timeout_s: Float = 10.0
-    discovery_timeout_s: Float = 30.0
+    max_servers: PositiveInt = 64
+    max_tools: PositiveInt = 128
+    max_list_pages: PositiveInt = 50
+    connect_timeout_s: PositiveFloat = 10.0
+    discovery_timeout_s: PositiveFloat = 30.0
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -261,7 +264,7 @@ class InferenceConfig:
     served_model_name: Str = ""
     dtype: Str = "auto"
     max_model_len: Int = 0
-    tensor_parallel_size: Int = 1
+    tensor_parallel_size: PositiveInt = 1
     chat_template: Str = ""
     enable_auto_tool_choice: Bool = False
     tool_call_parser: Str = ""
@@ -273,11 +276,11 @@ class InferenceConfig:
     enforce_eager: Bool = False
     engine_args: StrList = ()
     models: StrList = ()
-    stream_maxlen: Int = 10_000
-    stream_ttl_s: Int = 900
-    heartbeat_interval_s: Float = 1.0
-    worker_lost_after_s: Float = 5.0
-    cancel_poll_interval_s: Float = 0.2
+    stream_maxlen: PositiveInt = 10_000
+    stream_ttl_s: PositiveInt = 900
+    heartbeat_interval_s: PositiveFloat = 1.0
+    worker_lost_after_s: PositiveFloat = 5.0
+    cancel_poll_interval_s: PositiveFloat = 0.2
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -491,6 +494,7 @@ _TYPE_WORDS = {
     "missing": "required",
     "missing_argument": "required",
     "extra_forbidden": "unknown setting in the config file",
+    "greater_than": "must be positive",
     "unexpected_keyword_argument": "unknown setting in the config file",
 }
 
@@ -649,56 +653,6 @@ def _validate(c: Config) -> None:
             )
     if c.redis_url and urlsplit(c.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(f"REDIS_URL: must be a redis:// URL, got {c.redis_url!r}")
-    positive = {
-        "server.max_request_body_size_bytes": c.server.max_request_body_size_bytes,
-        "server.max_request_head_size_bytes": c.server.max_request_head_size_bytes,
-        "server.max_request_headers": c.server.max_request_headers,
-        "server.request_read_timeout_s": c.server.request_read_timeout_s,
-        "responses.max_retained_bytes": c.responses.max_retained_bytes,
-        "responses.max_upstream_sse_line_bytes": c.responses.max_upstream_sse_line_bytes,
-        "responses.max_stream_event_bytes": c.responses.max_stream_event_bytes,
-        "responses.max_rounds": c.responses.max_rounds,
-        "websocket.max_outstanding_requests": c.websocket.max_outstanding_requests,
-        "websocket.max_outstanding_request_bytes": c.websocket.max_outstanding_request_bytes,
-        "websocket.max_lanes": c.websocket.max_lanes,
-        "websocket.max_checkpoint_items": c.websocket.max_checkpoint_items,
-        "websocket.max_checkpoint_bytes": c.websocket.max_checkpoint_bytes,
-        "websocket.max_connection_checkpoint_bytes": c.websocket.max_connection_checkpoint_bytes,
-        "websocket.outbound_queue_events": c.websocket.outbound_queue_events,
-        "websocket.send_timeout_s": c.websocket.send_timeout_s,
-        "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
-        "tools.call_timeout_s": c.tools.call_timeout_s,
-        "web_search.max_results": c.web_search.max_results,
-        "web_search.max_queries_per_call": c.web_search.max_queries_per_call,
-        "web_search.request_timeout_s": c.web_search.request_timeout_s,
-        "code_interpreter.cpu_time_s": c.code_interpreter.cpu_time_s,
-        "code_interpreter.wall_time_s": c.code_interpreter.wall_time_s,
-        "code_interpreter.memory_bytes": c.code_interpreter.memory_bytes,
-        "code_interpreter.max_processes": c.code_interpreter.max_processes,
-        "code_interpreter.max_output_bytes": c.code_interpreter.max_output_bytes,
-        "code_interpreter.max_file_size_bytes": c.code_interpreter.max_file_size_bytes,
-        "code_interpreter.tmp_size_bytes": c.code_interpreter.tmp_size_bytes,
-        "code_interpreter.max_code_bytes": c.code_interpreter.max_code_bytes,
-        "mcp.max_servers": c.mcp.max_servers,
-        "mcp.max_tools": c.mcp.max_tools,
-        "mcp.max_list_pages": c.mcp.max_list_pages,
-        "mcp.connect_timeout_s": c.mcp.connect_timeout_s,
-        "mcp.discovery_timeout_s": c.mcp.discovery_timeout_s,
-        "upstream.connect_timeout_s": c.upstream.connect_timeout_s,
-        "upstream.read_timeout_s": c.upstream.read_timeout_s,
-        "upstream.stall_timeout_s": c.upstream.stall_timeout_s,
-        "upstream.pool_size": c.upstream.pool_size,
-        "database.pool_max_size": c.database.pool_max_size,
-        "inference.tensor_parallel_size": c.inference.tensor_parallel_size,
-        "inference.stream_maxlen": c.inference.stream_maxlen,
-        "inference.stream_ttl_s": c.inference.stream_ttl_s,
-        "inference.heartbeat_interval_s": c.inference.heartbeat_interval_s,
-        "inference.worker_lost_after_s": c.inference.worker_lost_after_s,
-        "inference.cancel_poll_interval_s": c.inference.cancel_poll_interval_s,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{name}: must be positive, got {value}")
     if c.server.workers < 0:
         raise ConfigError(f"server.workers: must be 0 (automatic) or positive, got {c.server.workers}")
     if not 0 < c.server.port < 65536:
