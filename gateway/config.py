@@ -152,6 +152,14 @@ class WebSocketConfig:
     # Backpressure: events waiting for a slow client, and how long one send may block.
     outbound_queue_events: PositiveInt = 256
     send_timeout_s: PositiveFloat = 30.0
+    # Steering (response.steer): queued updates per target, the three connection budgets (accepted
+    # steering echoes, retained successor settings, failure echoes awaiting delivery), and how long
+    # a completed target stays steerable.
+    steer_max_queued: PositiveInt = 32
+    steer_input_bytes: PositiveInt = 12 * MiB
+    steer_settings_bytes: PositiveInt = 12 * MiB
+    steer_failure_bytes: PositiveInt = 12 * MiB
+    steer_target_ttl_s: PositiveFloat = 60.0
 
 
 @dataclass(frozen=True, config=_SECTION)

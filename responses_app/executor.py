@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -87,6 +87,9 @@ class Executor:
         self.before_start: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
         self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
+        # WebSocket steering (responses_app.steering): asked at each safe boundary whether accepted
+        # steering waits; when it does, the response ends ``incomplete`` / ``steered`` there.
+        self.steer_requested: Callable[[], bool] | None = None
         self._base: dict[str, Any] | None = None
 
     @property
@@ -199,13 +202,19 @@ class Executor:
                     yield event
                 status = self.round.status
                 self.service_tier = self.round.tier
-                if not tools.round_calls:
+                if not tools.round_calls and not self.round.steered:
                     break  # a final answer or client calls only: nothing for the gateway to run
                 # Gateway calls run even when the round also ends the response (client calls,
-                # approval requests, an incomplete round): they are recorded either way.
+                # approval requests, an incomplete round, steering): they are recorded either way.
                 async for event in tools.execute_round(self.emitter):
                     yield event
+                if self.round.steered:
+                    status = self._steered()
+                    break
                 if not self._continues(status):
+                    break
+                if self._steer_waiting():  # a round boundary: the round's gateway calls settled
+                    status = self._steered()
                     break
             else:
                 status = "incomplete"  # every round ended in gateway calls
@@ -232,6 +241,14 @@ class Executor:
         round without client calls and without a call that ends the response, e.g. an approval)."""
         assert self.tools is not None
         return status == "completed" and not self.emitter.client_calls and not self.tools.ends_response
+
+    def _steer_waiting(self) -> bool:
+        return self.steer_requested is not None and self.steer_requested()
+
+    def _steered(self) -> str:
+        """Stop for steering: earlier output is kept; the response ends incomplete, ``steered``."""
+        self.incomplete_details = {"reason": "steered"}
+        return "incomplete"
 
     async def interrupt(self, message: str) -> AsyncIterator[Event]:
         """End a run that was stopped from outside (the shutdown deadline) as ``failed``: the
@@ -356,8 +373,15 @@ class Executor:
                         yield event
                     if terminal_seen:
                         break
+                    # Only a complete item lifecycle event establishes that started work settled
+                    # (chat completions has none: its rounds stop at their end).
+                    if state.settled and self._steer_waiting():
+                        state.steered = True
+                        break
             except errors.GatewayError as exc:
                 raise StreamFailure(exc.message, status=exc.status) from None
+            if state.steered:
+                return  # the upstream request is closed below; its remaining output is dropped
             if not terminal_seen:
                 raise StreamFailure("The upstream stream ended before the response was complete.")
             if not response.complete:

@@ -23,6 +23,7 @@ VIOLATIONS = {
     "gateway/zz_torch.py": "import torch\n",
     "responses_app/zz_uvicorn.py": "from uvicorn.protocols.http import httptools_impl\n",
     "gateway/zz_client.py": "import httpx\n",
+    "gateway/relay/zz_app.py": "from responses_app import services\n",
     "gateway/_zz_private.py": "X = 1\n",
     "responses_app/zz_private.py": "from gateway import _zz_private\n",
 }
@@ -71,7 +72,7 @@ def test_every_contract_fails_when_violated(lint_output: str) -> None:
     ]
     summary = lint_output.split("Broken contracts")[0]
     flat = " ".join(summary.split())  # import-linter wraps long names
-    assert len(names) == 9
+    assert len(names) == 10
     for name in names:
         assert f"{name} BROKEN" in flat, name
     assert "Import cycle: conversations_app.zz_cycle_a, conversations_app.zz_cycle_b" in lint_output
