@@ -137,6 +137,11 @@ class ResponsesConfig:
     lease_s: Float = 60.0
     heartbeat_s: Float = 10.0
     sweep_interval_s: Float = 15.0
+    # Compaction's summary round (docs/responses.md → Compaction): the request that asks the model
+    # for the summary ("" = the built-in prompt, responses_app.compaction.DEFAULT_PROMPT) and its
+    # output cap (0 = none sent).
+    compaction_prompt: Str = ""
+    compaction_max_output_tokens: Int = 0
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -624,6 +629,8 @@ def _validate(c: Config) -> None:
     r = c.responses
     if min(r.lease_s, r.heartbeat_s, r.sweep_interval_s) <= 0:
         raise ConfigError("responses.lease_s, heartbeat_s and sweep_interval_s: must be > 0")
+    if r.compaction_max_output_tokens < 0:
+        raise ConfigError("responses.compaction_max_output_tokens: must be >= 0 (0: no cap sent)")
     if r.heartbeat_s >= r.lease_s:
         raise ConfigError(
             f"responses.heartbeat_s ({r.heartbeat_s:g}) must be shorter than responses.lease_s "

@@ -466,7 +466,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             )
         if executor.failure_event is not None or final is None or final.get("status") == "failed":
             return False, None
-        return True, [*prepared.history, *prepared.new_items, *executor.output]
+        return True, executor.checkpoint()  # after a compaction: the window
 
     async def _prewarm(self, prepared: Prepared, job: Job) -> tuple[bool, list[dict[str, Any]] | None]:
         """``generate: false``: both lifecycle events are built and checked before anything else."""

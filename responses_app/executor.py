@@ -36,7 +36,7 @@ from gateway import errors
 from gateway.config import Config
 from gateway.db import run_orm
 from gateway.logging import request_id_var
-from responses_app import parsers, services, translate, wire
+from responses_app import compaction, parsers, services, translate, wire
 from responses_app.domain import TERMINAL_EVENT, Prepared, RoundState, Usage, base_snapshot
 from responses_app.echo import tool_usage
 from responses_app.emitter import Emitter
@@ -87,6 +87,8 @@ class Executor:
         self.before_start: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
         self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
+        # Automatic compaction and the compaction_trigger (responses_app.compaction).
+        self.compactor = compaction.Compactor(prepared)
         # WebSocket steering (responses_app.steering): asked at each safe boundary whether accepted
         # steering waits; when it does, the response ends ``incomplete`` / ``steered`` there.
         self.steer_requested: Callable[[], bool] | None = None
@@ -193,6 +195,8 @@ class Executor:
             for number in range(1, self.config.responses.max_rounds + 1):
                 async for event in self._before_round():
                     yield event
+                if self.compactor.ends_response:
+                    break  # a compaction_trigger response is its compaction item
                 self.round = RoundState(number)
                 self.emitter.client_calls = 0
                 tools.start_round()
@@ -230,10 +234,9 @@ class Executor:
             yield event
 
     async def _before_round(self) -> AsyncIterator[Event]:
-        """The hook before every inference round (the history is final for the round here): the
-        place for work on the history before it is sent, such as automatic compaction. None yet."""
-        hooked: tuple[Event, ...] = ()
-        for event in hooked:
+        """The hook before every inference round (the history is final for the round here):
+        compaction, when the request's threshold or its compaction_trigger asks for it."""
+        async for event in self.compactor.before_round(self):
             yield event
 
     def _continues(self, status: str) -> bool:
@@ -334,19 +337,34 @@ class Executor:
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
-        outcome = services.Outcome(status, snapshot, output_items, self.usage.as_dict(), self.error, terminal)
+        outcome = services.Outcome(
+            status,
+            snapshot,
+            output_items,
+            self.usage.as_dict(),
+            self.error,
+            terminal,
+            window=self.checkpoint(output_items) if self.compactor.compacted else None,
+        )
         self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
 
     # --- one upstream round --------------------------------------------------------------------
 
+    def checkpoint(self, output: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The history a continuation of this response starts from: history, input and output, or
+        after a compaction the window (the user's messages, the compaction item, what followed)."""
+        return self.compactor.checkpoint(
+            [*self.p.history, *self.p.new_items], self.output if output is None else output
+        )
+
     def model_items(self) -> list[dict[str, Any]]:
         """The history as the model sees it: built-in tool items in their function-call form, client
-        tool calls under the names the model knows them by."""
+        tool calls under the names the model knows them by, a compaction as its summary."""
         if self.tools is None:
             items = [*self.p.history, *self.p.new_items, *self.output]
         else:
             items = self.tools.model_items([*self.p.history, *self.p.new_items], self.output)
-        return [self.client_tools.upstream_item(item) for item in items]
+        return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
     async def _run_round(self, state: RoundState) -> AsyncIterator[Event]:
         chat = self.config.upstream_api == "chat_completions"
