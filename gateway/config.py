@@ -201,6 +201,36 @@ class WebSearchConfig:
 
 
 @dataclass(frozen=True, config=_SECTION)
+class WebFetchConfig:
+    """The ``web_fetch`` gateway tool (Anthropic Messages' ``web_fetch_20250910``)."""
+
+    # Hosts that may resolve to loopback/private/link-local addresses (exact names, as MCP's).
+    allowed_hosts: StrList = ()
+    # The most bytes read of one page; a longer one fails with ``content_too_large``.
+    max_bytes: PositiveInt = 5 * MiB
+    max_redirects: Int = 5
+    # Text given to the model when the declaration names no ``max_content_tokens`` (about 4 bytes a token).
+    max_content_tokens: PositiveInt = 100_000
+    max_url_chars: PositiveInt = 2048
+
+
+@dataclass(frozen=True, config=_SECTION)
+class MessagesConfig:
+    """The Anthropic Messages route's server-tool loop."""
+
+    # ``"WebSearch=web_search"``: a plain client function so named is run by the gateway as that tool.
+    tool_aliases: StrList = ()
+
+    def aliases(self) -> dict[str, str]:
+        """Function name -> gateway tool name (``web_search`` or ``web_fetch``)."""
+        out: dict[str, str] = {}
+        for entry in self.tool_aliases:
+            name, _, tool = entry.partition("=")
+            out[name.strip()] = tool.strip()
+        return out
+
+
+@dataclass(frozen=True, config=_SECTION)
 class CodeInterpreterConfig:
     enabled: Bool = True
     bwrap: Str = "bwrap"
@@ -312,6 +342,8 @@ class Config:
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     web_search: WebSearchConfig = field(default_factory=WebSearchConfig)
+    web_fetch: WebFetchConfig = field(default_factory=WebFetchConfig)
+    messages: MessagesConfig = field(default_factory=MessagesConfig)
     code_interpreter: CodeInterpreterConfig = field(default_factory=CodeInterpreterConfig)
     mcp: McpConfig = field(default_factory=McpConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -678,6 +710,12 @@ def _validate(c: Config) -> None:
         parts = urlsplit(c.web_search.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"WEB_SEARCH_BASE_URL: must be an http(s) URL, got {c.web_search.base_url!r}")
+    if c.web_fetch.max_redirects < 0:
+        raise ConfigError(f"web_fetch.max_redirects: must be 0 or more, got {c.web_fetch.max_redirects}")
+    for entry in c.messages.tool_aliases:
+        name, sep, tool = entry.partition("=")
+        if not sep or not name.strip() or tool.strip() not in ("web_search", "web_fetch"):
+            raise ConfigError(f"messages.tool_aliases: {entry!r} is not NAME=web_search or NAME=web_fetch")
     if c.inference.worker_lost_after_s <= c.inference.heartbeat_interval_s:
         raise ConfigError(
             "inference.worker_lost_after_s: must exceed inference.heartbeat_interval_s "
