@@ -226,6 +226,10 @@ class AgentExecutor(Executor):
                 out.append(self.client_tools.upstream_item(seen))
         return out
 
+    def run_round(self, state: RoundState) -> AsyncIterator[Event]:
+        """One inference round of this agent (the executor's round, over this agent's history)."""
+        return self._run_round(state)
+
     def receive(self, item: dict[str, Any]) -> None:
         """Mail (or a client's tool output) joins this agent's history (no segment runs now)."""
         self.emitter.output.append(item)
@@ -277,7 +281,7 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
             agent.emitter.client_calls = 0
             agent.loop.start_round()
             agent.collab.calls = []
-            async for event in agent._run_round(state):
+            async for event in agent.run_round(state):
                 await queue.put(("event", agent.name, event))
             for event in agent.emitter.close():
                 await queue.put(("event", agent.name, event))
