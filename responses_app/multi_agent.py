@@ -540,6 +540,7 @@ class Coordinator(Executor):
                 self.root_tier = end.tier
             if end.kind == "failed":
                 if name == ROOT:
+                    self.http_error = agent.ex.http_error  # a 4xx upstream answer is relayed
                     raise StreamFailure(end.message, code=end.code, status=end.status)
                 agent.status = "failed"
                 for event in self._mail(name, ROOT, f"Subagent failed: {end.message}"):

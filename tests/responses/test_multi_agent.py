@@ -517,3 +517,12 @@ def test_websocket_refuses_to_continue_a_multi_agent_response(gw: Gateway) -> No
     assert error["error"]["param"] == "previous_response_id"
     assert error["error"]["code"] == "unsupported_parameter"
     assert len(gw.upstream_bodies()) == count
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_failed_root_round_fails_the_response_and_stores_it_failed(gw: Gateway) -> None:
+    gw.script(error_status=400, error_message="bad prompt")
+    r = gw.post({"model": "m", "input": "go", "multi_agent": MA})
+    assert r.status_code == 400 and "bad prompt" in r.json()["error"]["message"]
+    row = Response.objects.get()
+    assert row.status == "failed" and row.agent_tree["agents"][0]["name"] == "/root"
