@@ -69,8 +69,14 @@ def to_gateway_error(exc: Exception) -> errors.GatewayError | None:
         return errors.AuthenticationFailed(code="missing_bearer_token")
     if isinstance(exc, drf_exceptions.NotFound | Http404):
         return errors.NotFound(str(exc))
+    if isinstance(exc, drf_exceptions.PermissionDenied):
+        return errors.PermissionDenied(str(exc.detail))
+    if isinstance(exc, drf_exceptions.Throttled):
+        return errors.RateLimited(str(exc.detail))
     if isinstance(exc, drf_exceptions.APIException):
-        return errors.GatewayError(str(exc.detail), status=exc.status_code, code=exc.default_code)
+        if exc.status_code >= 500:
+            return errors.ServerError(str(exc.detail), status=exc.status_code, code=exc.default_code)
+        return errors.BadRequest(str(exc.detail), status=exc.status_code, code=exc.default_code)
     return None
 
 

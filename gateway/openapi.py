@@ -16,6 +16,7 @@ fetch it without credentials.
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,13 @@ class Body:
 
 
 SSE = "text/event-stream"
+# One server-sent event; ``data`` carries the JSON of the route's stream event (``[DONE]`` ends
+# the Chat Completions and Completions streams).
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"}},
+}
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         "Not supported by this gateway yet: always a 501 envelope.",
         request=Body("openai.types.responses:ResponseCompactParams"),
         ok=(),
-        errors=(401, 501),
+        errors=(400, 401),
     ),
     LeanRoute(
         "/v1/chat/completions",
@@ -186,7 +194,11 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         "Pass-through",
         "Audio transcription (multipart upload streamed to the upstream).",
         request=Body("openai.types.audio:TranscriptionCreateParams", "multipart/form-data"),
-        ok=(Body("openai.types.audio:Transcription"), Body("builtins:str", SSE)),
+        ok=(
+            Body("openai.types.audio:Transcription"),
+            Body("builtins:str", SSE),
+            Body("builtins:str", "text/plain"),
+        ),
         errors=_OPENAI_UPSTREAM_ERRORS,
     ),
     LeanRoute(
@@ -196,7 +208,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         "Pass-through",
         "Audio translation (multipart upload streamed to the upstream).",
         request=Body("openai.types.audio:TranslationCreateParams", "multipart/form-data"),
-        ok=(Body("openai.types.audio:Translation"),),
+        ok=(Body("openai.types.audio:Translation"), Body("builtins:str", "text/plain")),
         errors=_OPENAI_UPSTREAM_ERRORS,
     ),
     LeanRoute(
@@ -269,9 +281,11 @@ class Components:
         self.schemas: dict[str, Any] = {}
 
     def schema(self, body: Body, mode: str) -> dict[str, Any]:
+        if body.media_type == SSE:
+            return SSE_EVENT
         target = body.resolve()
         if target is str:
-            return {"type": "string", "description": "Server-sent events."}
+            return {"type": "string"}
         prefix = body.type.split(".")[0].split(":")[0].replace("_app", "")
         ref_template = f"#/components/schemas/{prefix}_{{model}}"
         schema = _json_schema(target, mode, ref_template)
@@ -375,12 +389,52 @@ def lean_paths() -> tuple[dict[str, Any], dict[str, Any]]:
     return paths, components.schemas
 
 
+# OpenAPI links: where an answer's ids lead (clients, and schemathesis' stateful phase, follow them).
+_CONVERSATION = {"conversation_id": "$response.body#/id"}
+_RESPONSE = {"response_id": "$response.body#/id"}
+_ITEM = {"conversation_id": "$request.path.conversation_id", "item_id": "$response.body#/data/0/id"}
+LINKS: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
+    "conversations_create": {
+        "RetrieveConversation": ("conversations_retrieve", _CONVERSATION),
+        "UpdateConversation": ("conversations_update", _CONVERSATION),
+        "ListItems": ("conversations_items_list", _CONVERSATION),
+        "CreateItems": ("conversations_items_create", _CONVERSATION),
+        "DeleteConversation": ("conversations_delete", _CONVERSATION),
+    },
+    "conversations_items_create": {
+        "RetrieveItem": ("conversations_items_retrieve", _ITEM),
+        "DeleteItem": ("conversations_items_delete", _ITEM),
+        "ListItems": ("conversations_items_list", {"conversation_id": "$request.path.conversation_id"}),
+    },
+    "responses_create": {
+        "RetrieveResponse": ("responses_retrieve", _RESPONSE),
+        "ListInputItems": ("responses_input_items_list", _RESPONSE),
+        "CancelResponse": ("responses_cancel", _RESPONSE),
+        "DeleteResponse": ("responses_delete", _RESPONSE),
+    },
+}
+
+
+def _add_links(paths: dict[str, Any]) -> None:
+    for operations in paths.values():
+        for operation in operations.values():
+            links = LINKS.get(operation.get("operationId", ""))
+            ok = operation.get("responses", {}).get("200")
+            if links and ok is not None:
+                ok["links"] = {
+                    name: {"operationId": target, "parameters": dict(parameters)}
+                    for name, (target, parameters) in links.items()
+                }
+
+
 def add_lean_routes(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """drf-spectacular post-processing hook: the lean routes next to the DRF views, paths sorted."""
+    """drf-spectacular post-processing hook: the lean routes next to the DRF views, paths sorted,
+    and the :data:`LINKS` between operations."""
     paths, schemas = lean_paths()
-    merged = dict(result.get("paths", {}))
+    merged = {path: dict(operations) for path, operations in result.get("paths", {}).items()}
     for path, operations in paths.items():
-        merged.setdefault(path, {}).update(operations)
+        merged.setdefault(path, {}).update(copy.deepcopy(operations))
+    _add_links(merged)
     result["paths"] = dict(sorted(merged.items()))
     components = result.setdefault("components", {})
     components.setdefault("schemas", {}).update(schemas)

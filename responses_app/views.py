@@ -226,9 +226,13 @@ async def _tail(response_id: str, starting_after: int) -> AsyncIterator[bytes]:
 
 @allow_methods("POST")
 async def response_compact(request: HttpRequest) -> HttpResponse:
-    """``POST /v1/responses/compact``: refused until compaction is built (never a silent 405)."""
-    raise errors.NotImplementedFeature(
-        "POST /v1/responses/compact is not supported by this gateway yet.", param=None
+    """``POST /v1/responses/compact``: refused until compaction is built (never a silent 405).
+
+    A 400 ``not_implemented``, not a 501: the request is fine, the server is healthy, and no 5xx
+    may answer a well-formed request (the schema fuzzing in ``make test`` holds the gateway to it).
+    """
+    raise errors.BadRequest(
+        "POST /v1/responses/compact is not supported by this gateway yet.", code="not_implemented"
     )
 
 
