@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -50,6 +50,13 @@ class ConversationsView(ConversationsResource):
         tags=TAGS,
         request=serializers.ConversationCreateSerializer,
         responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+        examples=[
+            OpenApiExample(
+                "A conversation with a first message",
+                value={"items": [{"role": "user", "content": "Hello!"}], "metadata": {"topic": "demo"}},
+                request_only=True,
+            )
+        ],
     )
     def post(self, request: Request) -> Response:
         """Create a conversation with up to 20 initial items, atomically."""
@@ -126,6 +133,18 @@ class ConversationItemsView(ConversationsResource):
         parameters=[CONVERSATION_ID, INCLUDE],
         request=serializers.ItemsCreateSerializer,
         responses={200: serializers.ItemListSerializer, **ERROR_RESPONSES},
+        examples=[
+            OpenApiExample(
+                "A user turn and the assistant's reply",
+                value={
+                    "items": [
+                        {"type": "message", "role": "user", "content": "What is 2 + 2?"},
+                        {"type": "message", "role": "assistant", "content": "4"},
+                    ]
+                },
+                request_only=True,
+            )
+        ],
     )
     def post(self, request: Request, conversation_id: str) -> Response:
         """Append up to 20 items at the end of the conversation, atomically."""

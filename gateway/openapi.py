@@ -166,6 +166,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         request=Body("openai.types.chat:CompletionCreateParams"),
         ok=(Body("openai.types.chat:ChatCompletion"), Body("builtins:str", SSE)),
         errors=_OPENAI_UPSTREAM_ERRORS,
+        envelope="upstream",
     ),
     LeanRoute(
         "/v1/completions",
@@ -176,6 +177,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         request=Body("openai.types:CompletionCreateParams"),
         ok=(Body("openai.types:Completion"), Body("builtins:str", SSE)),
         errors=_OPENAI_UPSTREAM_ERRORS,
+        envelope="upstream",
     ),
     LeanRoute(
         "/v1/embeddings",
@@ -186,6 +188,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         request=Body("openai.types:EmbeddingCreateParams"),
         ok=(Body("openai.types:CreateEmbeddingResponse"),),
         errors=_OPENAI_UPSTREAM_ERRORS,
+        envelope="upstream",
     ),
     LeanRoute(
         "/v1/audio/transcriptions",
@@ -200,6 +203,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
             Body("builtins:str", "text/plain"),
         ),
         errors=_OPENAI_UPSTREAM_ERRORS,
+        envelope="upstream",
     ),
     LeanRoute(
         "/v1/audio/translations",
@@ -210,6 +214,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         request=Body("openai.types.audio:TranslationCreateParams", "multipart/form-data"),
         ok=(Body("openai.types.audio:Translation"), Body("builtins:str", "text/plain")),
         errors=_OPENAI_UPSTREAM_ERRORS,
+        envelope="upstream",
     ),
     LeanRoute(
         "/v1/messages",
@@ -241,6 +246,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         "The upstream's model list.",
         ok=(Body("gateway.openapi:ModelList"),),
         errors=(401,),
+        envelope="upstream",
     ),
     LeanRoute(
         "/v1/models/{model}",
@@ -250,6 +256,7 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         "One model of the upstream's list.",
         ok=(Body("openai.types:Model"),),
         errors=(401, 404),
+        envelope="upstream",
         path_params=("model",),
     ),
 )
@@ -319,6 +326,24 @@ def _is_model(target: Any) -> bool:
 
 
 def _error_schema(envelope: str) -> dict[str, Any]:
+    if envelope == "upstream":
+        # The gateway's own refusals, or the upstream's relayed as sent (vLLM's ``code`` is the status).
+        return {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["message"],
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": ["string", "null"]},
+                        "param": {"type": ["string", "null"]},
+                        "code": {"type": ["string", "integer", "null"]},
+                    },
+                }
+            },
+        }
     if envelope == "anthropic":
         return {
             "type": "object",
@@ -389,6 +414,10 @@ def lean_paths() -> tuple[dict[str, Any], dict[str, Any]]:
     return paths, components.schemas
 
 
+# Usage counters the SDK declares required but the gateway omits when the upstream did not report
+# them (docs/responses.md: an unreported count is absent, never a made-up 0).
+UNREPORTED_COUNTERS = ("openai_InputTokensDetails", "openai_OutputTokensDetails")
+
 # OpenAPI links: where an answer's ids lead (clients, and schemathesis' stateful phase, follow them).
 _CONVERSATION = {"conversation_id": "$response.body#/id"}
 _RESPONSE = {"response_id": "$response.body#/id"}
@@ -438,6 +467,8 @@ def add_lean_routes(result: dict[str, Any], generator: Any, request: Any, public
     result["paths"] = dict(sorted(merged.items()))
     components = result.setdefault("components", {})
     components.setdefault("schemas", {}).update(schemas)
+    for name in UNREPORTED_COUNTERS:  # our answers next to the SDK's stricter types
+        components["schemas"][name] = {k: v for k, v in components["schemas"][name].items() if k != "required"}
     components.setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
     return result
 

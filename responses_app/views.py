@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gateway import errors
 from gateway.config import get_config
 from gateway.db import run_orm
-from gateway.http import allow_methods, json_response
+from gateway.http import allow_methods, json_response, parse_json_body
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
 from responses_app import runs, selectors, services, tasks
@@ -242,9 +242,8 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
     from responses_app import translate
 
     _check_json(request.content_type or "")
-    raw = orjson.loads(request.body) if request.body else {}
-    if not isinstance(raw, dict):
-        raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
+    # Malformed JSON (not UTF-8 included) is the 400 every JSON route gives (was: a 500; schema fuzzing).
+    raw = parse_json_body(request) if request.body else {}
     raw.setdefault("model", "")
     parsed, raw = parse_create_request(orjson.dumps(raw))
     config = get_config()
