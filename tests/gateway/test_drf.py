@@ -151,7 +151,7 @@ def test_conversation_item_pages(live_gateway: LiveServer) -> None:
 
 @pytest.fixture
 def stored(live_gateway: LiveServer, upstream: ScriptedUpstream, gateway_config: Callable[..., Any]) -> Any:
-    gateway_config(llm_api_base=upstream.url)
+    gateway_config(llm_api_base=upstream.url, upstream_api="chat_completions")
     body = {"model": "m", "input": [{"role": "user", "content": f"q{i}"} for i in range(3)]}
     r = httpx.post(f"{live_gateway.url}/v1/responses", json=body, timeout=30)
     assert r.status_code == 200, r.text
@@ -312,7 +312,7 @@ def test_response_retrievals_overlap_their_database_calls(
     gateway_config: Callable[..., Any],
     held_reads: Callable[[str], Meeting],
 ) -> None:
-    gateway_config(llm_api_base=upstream.url)
+    gateway_config(llm_api_base=upstream.url, upstream_api="chat_completions")
     base = live_gateway.url
     ids = [
         httpx.post(f"{base}/v1/responses", json={"model": "m", "input": "hi"}, timeout=30).json()["id"]
