@@ -184,5 +184,7 @@ class ConversationItemView(ConversationsResource):
         """Detach the item from the conversation; answers the conversation."""
         selectors.check_conversation_id(conversation_id)
         selectors.check_item_id(item_id)
-        conversation = services.conversation_item_delete(id=conversation_id, owner=self.owner, item_id=item_id)
+        conversation = services.conversation_item_delete(
+            id=conversation_id, owner=self.owner, item_id=item_id
+        )
         return Response(serializers.ConversationSerializer(conversation).data)

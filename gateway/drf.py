@@ -127,7 +127,9 @@ class JSONRenderer(BaseRenderer):
     format = "json"
     charset = None
 
-    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
         return orjson.dumps(data)
 
 

@@ -310,7 +310,9 @@ def _json_schema(target: Any, mode: Any, ref_template: str) -> dict[str, Any]:
     except PydanticSchemaGenerationError:
         # A file upload (``IO[bytes]``) in the SDK's params: hold it in a model that allows
         # arbitrary types; _Generate writes it as a binary string.
-        holder = create_model("Holder", __config__=ConfigDict(arbitrary_types_allowed=True), value=(target, ...))
+        holder = create_model(
+            "Holder", __config__=ConfigDict(arbitrary_types_allowed=True), value=(target, ...)
+        )
         wrapped = holder.model_json_schema(mode=mode, ref_template=ref_template, schema_generator=_Generate)
         value: dict[str, Any] = wrapped["properties"]["value"]
         if "$defs" in wrapped:
@@ -394,7 +396,9 @@ def lean_operation(route: LeanRoute, components: Components) -> dict[str, Any]:
     if route.ok:
         operation["responses"][str(route.ok_status)] = {
             "description": "OK",
-            "content": {body.media_type: {"schema": components.schema(body, "serialization")} for body in route.ok},
+            "content": {
+                body.media_type: {"schema": components.schema(body, "serialization")} for body in route.ok
+            },
         }
     for status in route.errors:
         operation["responses"][str(status)] = {
@@ -468,7 +472,9 @@ def add_lean_routes(result: dict[str, Any], generator: Any, request: Any, public
     components = result.setdefault("components", {})
     components.setdefault("schemas", {}).update(schemas)
     for name in UNREPORTED_COUNTERS:  # our answers next to the SDK's stricter types
-        components["schemas"][name] = {k: v for k, v in components["schemas"][name].items() if k != "required"}
+        components["schemas"][name] = {
+            k: v for k, v in components["schemas"][name].items() if k != "required"
+        }
     components.setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
     return result
 

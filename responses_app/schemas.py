@@ -50,7 +50,9 @@ class ResponseCreateRequest(BaseModel):
     # The example is the OpenAPI document's (gateway/openapi.py).
     model_config = ConfigDict(
         extra="allow",
-        json_schema_extra={"examples": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "input": "Say hello."}]},
+        json_schema_extra={
+            "examples": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "input": "Say hello."}]
+        },
     )
 
     access_programs: dict[str, Any] | None = None

@@ -19,7 +19,9 @@ from tests.upstream import Recorded, ScriptedUpstream, anthropic_error, vllm_err
 class FuzzUpstream(ScriptedUpstream):
     async def default(self, request: web.Request, rec: Recorded) -> web.StreamResponse:
         if request.path == "/tokenize":
-            return web.json_response({"count": 3, "max_model_len": 4096, "tokens": [1, 2, 3], "token_strs": None})
+            return web.json_response(
+                {"count": 3, "max_model_len": 4096, "tokens": [1, 2, 3], "token_strs": None}
+            )
         if not request.path.startswith("/v1/audio/") and request.path not in ("/health", "/v1/models"):
             body: Any = None
             try:

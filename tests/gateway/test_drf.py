@@ -40,9 +40,19 @@ def _handled(exc: Exception, path: str = "/v1/conversations") -> tuple[int, dict
 @pytest.mark.parametrize(
     ("exc", "status", "type_", "code"),
     [
-        (errors.BadRequest("bad", param="limit", code="invalid_value"), 400, "invalid_request_error", "invalid_value"),
+        (
+            errors.BadRequest("bad", param="limit", code="invalid_value"),
+            400,
+            "invalid_request_error",
+            "invalid_value",
+        ),
         (drf_exceptions.ParseError(), 400, "invalid_request_error", "invalid_json"),
-        (drf_exceptions.UnsupportedMediaType("text/plain"), 415, "invalid_request_error", "unsupported_media_type"),
+        (
+            drf_exceptions.UnsupportedMediaType("text/plain"),
+            415,
+            "invalid_request_error",
+            "unsupported_media_type",
+        ),
         (drf_exceptions.MethodNotAllowed("PUT"), 405, "invalid_request_error", "method_not_allowed"),
         (drf_exceptions.NotAuthenticated(), 401, "authentication_error", "missing_bearer_token"),
         (drf_exceptions.AuthenticationFailed(), 401, "authentication_error", "missing_bearer_token"),
@@ -212,7 +222,9 @@ def test_retrieve_delete_and_cancel(live_gateway: LiveServer, stored: dict[str, 
         ("GET", "/v1/responses/resp_x/cancel", "POST"),
     ],
 )
-def test_other_methods_are_405_with_allow(live_gateway: LiveServer, method: str, path: str, allow: str) -> None:
+def test_other_methods_are_405_with_allow(
+    live_gateway: LiveServer, method: str, path: str, allow: str
+) -> None:
     r = httpx.request(method, f"{live_gateway.url}{path}", timeout=30)
     assert r.status_code == 405
     assert r.headers["allow"] == allow
@@ -221,7 +233,9 @@ def test_other_methods_are_405_with_allow(live_gateway: LiveServer, method: str,
 
 
 def test_any_accept_header_gets_json(live_gateway: LiveServer) -> None:
-    r = httpx.post(f"{live_gateway.url}/v1/conversations", json={}, headers={"Accept": "text/html"}, timeout=30)
+    r = httpx.post(
+        f"{live_gateway.url}/v1/conversations", json={}, headers={"Accept": "text/html"}, timeout=30
+    )
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/json"
 
@@ -297,7 +311,9 @@ def test_item_lists_overlap_their_database_calls(
 
     base = live_gateway.url
     ids = [
-        httpx.post(f"{base}/v1/conversations", json={"items": [{"role": "user", "content": "x"}]}).json()["id"]
+        httpx.post(f"{base}/v1/conversations", json={"items": [{"role": "user", "content": "x"}]}).json()[
+            "id"
+        ]
         for _ in range(REQUESTS)
     ]
     meeting = held_reads(ConversationItem._meta.db_table)

@@ -100,7 +100,13 @@ def test_lean_routes_come_from_pydantic_and_sdk_types(document: dict[str, Any]) 
 
 def test_drf_views_are_described_by_their_serializers(document: dict[str, Any]) -> None:
     items = document["paths"]["/v1/conversations/{conversation_id}/items"]["get"]
-    assert {p["name"] for p in items["parameters"]} == {"conversation_id", "after", "limit", "order", "include"}
+    assert {p["name"] for p in items["parameters"]} == {
+        "conversation_id",
+        "after",
+        "limit",
+        "order",
+        "include",
+    }
     page = document["components"]["schemas"]["PaginatedItemList"]
     assert set(page["required"]) == {"object", "data", "first_id", "last_id", "has_more"}
     error = items["responses"]["404"]["content"]["application/json"]["schema"]
