@@ -83,7 +83,7 @@ def test_schemathesis_finds_no_server_error_violation_or_hang(
             "--seed",
             "1",
             "--workers",
-            "2",
+            "1",  # generation in two threads at once trips CPython 3.11's AST recursion check (SystemError)
             "--request-timeout",
             str(REQUEST_TIMEOUT_S),
             "--suppress-health-check",
