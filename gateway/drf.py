@@ -14,9 +14,10 @@ stored responses) are DRF views built on :class:`ResourceView`:
   ``last_id``, ``has_more``) with OpenAI's ``after`` / ``order`` / ``limit`` rules; the page itself
   comes from the caller's keyset selector.
 - :func:`async_view` serves a DRF view from async Django: the whole synchronous view (parsing, ORM
-  work, rendering) is one :func:`gateway.db.run_orm` call, so requests run side by side on the ORM
-  pool instead of queueing on asgiref's one thread-sensitive thread, and the event loop never waits
-  on the database. :func:`on_loop` runs the few things that belong to the event loop (cancelling a
+  work, rendering) is one :func:`gateway.db.run_orm` call, so DRF views follow the project's one
+  rule for ORM work from async code (the bounded ORM pool, stale connections closed before and
+  after) instead of asgiref's per-request threads, requests run side by side, and the event loop
+  never waits on the database. :func:`on_loop` runs the few things that belong to the event loop (cancelling a
   local task) from inside such a view.
 """
 
@@ -327,8 +328,8 @@ def on_loop(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def _respond(view: Callable[..., HttpResponseBase], request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
     response = view(request, *args, **kwargs)
     if isinstance(response, Response):
-        # Rendered here, on the ORM thread: a DRF Response handed to async Django would be
-        # rendered on asgiref's one thread-sensitive thread, every request queueing there.
+        # Rendered here, on the ORM thread: a DRF Response handed to async Django would cost
+        # another hop to a thread of asgiref's just to be rendered.
         response.render()
         plain = HttpResponse(response.content, status=response.status_code)
         for name, value in response.items():

@@ -266,9 +266,11 @@ class Meeting:
         self.peak = 0
         self.met = False
         self.active = False
+        self.threads: set[str] = set()
 
     def hold(self) -> None:
         with self.lock:
+            self.threads.add(threading.current_thread().name)
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
             self.met = self.met or self.in_flight >= REQUESTS
@@ -320,6 +322,7 @@ def test_item_lists_overlap_their_database_calls(
     meeting.active = True
     assert asyncio.run(_get_all([f"{base}/v1/conversations/{i}/items" for i in ids])) == [200] * REQUESTS
     assert meeting.peak == REQUESTS  # serialized on one thread: 1
+    assert meeting.threads == {"orm"}  # gateway.db.run_orm's pool, not asgiref's threads
 
 
 def test_response_retrievals_overlap_their_database_calls(
@@ -338,3 +341,4 @@ def test_response_retrievals_overlap_their_database_calls(
     meeting.active = True
     assert asyncio.run(_get_all([f"{base}/v1/responses/{i}" for i in ids])) == [200] * REQUESTS
     assert meeting.peak == REQUESTS
+    assert meeting.threads == {"orm"}
