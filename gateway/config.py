@@ -107,6 +107,11 @@ class ResponsesConfig:
     lease_s: float = 60.0
     heartbeat_s: float = 10.0
     sweep_interval_s: float = 15.0
+    # Compaction's summary round (docs/responses.md → Compaction): the request that asks the model
+    # for the summary ("" = the built-in prompt, responses_app.compaction.DEFAULT_PROMPT) and its
+    # output cap (0 = none sent).
+    compaction_prompt: str = ""
+    compaction_max_output_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,14 @@ class WebSocketConfig:
     # Backpressure: events waiting for a slow client, and how long one send may block.
     outbound_queue_events: int = 256
     send_timeout_s: float = 30.0
+    # Steering (response.steer): queued updates per target, the three connection budgets (accepted
+    # steering echoes, retained successor settings, failure echoes awaiting delivery), and how long
+    # a completed target stays steerable.
+    steer_max_queued: int = 32
+    steer_input_bytes: int = 12 * MiB
+    steer_settings_bytes: int = 12 * MiB
+    steer_failure_bytes: int = 12 * MiB
+    steer_target_ttl_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +168,36 @@ class WebSearchConfig:
     @property
     def key_env(self) -> str:
         return self.api_key_env or WEB_SEARCH_KEY_ENV[self.provider]
+
+
+@dataclass(frozen=True)
+class WebFetchConfig:
+    """The ``web_fetch`` gateway tool (Anthropic Messages' ``web_fetch_20250910``)."""
+
+    # Hosts that may resolve to loopback/private/link-local addresses (exact names, as MCP's).
+    allowed_hosts: tuple[str, ...] = ()
+    # The most bytes read of one page; a longer one fails with ``content_too_large``.
+    max_bytes: int = 5 * MiB
+    max_redirects: int = 5
+    # Text given to the model when the declaration names no ``max_content_tokens`` (about 4 bytes a token).
+    max_content_tokens: int = 100_000
+    max_url_chars: int = 2048
+
+
+@dataclass(frozen=True)
+class MessagesConfig:
+    """The Anthropic Messages route's server-tool loop."""
+
+    # ``"WebSearch=web_search"``: a plain client function so named is run by the gateway as that tool.
+    tool_aliases: tuple[str, ...] = ()
+
+    def aliases(self) -> dict[str, str]:
+        """Function name -> gateway tool name (``web_search`` or ``web_fetch``)."""
+        out: dict[str, str] = {}
+        for entry in self.tool_aliases:
+            name, _, tool = entry.partition("=")
+            out[name.strip()] = tool.strip()
+        return out
 
 
 @dataclass(frozen=True)
@@ -259,6 +302,8 @@ class Config:
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     web_search: WebSearchConfig = field(default_factory=WebSearchConfig)
+    web_fetch: WebFetchConfig = field(default_factory=WebFetchConfig)
+    messages: MessagesConfig = field(default_factory=MessagesConfig)
     code_interpreter: CodeInterpreterConfig = field(default_factory=CodeInterpreterConfig)
     mcp: McpConfig = field(default_factory=McpConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -550,6 +595,8 @@ def _validate(c: Config) -> None:
     r = c.responses
     if min(r.lease_s, r.heartbeat_s, r.sweep_interval_s) <= 0:
         raise ConfigError("responses.lease_s, heartbeat_s and sweep_interval_s: must be > 0")
+    if r.compaction_max_output_tokens < 0:
+        raise ConfigError("responses.compaction_max_output_tokens: must be >= 0 (0: no cap sent)")
     if r.heartbeat_s >= r.lease_s:
         raise ConfigError(
             f"responses.heartbeat_s ({r.heartbeat_s:g}) must be shorter than responses.lease_s "
@@ -604,11 +651,19 @@ def _validate(c: Config) -> None:
         "websocket.max_connection_checkpoint_bytes": c.websocket.max_connection_checkpoint_bytes,
         "websocket.outbound_queue_events": c.websocket.outbound_queue_events,
         "websocket.send_timeout_s": c.websocket.send_timeout_s,
+        "websocket.steer_max_queued": c.websocket.steer_max_queued,
+        "websocket.steer_input_bytes": c.websocket.steer_input_bytes,
+        "websocket.steer_settings_bytes": c.websocket.steer_settings_bytes,
+        "websocket.steer_failure_bytes": c.websocket.steer_failure_bytes,
+        "websocket.steer_target_ttl_s": c.websocket.steer_target_ttl_s,
         "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
         "tools.call_timeout_s": c.tools.call_timeout_s,
         "web_search.max_results": c.web_search.max_results,
         "web_search.max_queries_per_call": c.web_search.max_queries_per_call,
         "web_search.request_timeout_s": c.web_search.request_timeout_s,
+        "web_fetch.max_bytes": c.web_fetch.max_bytes,
+        "web_fetch.max_content_tokens": c.web_fetch.max_content_tokens,
+        "web_fetch.max_url_chars": c.web_fetch.max_url_chars,
         "code_interpreter.cpu_time_s": c.code_interpreter.cpu_time_s,
         "code_interpreter.wall_time_s": c.code_interpreter.wall_time_s,
         "code_interpreter.memory_bytes": c.code_interpreter.memory_bytes,
@@ -647,6 +702,12 @@ def _validate(c: Config) -> None:
         parts = urlsplit(c.web_search.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"WEB_SEARCH_BASE_URL: must be an http(s) URL, got {c.web_search.base_url!r}")
+    if c.web_fetch.max_redirects < 0:
+        raise ConfigError(f"web_fetch.max_redirects: must be 0 or more, got {c.web_fetch.max_redirects}")
+    for entry in c.messages.tool_aliases:
+        name, sep, tool = entry.partition("=")
+        if not sep or not name.strip() or tool.strip() not in ("web_search", "web_fetch"):
+            raise ConfigError(f"messages.tool_aliases: {entry!r} is not NAME=web_search or NAME=web_fetch")
     if c.inference.worker_lost_after_s <= c.inference.heartbeat_interval_s:
         raise ConfigError(
             "inference.worker_lost_after_s: must exceed inference.heartbeat_interval_s "

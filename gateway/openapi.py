@@ -152,10 +152,10 @@ LEAN_ROUTES: tuple[LeanRoute, ...] = (
         "post",
         "responses_compact",
         "Responses",
-        "Not supported by this gateway yet: always a 501 envelope.",
+        "Compact a conversation's history into a compaction item (one summary round).",
         request=Body("openai.types.responses:ResponseCompactParams"),
-        ok=(),
-        errors=(400, 401),
+        ok=(Body("openai.types.responses:CompactedResponse"),),
+        errors=(400, 401, 404, 413, 415),
     ),
     LeanRoute(
         "/v1/chat/completions",

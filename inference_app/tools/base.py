@@ -26,7 +26,7 @@ from gateway.errors import BadRequest
 if TYPE_CHECKING:
     from inference_app.tools.mcp import McpListing
 
-GatewayKind = Literal["web_search", "code_interpreter", "mcp"]
+GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp"]
 Owner = Literal["client", "gateway", "unknown"]
 
 CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell"})
@@ -66,6 +66,10 @@ class FunctionDef:
             "parameters": self.parameters,
             "strict": False,
         }
+
+    def as_anthropic_tool(self) -> dict[str, Any]:
+        """An Anthropic Messages custom tool (``/v1/messages`` upstream)."""
+        return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
     def as_chat_tool(self) -> dict[str, Any]:
         """A Chat Completions function tool (``/v1/chat/completions`` upstream)."""
@@ -174,6 +178,10 @@ class ToolResult:
     # MCP only: "tool_execution" when the tool itself reported the error (``isError``); otherwise
     # the call failed on the way (connection, protocol, timeout, policy).
     error_type: str | None = None
+    # What the Anthropic Messages blocks show: web_search ``results`` (title, url, snippet),
+    # web_fetch ``url`` / ``title`` / ``text`` / ``retrieved_at``, and on a failure ``error_code``
+    # (Anthropic's code for it).
+    details: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -230,6 +238,42 @@ def web_search_function(tool: Mapping[str, Any], index: int, config: Config) -> 
                 }
             },
             "required": ["queries"],
+        },
+        tool_index=index,
+    )
+
+
+def single_query_web_search_function(name: str, index: int) -> FunctionDef:
+    """Web search as Anthropic's server tool takes it: one ``query`` per call (Messages)."""
+    return FunctionDef(
+        name=name,
+        kind="web_search",
+        description=(
+            "Search the web for current information. Give one short search query; the results come "
+            "back as titles, URLs and snippets to cite."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "The search query."}},
+            "required": ["query"],
+        },
+        tool_index=index,
+    )
+
+
+def web_fetch_function(name: str, index: int) -> FunctionDef:
+    """Web fetch (Messages): the text of one http(s) page."""
+    return FunctionDef(
+        name=name,
+        kind="web_fetch",
+        description=(
+            "Fetch the page at an http(s) URL and get its text (HTML is converted to text; PDF and "
+            "binary types are not supported)."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "The URL to fetch."}},
+            "required": ["url"],
         },
         tool_index=index,
     )

@@ -33,11 +33,14 @@ async def execute_call(call: ToolCall, config: Config) -> ToolResult:
     """Run one call here and now (the body of both modes); unexpected errors become failures."""
     from inference_app.tools.mcp import call_mcp_tool
     from inference_app.tools.sandbox import run_code_interpreter
+    from inference_app.tools.web_fetch import run_web_fetch
     from inference_app.tools.web_search import run_web_search
 
     try:
         if call.kind == "web_search":
             return await run_web_search(call, config)
+        if call.kind == "web_fetch":
+            return await run_web_fetch(call, config)
         if call.kind == "code_interpreter":
             return await run_code_interpreter(call, config)
         if call.kind == "mcp":

@@ -27,6 +27,10 @@ USER_AGENT = "agentic-gateway-web-search/1"
 class SearchError(Exception):
     """A provider answered with an error, or could not be reached; the message names it."""
 
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 @dataclass(frozen=True)
 class SearchHit:
@@ -112,7 +116,7 @@ async def _fetch(session: aiohttp.ClientSession, method: str, url: str, provider
             body = await resp.read()
             if resp.status != 200:
                 message = _provider_message(resp.status, body)
-                raise SearchError(f"{provider} answered {resp.status}: {message}")
+                raise SearchError(f"{provider} answered {resp.status}: {message}", status=resp.status)
             try:
                 return orjson.loads(body)
             except orjson.JSONDecodeError:
@@ -123,13 +127,29 @@ async def _fetch(session: aiohttp.ClientSession, method: str, url: str, provider
         raise SearchError(f"{provider} did not answer in time") from None
 
 
+def user_location(tool: Mapping[str, Any]) -> dict[str, str]:
+    """The declaration's ``user_location`` (Responses and Anthropic share its shape: ``country`` as
+    ISO 3166-1 alpha-2, ``region``, ``city``, ``timezone``), as the fields that are strings."""
+    raw = tool.get("user_location")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: v.strip() for k, v in raw.items() if k != "type" and isinstance(v, str) and v.strip()}
+
+
 async def _search_one(
-    session: aiohttp.ClientSession, query: str, config: Config, api_key: str, flt: DomainFilter
+    session: aiohttp.ClientSession,
+    query: str,
+    config: Config,
+    api_key: str,
+    flt: DomainFilter,
+    location: Mapping[str, str],
 ) -> list[SearchHit]:
     ws = config.web_search
     provider = ws.provider
     endpoint = ws.endpoint
     hits: list[SearchHit] = []
+    # The location goes where the provider takes one: Brave's ``country``. SearXNG has no location
+    # parameter and Tavily's ``country`` wants a full country name, so theirs is not sent.
     if provider == "searxng":
         data = await _fetch(session, "GET", endpoint, "searxng", params={"q": query, "format": "json"})
         for r in data.get("results") or []:
@@ -142,7 +162,11 @@ async def _search_one(
             "GET",
             endpoint,
             "brave",
-            params={"q": query, "count": str(min(20, ws.max_results * 2))},
+            params={
+                "q": query,
+                "count": str(min(20, ws.max_results * 2)),
+                **({"country": location["country"].upper()} if "country" in location else {}),
+            },
             headers={"X-Subscription-Token": api_key, "Accept": "application/json"},
         )
         for r in (data.get("web") or {}).get("results") or []:
@@ -215,34 +239,48 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
     try:
         queries = parse_queries(call, ws.max_queries_per_call)
     except ValueError as exc:
-        return ToolResult.failure(call, str(exc))
+        return ToolResult.failure(call, str(exc), details={"error_code": "invalid_tool_input"})
     action: dict[str, Any] = {"type": "search", "query": queries[0], "queries": queries}
     if not ws.endpoint:
         return ToolResult.failure(
             call,
             "web search is not configured: set [web_search] base_url (WEB_SEARCH_BASE_URL)",
             action=action,
+            details={"error_code": "unavailable"},
         )
     if ws.provider in ("brave", "tavily") and not config.web_search_api_key:
         return ToolResult.failure(
-            call, f"web search provider {ws.provider} has no API key: set {ws.key_env}", action=action
+            call,
+            f"web search provider {ws.provider} has no API key: set {ws.key_env}",
+            action=action,
+            details={"error_code": "unavailable"},
         )
     flt = DomainFilter.build(call.tool, config)
+    location = user_location(call.tool)
     timeout = aiohttp.ClientTimeout(total=ws.request_timeout_s)
     try:
         async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": USER_AGENT}) as session:
             results = await asyncio.gather(
-                *(_search_one(session, q, config, config.web_search_api_key, flt) for q in queries)
+                *(_search_one(session, q, config, config.web_search_api_key, flt, location) for q in queries)
             )
     except SearchError as exc:
-        return ToolResult.failure(call, str(exc), action=action, duration_s=time.monotonic() - started)
+        code = "too_many_requests" if exc.status == 429 else "unavailable"
+        return ToolResult.failure(
+            call,
+            str(exc),
+            action=action,
+            duration_s=time.monotonic() - started,
+            details={"error_code": code},
+        )
     sources: list[dict[str, str]] = []
+    found: list[dict[str, str]] = []
     seen: set[str] = set()
     for hits in results:
         for hit in hits:
             if hit.url not in seen:
                 seen.add(hit.url)
                 sources.append({"type": "url", "url": hit.url})
+                found.append({"title": hit.title, "url": hit.url, "snippet": hit.snippet})
     action["sources"] = sources
     return ToolResult(
         call_id=call.call_id,
@@ -251,4 +289,5 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
         output=format_results(queries, results, ws.max_snippet_chars),
         action=action,
         duration_s=time.monotonic() - started,
+        details={"results": found},
     )
