@@ -94,6 +94,7 @@ def test_schemathesis_finds_no_server_error_violation_or_hang(
         capture_output=True,
         text=True,
         timeout=RUN_BOUND_S,
+        cwd=tmp_path,  # its run cache (.schemathesis/) stays out of the repository
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-12000:]
