@@ -13,11 +13,11 @@ from inference_app.tools.base import (
     ToolCall,
     ToolResult,
     ToolSet,
-    classify_tools,
-    run_gateway_calls,
     single_query_web_search_function,
     web_fetch_function,
 )
+from inference_app.tools.classify import classify_tools
+from inference_app.tools.dispatch import run_gateway_calls
 from inference_app.tools.limits import ToolCallBudget, limit_output, validate_max_tool_calls
 from inference_app.tools.mcp import (
     McpListing,

@@ -62,7 +62,7 @@ def carries_credentials(call: ToolCall) -> bool:
     return call.kind == "mcp" and bool(call.tool.get("headers"))
 
 
-async def _run_in_process(call: ToolCall, config: Config) -> ToolResult:
+async def run_in_process(call: ToolCall, config: Config) -> ToolResult:
     timeout = config.tools.call_timeout_s
     try:
         return await asyncio.wait_for(execute_call(call, config), timeout)
@@ -177,14 +177,16 @@ async def run_gateway_calls(
     dispatcher: CeleryDispatcher | None = None
     if config.broker_enabled:
         if celery_app is None:
-            from gateway.celery import app as celery_app
+            from inference_app.celery_config import client_app
+
+            celery_app = client_app(config, "gateway-tools-client")
         dispatcher = CeleryDispatcher(celery_app, config)
 
     async def one(call: ToolCall) -> ToolResult:
         async with limit:
             if dispatcher is not None and not carries_credentials(call):
                 return await dispatcher.run(call)
-            return await _run_in_process(call, config)
+            return await run_in_process(call, config)
 
     try:
         return list(await asyncio.gather(*(one(c) for c in calls)))

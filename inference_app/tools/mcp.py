@@ -20,7 +20,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -28,7 +27,7 @@ import orjson
 
 from gateway.config import Config, McpServerConfig
 from gateway.errors import BadRequest
-from inference_app.tools.base import McpServer, ToolCall, ToolResult, ToolSet, is_valid_label
+from inference_app.tools.base import McpListing, McpServer, ToolCall, ToolResult, ToolSet, is_valid_label
 from inference_app.tools.hosts import HostRefused, check_public_host, host_listed
 
 CREDENTIAL_KEYS = ("headers", "authorization")
@@ -326,28 +325,6 @@ def _describe_error(exc: BaseException) -> str:
 
 
 # --- discovery -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class McpListing:
-    """One server's discovered tools (the public ``mcp_list_tools`` item), or its error."""
-
-    server_label: str
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def item_fields(self) -> dict[str, Any]:
-        """``server_label``, ``tools`` and ``error`` of the public ``mcp_list_tools`` item."""
-        return {"server_label": self.server_label, "tools": self.tools, "error": self.error}
-
-    @property
-    def retained_bytes(self) -> int:
-        """What this listing costs against ``[responses] max_retained_bytes``."""
-        return len(orjson.dumps(self.item_fields()))
 
 
 def _tool_entry(tool: Any) -> dict[str, Any]:

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 from gateway.config import Config
+from inference_app import outbound
 from inference_app.tools.base import ToolCall, ToolResult
 
 USER_AGENT = "agentic-gateway-web-search/1"
+# A provider answer larger than this is refused rather than read (a page of results is ~100 KiB).
+MAX_PROVIDER_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class SearchError(Exception):
@@ -110,21 +112,20 @@ def _provider_message(status: int, body: bytes) -> str:
     return (text or "no message")[:500]
 
 
-async def _fetch(session: aiohttp.ClientSession, method: str, url: str, provider: str, **kwargs: Any) -> Any:
+async def _fetch(client: outbound.Client, method: str, url: str, provider: str, **kwargs: Any) -> Any:
     try:
-        async with session.request(method, url, **kwargs) as resp:
-            body = await resp.read()
-            if resp.status != 200:
-                message = _provider_message(resp.status, body)
-                raise SearchError(f"{provider} answered {resp.status}: {message}", status=resp.status)
-            try:
-                return orjson.loads(body)
-            except orjson.JSONDecodeError:
-                raise SearchError(f"{provider} answered with invalid JSON") from None
-    except aiohttp.ClientError as exc:
-        raise SearchError(f"{provider} could not be reached: {exc.__class__.__name__}: {exc}") from None
-    except TimeoutError:
+        resp = await client.fetch(method, url, max_bytes=MAX_PROVIDER_RESPONSE_BYTES, **kwargs)
+    except outbound.OutboundTimeout:
         raise SearchError(f"{provider} did not answer in time") from None
+    except outbound.OutboundError as exc:
+        raise SearchError(f"{provider} could not be reached: {exc}") from None
+    if resp.status != 200:
+        message = _provider_message(resp.status, resp.body)
+        raise SearchError(f"{provider} answered {resp.status}: {message}", status=resp.status)
+    try:
+        return orjson.loads(resp.body)
+    except orjson.JSONDecodeError:
+        raise SearchError(f"{provider} answered with invalid JSON") from None
 
 
 def user_location(tool: Mapping[str, Any]) -> dict[str, str]:
@@ -137,7 +138,7 @@ def user_location(tool: Mapping[str, Any]) -> dict[str, str]:
 
 
 async def _search_one(
-    session: aiohttp.ClientSession,
+    client: outbound.Client,
     query: str,
     config: Config,
     api_key: str,
@@ -151,14 +152,14 @@ async def _search_one(
     # The location goes where the provider takes one: Brave's ``country``. SearXNG has no location
     # parameter and Tavily's ``country`` wants a full country name, so theirs is not sent.
     if provider == "searxng":
-        data = await _fetch(session, "GET", endpoint, "searxng", params={"q": query, "format": "json"})
+        data = await _fetch(client, "GET", endpoint, "searxng", params={"q": query, "format": "json"})
         for r in data.get("results") or []:
             hits.append(
                 SearchHit(str(r.get("title") or ""), str(r.get("url") or ""), str(r.get("content") or ""))
             )
     elif provider == "brave":
         data = await _fetch(
-            session,
+            client,
             "GET",
             endpoint,
             "brave",
@@ -181,7 +182,7 @@ async def _search_one(
         if flt.blocked:
             payload["exclude_domains"] = list(flt.blocked)
         data = await _fetch(
-            session,
+            client,
             "POST",
             endpoint,
             "tavily",
@@ -257,11 +258,12 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
         )
     flt = DomainFilter.build(call.tool, config)
     location = user_location(call.tool)
-    timeout = aiohttp.ClientTimeout(total=ws.request_timeout_s)
     try:
-        async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": USER_AGENT}) as session:
+        async with outbound.Client(
+            timeout_s=ws.request_timeout_s, headers={"User-Agent": USER_AGENT}
+        ) as client:
             results = await asyncio.gather(
-                *(_search_one(session, q, config, config.web_search_api_key, flt, location) for q in queries)
+                *(_search_one(client, q, config, config.web_search_api_key, flt, location) for q in queries)
             )
     except SearchError as exc:
         code = "too_many_requests" if exc.status == 429 else "unavailable"
