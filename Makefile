@@ -69,7 +69,7 @@ lint: install-dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) tools/check_private_names.py
+	$(PY) tests/lint/check_private_names.py
 
 format: install-dev
 	$(VENV)/bin/ruff format .

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "responses_app", "conversations_app", "inference_app", "tools")
+PACKAGES = ("gateway", "responses_app", "conversations_app", "inference_app", "tests/lint")
 
 VIOLATIONS = {
     "conversations_app/zz_cycle_a.py": "from conversations_app import zz_cycle_b\n",
@@ -34,6 +34,7 @@ def lint_output(tmp_path_factory: pytest.TempPathFactory) -> str:
     copy = tmp_path_factory.mktemp("lint")
     for package in PACKAGES:
         shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tests" / "__init__.py").write_text("")  # the custom contract type: tests.lint.import_contracts
     for path, text in VIOLATIONS.items():
         (copy / path).write_text(text)
     proc = subprocess.run(
@@ -89,7 +90,13 @@ def test_private_names_checker(tmp_path: Path) -> None:
     )
     (pkg / "ok.py").write_text("from responses_app.executor import own\nfrom os import __name__ as n\n")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "check_private_names.py"), "--root", str(tmp_path), str(pkg)],
+        [
+            sys.executable,
+            str(ROOT / "tests" / "lint" / "check_private_names.py"),
+            "--root",
+            str(tmp_path),
+            str(pkg),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -101,6 +108,6 @@ def test_private_names_checker(tmp_path: Path) -> None:
     assert lines[0].endswith("services.py:1: imports _db from responses_app.executor")
     assert lines[1].endswith("views.py:5: uses executor._db of responses_app.executor")
     clean = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "check_private_names.py")], cwd=ROOT, timeout=60
+        [sys.executable, str(ROOT / "tests" / "lint" / "check_private_names.py")], cwd=ROOT, timeout=60
     )
     assert clean.returncode == 0

@@ -6,7 +6,7 @@ unless the importer is ``pkg.mod`` itself; dunders (``__version__``) are public.
 preview rule in the pinned ruff and it skips imports within the same top-level package, which is
 where ours were (``responses_app.executor._db`` from three modules of ``responses_app``).
 
-Usage: ``python tools/check_private_names.py [--root DIR] [paths...]`` (default: the four packages
+Usage: ``python tests/lint/check_private_names.py [--root DIR] [paths...]`` (default: the four packages
 of this repository); exit 1 with one line per offence.
 """
 
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "responses_app", "conversations_app", "inference_app")
 
 
