@@ -17,6 +17,9 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 VOCAB_SIZE = 4096
 CORPUS_BYTES = 3_000_000
+# Room for long prompts (the multi-agent collaboration tools alone take ~650 tokens); engines choose
+# their own, shorter, max_model_len (the inference tests run at 512).
+MAX_POSITIONS = 2048
 
 # ChatML, with tools in the system turn and calls as <tool_call>{"name": …, "arguments": …}</tool_call>
 # (what vLLM's "hermes" tool parser reads), tool results as <tool_response> in a user turn.
@@ -101,7 +104,7 @@ def build_tiny_model(out: Path, *, seed: int = 0) -> Path:
     )
     tokenizer.add_tokens(MARKUP_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.model_max_length = 512
+    tokenizer.model_max_length = MAX_POSITIONS
     tokenizer.save_pretrained(out)
 
     torch.manual_seed(seed)
@@ -112,7 +115,7 @@ def build_tiny_model(out: Path, *, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,  # head size 32: the CPU attention backend needs >= 32
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=MAX_POSITIONS,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
