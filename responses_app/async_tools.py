@@ -189,6 +189,20 @@ def pending_calls(items: Iterable[Mapping[str, Any]]) -> set[str]:
     return calls - answered
 
 
+def retained_async_items(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The async calls of ``items`` and their outputs, in order: what a compacted history must
+    keep verbatim (spec: after compaction a pending call stays in the model's context, and an
+    output delivered in the compacting request is stored with the summarized history, so its call
+    is no longer pending and a further output still finds its call)."""
+    items = list(items)
+    calls = {item.get("call_id") for item in items if call_is_async(item)}
+    return [
+        item
+        for item in items
+        if call_is_async(item) or (item.get("type") in _OUTPUT_OF.values() and item.get("call_id") in calls)
+    ]
+
+
 # --- the upstream hints -------------------------------------------------------------------------
 
 
@@ -240,6 +254,12 @@ def pending_note(name: Any, call_id: Any) -> str:
         f"{subject} is running in the background; its result has not arrived yet. Do not invent "
         "it: it will arrive later as this call's output. Continue with what you can do without it."
     )
+
+
+def model_view(items: list[dict[str, Any]], *, chat: bool) -> list[dict[str, Any]]:
+    """The model's input items of one round (upstream form) with the pending-call notes, for the
+    chat wire (``chat``) or the ``/v1/responses`` wire."""
+    return with_pending_notes(items, pending_calls(items), as_tool_output=chat)
 
 
 def with_pending_notes(
