@@ -39,8 +39,9 @@ from gateway.lifecycle import drain
 from gateway.principal import scope_principal
 from inference_app.upstream import forward_headers
 from responses_app import runs, services
+from responses_app.domain import Prepared, base_snapshot
 from responses_app.events import Event, EventSink, EventTooLarge
-from responses_app.executor import Executor, Prepared, base_snapshot
+from responses_app.executor import Executor
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 
 log = logging.getLogger("responses.websocket")

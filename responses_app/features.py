@@ -15,6 +15,7 @@ from typing import Any
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
 from responses_app import async_tools
+from responses_app.tool_decls import check_declared_tool
 
 # Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
 RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES | {"tool_search"}
@@ -206,9 +207,7 @@ def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
                 code="unsupported_value",
             )
         # Typed like a declared tool (the same check), then held to what the gateway builds.
-        from responses_app.schemas import _check_tool as check_declaration  # schemas imports us
-
-        check_declaration(dict(tool), where)
+        check_declared_tool(dict(tool), where)
         _check_tool(tool, where)
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from conversations_app.schemas import check_input_item, error_from_pydantic
+from conversations_app.schemas import check_input_item
 from gateway import errors
 from responses_app.features import refuse_unsupported
+from responses_app.tool_decls import check_declared_tool
 
 INT64_MAX = 9223372036854775807
 
@@ -285,73 +286,7 @@ def _check_items_and_tools(request: ResponseCreateRequest) -> None:
                 param=f"tools[{index}].name",
                 code="missing_required_parameter",
             )
-        _check_tool(tool, f"tools[{index}]")
-
-
-# --- client tool declarations: the types the executor reads (other tool types: their own checks) --
-
-
-class _Declared(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class FunctionTool(_Declared):
-    type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
-
-
-class CustomToolFormat(_Declared):
-    type: str
-    syntax: str | None = None
-    definition: str | None = None
-
-
-class CustomTool(_Declared):
-    type: Literal["custom"]
-    name: str
-    description: str | None = None
-    format: CustomToolFormat | None = None
-
-
-class NamespaceTool(_Declared):
-    type: Literal["namespace"]
-    name: str
-    description: str | None = None
-    tools: list[dict[str, Any]]
-
-
-_TOOL_MODELS: dict[str, type[_Declared]] = {
-    "function": FunctionTool,
-    "custom": CustomTool,
-    "namespace": NamespaceTool,
-}
-
-
-def _check_tool(tool: dict[str, Any], param: str, *, members: tuple[str, ...] = ()) -> None:
-    kind = tool.get("type")
-    if members and kind not in members:
-        if not isinstance(kind, str):
-            raise errors.invalid_type(f"{param}.type", "a string", kind)
-        raise errors.BadRequest(
-            f"Invalid value: '{kind}'. Supported values are: "
-            + " and ".join(f"'{m}'" for m in members)
-            + ".",
-            param=f"{param}.type",
-            code="invalid_value",
-        )
-    model = _TOOL_MODELS.get(str(kind))
-    if model is None:
-        return
-    try:
-        model.model_validate(tool)
-    except ValidationError as exc:
-        raise error_from_pydantic(exc, param, tool) from None
-    if kind == "namespace":
-        for index, member in enumerate(tool["tools"]):
-            _check_tool(member, f"{param}.tools[{index}]", members=("function", "custom"))
+        check_declared_tool(tool, f"tools[{index}]")
 
 
 def _check_stored_lengths(request: ResponseCreateRequest) -> None:

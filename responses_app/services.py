@@ -21,11 +21,12 @@ from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
 from responses_app import async_tools, rawsql, selectors, translate
-from responses_app.executor import Prepared, base_snapshot, strip_credentials, web_search_available
+from responses_app.domain import Prepared, base_snapshot, strip_credentials
 from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
+from responses_app.tool_loop import web_search_available
 
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
 # Input items only the executor can serve: compaction and client tool-search state.

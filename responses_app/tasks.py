@@ -31,7 +31,8 @@ from django.db import InterfaceError, OperationalError
 from gateway import errors
 from gateway.config import Config, get_config
 from gateway.db import run_orm
-from responses_app.executor import Executor, Prepared
+from responses_app.domain import Prepared
+from responses_app.executor import Executor
 
 log = logging.getLogger("responses.background")
 

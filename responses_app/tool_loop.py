@@ -49,8 +49,8 @@ from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, error
 from inference_app.tools.mcp import check_server_allowed
 
 if TYPE_CHECKING:
+    from responses_app.domain import Emitting, Prepared
     from responses_app.events import Event
-    from responses_app.executor import Executor, Prepared
 
 # The model's view of a built-in item, stored with the item and stripped from everything returned.
 PRIVATE_KEY = "_gateway"
@@ -247,7 +247,7 @@ class ToolLoop:
 
     # --- events --------------------------------------------------------------------------------
 
-    def listing_events(self, ex: Executor) -> list[Event]:
+    def listing_events(self, ex: Emitting) -> list[Event]:
         """One ``mcp_list_tools`` item per newly listed server (in_progress → completed/failed)."""
         out: list[Event] = []
         for listing in self.listings:
@@ -257,7 +257,7 @@ class ToolLoop:
                 **listing.item_fields(),
             }
             index = len(ex.output)
-            ex._retain(listing.retained_bytes)
+            ex.retain(listing.retained_bytes)
             added = {**item, "tools": [], "error": None}
             out.append(ex.sink.make("response.output_item.added", output_index=index, item=added))
             out.append(
@@ -271,7 +271,7 @@ class ToolLoop:
             ex.output.append(item)
         return out
 
-    def on_gateway_call(self, ex: Executor, call_id: str, name: str, arguments: str) -> list[Event]:
+    def on_gateway_call(self, ex: Emitting, call_id: str, name: str, arguments: str) -> list[Event]:
         """The model called gateway function ``name``: approval, budget, then the item's first events."""
         fn = self.toolset.functions[name]
         self.round_calls += 1
@@ -284,13 +284,13 @@ class ToolLoop:
                 "name": fn.mcp_tool_name,
                 "arguments": arguments,
             }
-            return ex._whole(item)
+            return ex.whole(item)
         if not self.budget.admit():
             return self._refuse(ex, fn, call_id, name, arguments)
         call = self.toolset.make_call(call_id, name, arguments)
         return self._start(ex, fn, call)
 
-    def _refuse(self, ex: Executor, fn: FunctionDef, call_id: str, name: str, arguments: str) -> list[Event]:
+    def _refuse(self, ex: Emitting, fn: FunctionDef, call_id: str, name: str, arguments: str) -> list[Event]:
         """Over ``max_tool_calls``: not run; the model gets the limit error; one item may stay."""
         view = {
             "call_id": call_id,
@@ -310,13 +310,13 @@ class ToolLoop:
         if fn.kind == "code_interpreter":
             item["code"] = _code_of(arguments)
         out.append(ex.sink.make("response.output_item.done", output_index=index, item=item))
-        ex._retain(len(orjson.dumps(item)))
+        ex.retain(len(orjson.dumps(item)))
         ex.output.append(item)
         self.model_calls[item["id"]] = view
         return out
 
     def _start(
-        self, ex: Executor, fn: FunctionDef, call: ToolCall, approval_request_id: str | None = None
+        self, ex: Emitting, fn: FunctionDef, call: ToolCall, approval_request_id: str | None = None
     ) -> list[Event]:
         index = len(ex.output)
         item = self._new_item(fn, call.arguments, approval_request_id)
@@ -358,7 +358,7 @@ class ToolLoop:
             "approval_request_id": approval_request_id,
         }
 
-    def _opening_events(self, ex: Executor, item: dict[str, Any], index: int, arguments: str) -> list[Event]:
+    def _opening_events(self, ex: Emitting, item: dict[str, Any], index: int, arguments: str) -> list[Event]:
         """``output_item.added`` and what is known before the call runs (the code, the arguments)."""
         sink, item_id, kind = ex.sink, item["id"], item["type"]
         added = dict(item)
@@ -406,7 +406,7 @@ class ToolLoop:
             )
         return out
 
-    def _dispatch_events(self, ex: Executor, item: dict[str, Any], index: int) -> list[Event]:
+    def _dispatch_events(self, ex: Emitting, item: dict[str, Any], index: int) -> list[Event]:
         """The events that say the call is running (or, refused, would have run)."""
         sink, item_id, kind = ex.sink, item["id"], item["type"]
         if kind == "web_search_call":
@@ -419,7 +419,7 @@ class ToolLoop:
 
     # --- the round boundary --------------------------------------------------------------------
 
-    async def run_approvals(self, ex: Executor) -> AsyncIterator[Event]:
+    async def run_approvals(self, ex: Emitting) -> AsyncIterator[Event]:
         """Approved MCP calls (``mcp_approval_response`` inputs) run before the first round."""
         for request, _response in self.approvals:
             name = mcp_function_name(str(request.get("server_label")), str(request.get("name")))
@@ -440,7 +440,7 @@ class ToolLoop:
         async for event in self.execute_round(ex):
             yield event
 
-    def _unavailable(self, ex: Executor, request: dict[str, Any], name: str, arguments: str) -> list[Event]:
+    def _unavailable(self, ex: Emitting, request: dict[str, Any], name: str, arguments: str) -> list[Event]:
         message = (
             f"MCP server '{request.get('server_label')}' with tool '{request.get('name')}' is not declared "
             "in this request: declare the server again (with its credentials) to run an approved call."
@@ -466,7 +466,7 @@ class ToolLoop:
             ex.sink.make("response.mcp_call.failed", item_id=item["id"], output_index=index),
             ex.sink.make("response.output_item.done", output_index=index, item=item),
         ]
-        ex._retain(len(orjson.dumps(item)))
+        ex.retain(len(orjson.dumps(item)))
         ex.output.append(item)
         self.model_calls[item["id"]] = {
             "call_id": request["id"],
@@ -476,7 +476,7 @@ class ToolLoop:
         }
         return out
 
-    async def execute_round(self, ex: Executor) -> AsyncIterator[Event]:
+    async def execute_round(self, ex: Emitting) -> AsyncIterator[Event]:
         """Run this round's calls concurrently; finish their items in call order."""
         pending, self.pending = self.pending, []
         if not pending:
@@ -488,7 +488,7 @@ class ToolLoop:
         for p, result in zip(pending, results, strict=True):
             item = self._finished_item(ex.output[p.index], p, result)
             ex.output[p.index] = item
-            ex._retain(len(orjson.dumps(item)) + len(result.output))
+            ex.retain(len(orjson.dumps(item)) + len(result.output))
             self.model_calls[item["id"]] = {
                 "call_id": p.call.call_id,
                 "name": p.call.name,

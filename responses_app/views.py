@@ -18,8 +18,9 @@ from gateway.http import allow_methods, json_response
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
 from responses_app import runs, selectors, services, tasks
+from responses_app.domain import Prepared
 from responses_app.events import Event
-from responses_app.executor import Executor, Prepared
+from responses_app.executor import Executor
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.tool_loop import ToolLoop, public_item
 
