@@ -1,0 +1,77 @@
+"""Async client tools on real vLLM (issue 22): the round trip on vLLM's own wire output.
+
+The tiny model writes gibberish, so the call is forced with a named ``tool_choice`` (vLLM's
+structured output writes the arguments) and only the shape is checked: the async call comes back
+with ``async: true``, the gateway runs a second round with the call pending (its note as the
+call's ``tool`` message, rendered by the model's chat template), and stops after two async rounds
+in a row because the forced model calls the tool again.
+
+The executor talks to the engine over the ``chat_completions`` wire here: vLLM 0.32's
+``/v1/responses`` usage carries per-turn lists that the executor accepts only once the compaction
+branch's fix (``upstream_events``) is merged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.inference.conftest import SERVED, Gateway, _serve_gateway, engine_config
+
+pytestmark = pytest.mark.slow
+
+LOOKUP = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look it up.",
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    "async": True,
+}
+
+
+@pytest.fixture(scope="module")
+def chat_wire_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
+    """The gateway hosting the engine in-process, its executor on the chat wire."""
+    from inference_app.engine import shutdown_engine_host
+
+    config = engine_config(tiny_model_dir, UPSTREAM_API="chat_completions")
+    assert config.upstream_api == "chat_completions"
+    try:
+        for url in _serve_gateway(config):
+            yield Gateway(url, "embedded")
+    finally:
+        shutdown_engine_host()
+
+
+def test_an_async_round_runs_end_to_end(chat_wire_gateway: Gateway) -> None:
+    body = {
+        "model": SERVED,
+        "input": "hi",
+        "tools": [LOOKUP],
+        "tool_choice": {"type": "function", "name": "lookup"},
+        "store": False,
+        "stream": True,
+        "temperature": 0,
+        "max_output_tokens": 16,
+    }
+    r = httpx.post(f"{chat_wire_gateway.url}/v1/responses", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    events = [orjson.loads(block.split("\ndata: ", 1)[1]) for block in r.text.split("\n\n") if block.strip()]
+    final = events[-1]
+    assert final["type"] == "response.completed", final
+    output = final["response"]["output"]
+    # Round 1: the async call; round 2 (the call pending): the forced model calls again; the
+    # gateway stops after two async rounds in a row.
+    assert [(i["type"], i["name"], i["async"]) for i in output] == [("function_call", "lookup", True)] * 2
+    assert all(orjson.loads(i["arguments"]) == {} for i in output)
+    assert len({i["call_id"] for i in output}) == 2
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["async"] for i in added + done] == [True] * 4
+    assert final["response"]["tools"] == [{**LOOKUP, "output_schema": None}]  # no hint echoed
+    usage = final["response"]["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
