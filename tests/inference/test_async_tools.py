@@ -2,7 +2,7 @@
 
 The tiny model writes gibberish, so the call is forced with a named ``tool_choice`` (vLLM's
 structured output writes the arguments) and only the shape is checked: the async call comes back
-with ``async: true``, the gateway runs a second round with the call pending (its note as the
+with ``async: true`` (arguments ``{}``, see :func:`_closing_bias`), the gateway runs a second round with the call pending (its note as the
 call's ``tool`` message, rendered by the model's chat template), and stops after two async rounds
 in a row because the forced model calls the tool again.
 
@@ -47,7 +47,18 @@ def chat_wire_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
         shutdown_engine_host()
 
 
-def test_an_async_round_runs_end_to_end(chat_wire_gateway: Gateway) -> None:
+def _closing_bias(model_dir: Path) -> dict[str, int]:
+    """``logit_bias`` (a vLLM sampling field the gateway forwards) that makes the forced arguments
+    ``{}`` and then stops: structured output allows whitespace inside the object, and the
+    random-weight model would fill the token budget with it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = {tokenizer.convert_tokens_to_ids("}"), tokenizer.eos_token_id}
+    return {str(i): 100 for i in ids}
+
+
+def test_an_async_round_runs_end_to_end(chat_wire_gateway: Gateway, tiny_model_dir: Path) -> None:
     body = {
         "model": SERVED,
         "input": "hi",
@@ -57,12 +68,13 @@ def test_an_async_round_runs_end_to_end(chat_wire_gateway: Gateway) -> None:
         "stream": True,
         "temperature": 0,
         "max_output_tokens": 16,
+        "logit_bias": _closing_bias(tiny_model_dir),
     }
     r = httpx.post(f"{chat_wire_gateway.url}/v1/responses", json=body, timeout=300)
     assert r.status_code == 200, r.text
     events = [orjson.loads(block.split("\ndata: ", 1)[1]) for block in r.text.split("\n\n") if block.strip()]
     final = events[-1]
-    assert final["type"] == "response.completed", final
+    assert final["type"] == "response.completed", final["response"]["output"]
     output = final["response"]["output"]
     # Round 1: the async call; round 2 (the call pending): the forced model calls again; the
     # gateway stops after two async rounds in a row.

@@ -377,7 +377,8 @@ def test_previous_response_id_pending_then_each_output_reaches_the_model(gw: Gat
     assert r.json()["error"]["param"] == "input"
 
 
-def test_websocket_store_false_keeps_the_pending_call_in_connection_state(gw: Gateway) -> None:
+@pytest.mark.parametrize("store", [True, False], ids=["store", "connection-local"])
+def test_websocket_keeps_the_pending_call(gw: Gateway, store: bool) -> None:
     gw.script(call("lookup", args(city="Oslo"), call_id="call_a"))
     gw.script(text("Started."))
     gw.script(text("Still waiting."))
@@ -387,16 +388,16 @@ def test_websocket_store_false_keeps_the_pending_call_in_connection_state(gw: Ga
         turns = []
         async with await connect(gw.url) as ws:
             client = Client(ws)
-            await client.send(create(store=False, input="weather?", tools=[ASYNC_LOOKUP]))
+            await client.send(create(store=store, input="weather?", tools=[ASYNC_LOOKUP]))
             turns.append(await client.until_terminal())
             rid = turns[-1][-1]["response"]["id"]
             await client.send(
-                create(store=False, previous_response_id=rid, input="news?", tools=[ASYNC_LOOKUP])
+                create(store=store, previous_response_id=rid, input="news?", tools=[ASYNC_LOOKUP])
             )
             turns.append(await client.until_terminal())
             rid = turns[-1][-1]["response"]["id"]
             await client.send(
-                create(store=False, previous_response_id=rid, input=[_output("call_a", "sunny")])
+                create(store=store, previous_response_id=rid, input=[_output("call_a", "sunny")])
             )
             turns.append(await client.until_terminal())
         return turns
@@ -413,7 +414,7 @@ def test_websocket_store_false_keeps_the_pending_call_in_connection_state(gw: Ga
     assert notes_after(gw, 2) == {"call_a": async_tools.pending_note("lookup", "call_a")}
     assert notes_after(gw, 3) == {}
     assert {"output": ("call_a", "sunny")} in model_input(gw, 3)
-    assert Response.objects.count() == 0
+    assert Response.objects.count() == (3 if store else 0)
 
 
 # --- streaming order with gateway tools --------------------------------------------------------
