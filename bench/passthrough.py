@@ -6,13 +6,19 @@ exactly as ``make run``), and — when ``agentic-server`` is found — the refer
 Then, for chat JSON and chat SSE at each concurrency, it runs every target for a few seconds, in
 rounds, interleaved (direct, ours, reference, direct, ours, …) so drift on a shared machine hits all
 of them alike, and prints requests/s, p50/p99 latency, p50 time to first content chunk and the
-ratio to direct, taking the best round of each (and the median round's requests/s beside it).
+ratio to direct, taking the best round of each (and the median round's requests/s beside it), and
+each server process's CPU time per answered request (median round; read from ``/proc``), which a
+shared machine disturbs far less than requests/s.
 
 The load generator is a raw keep-alive HTTP/1.1 client (uvloop + httptools), one connection per
 concurrent worker, so it costs little CPU next to the servers it measures.
 
     .venv/bin/python bench/passthrough.py --reference /work/ref-venv/bin/agentic-server \\
-        [--seconds 3] [--rounds 2] [--concurrency 1,16,64]
+        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off] [--before DIR]
+
+``--relay-off`` adds our gateway with ``[server] direct_relay = false``; ``--before DIR`` adds the
+gateway of another checkout (``git worktree add DIR <commit>``), so a change is measured against
+what it changes in one run, interleaved, on the same machine.
 """
 
 from __future__ import annotations
@@ -103,12 +109,33 @@ class _Conn(asyncio.Protocol):
         return status, ended - started, (self.first_at or ended) - started
 
 
+# The server process behind each port (the gateways' and the reference's): its CPU time is read
+# around each cell, so the report has CPU per request, which a shared machine disturbs far less
+# than requests/s.
+PIDS: dict[int, int] = {}
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 @dataclass
 class CellResult:
     latencies: list[float] = field(default_factory=list)
     firsts: list[float] = field(default_factory=list)
     errors: int = 0
     seconds: float = 0.0
+    answered: int = 0  # every 200, the warm-up's too
+    cpu: float = float("nan")  # the server's CPU seconds over the whole cell
+
+    @property
+    def cpu_us(self) -> float:
+        """The server's CPU µs per answered request (nan: not a process we started)."""
+        return self.cpu / self.answered * 1e6 if self.answered else float("nan")
 
     @property
     def rps(self) -> float:
@@ -135,6 +162,8 @@ async def _worker(
             conn = None
             out.errors += 1
             continue
+        if status == 200:
+            out.answered += 1
         if time.perf_counter() < measure_from:
             continue
         if status != 200:
@@ -158,7 +187,11 @@ async def run_cell(
     start = time.perf_counter()
     measure_from = start + warmup
     until = measure_from + seconds
+    pid = PIDS.get(port)
+    cpu_before = cpu_seconds(pid) if pid else 0.0
     await asyncio.gather(*(_worker(port, raw, stream, until, measure_from, out) for _ in range(concurrency)))
+    if pid:
+        out.cpu = cpu_seconds(pid) - cpu_before
     out.seconds = seconds
     return out
 
@@ -198,6 +231,29 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
         procs.append(gateway.proc)
         wait_http(gateway.port)
         targets["ours" if workers == 1 else f"ours-w{workers}"] = gateway.port
+        if workers == 1:
+            PIDS[gateway.port] = gateway.proc.pid  # one process serves (more: the supervisor's pid)
+    extra: list[tuple[str, dict[str, str], Path]] = []
+    if args.relay_off:
+        extra.append(("ours-relay-off", {"GATEWAY_SERVER_DIRECT_RELAY": "false"}, ROOT))
+    if args.before:
+        extra.append(("before", {}, Path(args.before).resolve()))
+    for name, env, root in extra:
+        gateway = GatewayProcess(
+            {
+                "LLM_API_BASE": f"http://127.0.0.1:{up_port}",
+                "LOG_LEVEL": args.log_level,
+                "GATEWAY_SERVER_DATA_DIR": str(tmp / name),
+                "GATEWAY_SERVER_WORKERS": "1",
+                **env,
+            },
+            log=os.devnull,
+            root=root,
+        )
+        procs.append(gateway.proc)
+        wait_http(gateway.port)
+        targets[name] = gateway.port
+        PIDS[gateway.port] = gateway.proc.pid
     reference = args.reference or shutil.which("agentic-server")
     if reference:
         home = tmp / "ref"
@@ -224,6 +280,7 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
         )
         wait_http(ref_port, "/health")
         targets["reference"] = ref_port
+        PIDS[ref_port] = procs[-1].pid
     else:
         print("reference gateway not found (pass --reference): comparing direct and ours only")
     return targets, procs
@@ -245,6 +302,16 @@ def main() -> None:
         help="our gateway's server processes; a list (1,2) starts one gateway per value",
     )
     parser.add_argument(
+        "--relay-off",
+        action="store_true",
+        help="also run our gateway with [server] direct_relay = false (the ASGI fast path only)",
+    )
+    parser.add_argument(
+        "--before",
+        default="",
+        help="a checkout of an earlier commit (git worktree add DIR COMMIT): its gateway runs beside ours",
+    )
+    parser.add_argument(
         "--django-floor",
         action="store_true",
         help="also time GET /health on our gateway: the cheapest Django view, no upstream call",
@@ -264,12 +331,19 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for mode in modes:
                     for conc in concurrencies:
-                        for name, port in targets.items():
+                        # direct first, then the others in an order rotated every round, so no
+                        # target always runs right after the same one
+                        others = list(targets)[1:]
+                        shift = round_ % len(others) if others else 0
+                        order = list(targets)[:1] + others[shift:] + others[:shift]
+                        for name in order:
+                            port = targets[name]
                             cell = uvloop.run(run_cell(port, mode == "sse", conc, args.seconds, args.warmup))
                             results.setdefault((mode, conc, name), []).append(cell)
                             print(
                                 f"round {round_ + 1} {mode:4} c={conc:<3} {name:9} {cell.rps:8.0f} req/s "
-                                f"p50 {cell.pct(cell.latencies, 0.5):6.2f} ms errors {cell.errors}",
+                                f"p50 {cell.pct(cell.latencies, 0.5):6.2f} ms cpu {cell.cpu_us:6.1f} us/req "
+                                f"errors {cell.errors}",
                                 flush=True,
                             )
                         if args.django_floor and mode == modes[0]:
@@ -309,9 +383,9 @@ def report(
     print()
     print(
         "| mode | conc | target | req/s | median round req/s | p50 ms | p99 ms | first content p50 ms "
-        "| req/s vs direct | p50 overhead ms |"
+        "| req/s vs direct | p50 overhead ms | server CPU µs/req (median round) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for conc in concurrencies:
             best = {name: max(results[(mode, conc, name)], key=lambda c: c.rps) for name in names}
@@ -321,11 +395,13 @@ def report(
                 rounds = sorted(c.rps for c in results[(mode, conc, name)])
                 median = rounds[len(rounds) // 2]
                 ratio = cell.rps / direct.rps if direct.rps else float("nan")
+                cpus = sorted(c.cpu_us for c in results[(mode, conc, name)])
+                cpu = cpus[len(cpus) // 2]
                 overhead = cell.pct(cell.latencies, 0.5) - direct.pct(direct.latencies, 0.5)
                 print(
                     f"| {mode} | {conc} | {name} | {cell.rps:.0f} | {median:.0f} | {cell.pct(cell.latencies, 0.5):.2f} | "
                     f"{cell.pct(cell.latencies, 0.99):.2f} | {cell.pct(cell.firsts, 0.5):.2f} | {ratio:.2f} | "
-                    f"{overhead:+.2f} |"
+                    f"{overhead:+.2f} | {cpu:.1f} |"
                 )
     errors = sum(c.errors for cells in results.values() for c in cells)
     print(f"\nnon-200 or failed requests: {errors}")

@@ -19,12 +19,11 @@ from typing import IO, Any
 
 import orjson
 
-from gateway.logging import JsonFormatter, RequestIdFilter
+from gateway.logging import JsonFormatter, RequestIdFilter, TextFormatter
 
 logger = logging.getLogger("gateway.access")
 # How long a line may wait for the lines after it before the batch is written.
 FLUSH_AFTER_S = 0.05
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
 class _Writer:
@@ -125,7 +124,7 @@ def _resolve() -> _Writer | None:
     formatter = handler.formatter
     if type(formatter) is JsonFormatter:
         return _Writer(handler, json=True)
-    if type(formatter) is logging.Formatter and formatter._fmt == TEXT_FORMAT and formatter.datefmt is None:
+    if type(formatter) is TextFormatter:
         return _Writer(handler, json=False)
     return None
 

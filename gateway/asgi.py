@@ -2,7 +2,8 @@
 
 Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
 ``/v1/*`` is served by a Django handler with the lean, fully async API middleware stack
-(``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``); the admin and the rest get the full stack with sessions and CSRF.
+(``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``, ``gateway.compat.django``); the admin and
+the rest get the full stack with sessions and CSRF.
 The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
 """
 
@@ -21,32 +22,14 @@ from typing import Any  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from gateway import errors  # noqa: E402
 from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
+from gateway.compat.django import api_handler  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
 from gateway.lifecycle import lifespan  # noqa: E402
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
-
-
-class ApiASGIHandler(ASGIHandler):
-    """Django's ASGI handler with the API middleware stack instead of ``settings.MIDDLEWARE``.
-
-    Requests are served by Django's own ``__call__``, so each runs in its own
-    ``ThreadSensitiveContext``: Django's thread-sensitive internals never queue one request behind
-    another's on asgiref's single shared thread. ORM work goes through ``gateway.db.run_orm``.
-    """
-
-    def load_middleware(self, is_async: bool = False) -> None:
-        full = settings.MIDDLEWARE
-        settings.MIDDLEWARE = [m for m in full if m not in settings.ADMIN_ONLY_MIDDLEWARE]
-        try:
-            super().load_middleware(is_async=is_async)
-        finally:
-            settings.MIDDLEWARE = full
-
 
 # Browser-facing paths that need sessions, CSRF and static files; everything else (the API,
 # /health, /ready, /metrics, HEAD /) takes the lean API handler.
@@ -70,7 +53,7 @@ class HttpDispatch:
     """The admin and its SSO to the full Django stack; the API and probes to the API handler."""
 
     def __init__(self) -> None:
-        self.api = ApiASGIHandler()
+        self.api = api_handler()  # the API middleware stack (gateway.compat.django)
         self.site = ASGIStaticFilesHandler(django_app)
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]

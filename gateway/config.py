@@ -107,6 +107,11 @@ class ResponsesConfig:
     lease_s: float = 60.0
     heartbeat_s: float = 10.0
     sweep_interval_s: float = 15.0
+    # Compaction's summary round (docs/responses.md → Compaction): the request that asks the model
+    # for the summary ("" = the built-in prompt, responses_app.compaction.DEFAULT_PROMPT) and its
+    # output cap (0 = none sent).
+    compaction_prompt: str = ""
+    compaction_max_output_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,14 @@ class WebSocketConfig:
     # Backpressure: events waiting for a slow client, and how long one send may block.
     outbound_queue_events: int = 256
     send_timeout_s: float = 30.0
+    # Steering (response.steer): queued updates per target, the three connection budgets (accepted
+    # steering echoes, retained successor settings, failure echoes awaiting delivery), and how long
+    # a completed target stays steerable.
+    steer_max_queued: int = 32
+    steer_input_bytes: int = 12 * MiB
+    steer_settings_bytes: int = 12 * MiB
+    steer_failure_bytes: int = 12 * MiB
+    steer_target_ttl_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -550,6 +563,8 @@ def _validate(c: Config) -> None:
     r = c.responses
     if min(r.lease_s, r.heartbeat_s, r.sweep_interval_s) <= 0:
         raise ConfigError("responses.lease_s, heartbeat_s and sweep_interval_s: must be > 0")
+    if r.compaction_max_output_tokens < 0:
+        raise ConfigError("responses.compaction_max_output_tokens: must be >= 0 (0: no cap sent)")
     if r.heartbeat_s >= r.lease_s:
         raise ConfigError(
             f"responses.heartbeat_s ({r.heartbeat_s:g}) must be shorter than responses.lease_s "
@@ -604,6 +619,11 @@ def _validate(c: Config) -> None:
         "websocket.max_connection_checkpoint_bytes": c.websocket.max_connection_checkpoint_bytes,
         "websocket.outbound_queue_events": c.websocket.outbound_queue_events,
         "websocket.send_timeout_s": c.websocket.send_timeout_s,
+        "websocket.steer_max_queued": c.websocket.steer_max_queued,
+        "websocket.steer_input_bytes": c.websocket.steer_input_bytes,
+        "websocket.steer_settings_bytes": c.websocket.steer_settings_bytes,
+        "websocket.steer_failure_bytes": c.websocket.steer_failure_bytes,
+        "websocket.steer_target_ttl_s": c.websocket.steer_target_ttl_s,
         "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
         "tools.call_timeout_s": c.tools.call_timeout_s,
         "web_search.max_results": c.web_search.max_results,

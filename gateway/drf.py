@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from rest_framework import exceptions as drf_exceptions
-from rest_framework.response import Response
 
 from gateway import errors
 
@@ -31,13 +31,12 @@ def to_gateway_error(exc: Exception) -> errors.GatewayError | None:
     return None
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
+    """DRF's ``EXCEPTION_HANDLER``: the envelope, already rendered (a plain Django response, which
+    DRF passes on as it is)."""
     gerr = to_gateway_error(exc)
     if gerr is None:
         return None
-    request = context["request"]
-    status, body, headers = errors.render(gerr, request.path, errors.request_id_of(request._request))
-    response = Response(status=status, headers=headers)
-    response.content = body  # already rendered JSON
-    response._is_rendered = True
-    return response
+    request = context["request"]  # DRF's Request: attributes it lacks are its HttpRequest's
+    status, body, headers = errors.render(gerr, request.path, errors.request_id_of(request))
+    return HttpResponse(body, status=status, headers=headers)

@@ -391,3 +391,29 @@ def ws_error_event(exc: GatewayError, stream_id: str | None = None) -> dict[str,
         "param": exc.param,
     }
     return event
+
+
+def ws_steer_failed_event(
+    *,
+    code: str,
+    message: str,
+    previous_response_id: str,
+    submitted_input: Any,
+    steer_id: str | None,
+    sequence_number: int,
+    stream_id: str | None,
+) -> dict[str, Any]:
+    """``response.steer.failed`` (the SDK's ``BetaResponseSteerFailedEvent``): the submitted input
+    comes back with the failure code, and the steering ID once one was allocated."""
+    steer: dict[str, Any] = {"input": submitted_input, "previous_response_id": previous_response_id}
+    if steer_id is not None:
+        steer["id"] = steer_id
+    event: dict[str, Any] = {
+        "type": "response.steer.failed",
+        "error": {"code": code, "message": message, "type": "invalid_request_error"},
+        "sequence_number": sequence_number,
+        "steer": steer,
+    }
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return event

@@ -1,7 +1,7 @@
 """The server process's life: graceful shutdown (the drain) and its periodic jobs (the lease sweep).
 
 Shutdown (``docs/operations.md``): on SIGTERM uvicorn stops accepting and asks every connection to
-shut down; the gateway's protocols (:mod:`gateway.server`) then :meth:`Drain.begin` instead of
+shut down; the gateway's protocols (:mod:`gateway.relay.protocol`) then :meth:`Drain.begin` instead of
 cutting WebSockets at once. Every running response runs inside :func:`interruptible`: it may finish
 until ``[server] shutdown_grace_s`` has passed; then it is interrupted and ends with a ``failed``
 terminal event and a stored ``failed`` row, so every id a client saw is retrievable. WebSocket

@@ -22,6 +22,16 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+class TextFormatter(logging.Formatter):
+    """The gateway's text lines (``[server] log_format = "text"``): :data:`TEXT_FORMAT`, local time."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+
 class JsonFormatter(logging.Formatter):
     _SKIP = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 

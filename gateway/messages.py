@@ -8,7 +8,11 @@ own errors on these paths use the Anthropic envelope (``gateway.errors`` picks i
 stream the upstream breaks off ends with an Anthropic ``error`` event.
 
 The gateway tool loop on this route (Claude's web search / web fetch server tools) is a later
-feature: it will inspect the body read by :func:`gateway.passthrough.relay` before forwarding.
+feature. Under ``manage.py serve`` a Messages request is usually relayed below ASGI
+(``gateway.relay.callbacks``), which never parses the body; a request that declares gateway tools
+must be routed to the ASGI fast path instead, where the loop goes (in place of
+:func:`gateway.passthrough.relay` for such a request). The one place that decides which requests the
+relay takes is :func:`gateway.relay.callbacks.start`.
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ import atexit
 import os
 import shutil
 import tempfile
-from bisect import bisect_left
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from gateway.compat.prometheus import Observer, request_observer
 from gateway.config import environ_get
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -74,28 +73,15 @@ def exposition() -> bytes:
     return bytes(generate_latest(REGISTRY))
 
 
-# The values behind each (route, method, status) label pair: the request counter's, the latency
-# histogram's sum and buckets, and the buckets' upper bounds. Going through ``labels()`` takes a lock
-# and validates the labels on every call, and ``inc()``/``observe()`` check the metric each time and
-# scan the buckets in Python; a pass-through request is cheap enough for that to show
-# (docs/performance.md). Routes are bounded (``route_label``), so this stays small.
-_children: dict[tuple[str, str, int], tuple[Any, Any, list[Any], list[float]]] = {}
+# One observer per (route, method, status) label set (gateway.compat.prometheus: the values behind
+# the children, updated without labels()). Routes are bounded (``route_label``), so this stays small.
+_observers: dict[tuple[str, str, int], Observer] = {}
 
 
 def observe_request(route: str, method: str, status: int, seconds: float) -> None:
     """Count one answered HTTP request and record its duration (as ``inc()`` and ``observe()`` do)."""
     key = (route, method, status)
-    values = _children.get(key)
-    if values is None:
-        latency = HTTP_LATENCY.labels(route, method)
-        values = (
-            HTTP_REQUESTS.labels(route, method, str(status))._value,
-            latency._sum,
-            latency._buckets,
-            latency._upper_bounds,
-        )
-        _children[key] = values
-    count, total, buckets, bounds = values
-    count.inc(1)
-    total.inc(seconds)
-    buckets[bisect_left(bounds, seconds)].inc(1)  # the first bucket whose bound is >= seconds
+    observe = _observers.get(key)
+    if observe is None:
+        observe = _observers[key] = request_observer(HTTP_REQUESTS, HTTP_LATENCY, route, method, str(status))
+    observe(seconds)

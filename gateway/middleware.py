@@ -12,21 +12,19 @@ message), counts metrics and writes the access log.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from functools import lru_cache
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
-from django.urls import Resolver404, resolve
 
-from gateway import accesslog, errors
+from gateway import errors
 from gateway.config import get_config
 from gateway.ids import request_id_for
 from gateway.logging import request_id_var
-from gateway.metrics import HTTP_IN_FLIGHT, WS_OPEN, observe_request
+from gateway.metrics import WS_OPEN
+from gateway.pipeline import PASSAGE, REQUEST_ID, Passage, finish
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -38,21 +36,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 WS_CLOSE_TOO_BIG = 1009
 
 
-@lru_cache(maxsize=4096)
-def route_label(path: str) -> str:
-    """The URL pattern serving ``path`` (bounded label cardinality for metrics)."""
-    from gateway.fastpath import fast_routes
-
-    if path in fast_routes():
-        return path
-    try:
-        match = resolve(path)
-    except Resolver404:
-        return "unmatched"
-    return "/" + match.route if match.route else path
-
-
-# Scope key the server protocol (gateway.server) sets to a GatewayError when a request's body did not
+# Scope key the server protocol (gateway.relay) sets to a GatewayError when a request's body did not
 # arrive within [server] request_read_timeout_s: whoever reads the body answers it.
 READ_TIMED_OUT = "gateway.read_timed_out"
 
@@ -62,13 +46,6 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
-
-
-def record_request(method: str, path: str, route: str, status: int, seconds: float, request_id: str) -> None:
-    """Count an answered HTTP request in the metrics and write its access-log line."""
-    observe_request(route, method, status, seconds)
-    if accesslog.enabled():
-        accesslog.log_request(method, path, route, status, seconds, request_id)
 
 
 class _HttpState:
@@ -102,14 +79,18 @@ class GatewayASGIMiddleware:
                 incoming = value
             elif key == b"content-length":
                 declared = value
-        rid = request_id_for(incoming.decode("latin-1") if incoming else None)
-        scope["gateway.request_id"] = rid
-        token = request_id_var.set(rid)
+        passage = Passage(
+            scope.get("method", ""),
+            scope.get("path", ""),
+            incoming.decode("latin-1") if incoming else None,
+            declared.decode("latin-1") if declared is not None else None,
+        )
+        rid = passage.request_id
+        scope[REQUEST_ID] = rid
+        scope[PASSAGE] = passage
         limit = get_config().server.max_request_body_size_bytes
-        started = time.perf_counter()
         state = _HttpState()
         rid_header = (b"x-request-id", rid.encode("latin-1"))
-        HTTP_IN_FLIGHT.inc()
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -137,8 +118,8 @@ class GatewayASGIMiddleware:
             return message
 
         try:
-            if declared is not None and declared.isdigit() and int(declared) > limit:
-                await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
+            if passage.refusal is not None:
+                await self._refuse(scope, send_wrapper, state, passage.refusal)
                 return
             await self.app(scope, receive_wrapper, send_wrapper)
         except Exception as exc:
@@ -148,14 +129,7 @@ class GatewayASGIMiddleware:
             logging.getLogger("gateway").exception("unhandled error on %s", scope.get("path", ""))
             await errors.asgi_send(send_wrapper, errors.as_gateway_error(exc), scope)
         finally:
-            HTTP_IN_FLIGHT.dec()
-            elapsed = time.perf_counter() - started
-            path = scope.get("path", "")
-            route = route_label(path)
-            method = scope.get("method", "")
-            status = state.status or 499  # no response: the client went away first
-            record_request(method, path, route, status, elapsed, rid)
-            request_id_var.reset(token)
+            finish(passage, state.status)  # no response: the client went away first (499)
 
     async def _refuse(self, scope: Scope, send: Send, state: _HttpState, exc: errors.GatewayError) -> None:
         if state.status:
@@ -165,7 +139,10 @@ class GatewayASGIMiddleware:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = _header(scope, b"x-request-id")
-        scope["gateway.request_id"] = request_id_for(incoming.decode("latin-1") if incoming else None)
+        # The pipeline's request-id rule; the connection's log lines carry it (its consumer runs
+        # in this task's context).
+        rid = scope[REQUEST_ID] = request_id_for(incoming.decode("latin-1") if incoming else None)
+        token = request_id_var.set(rid)
         limit = get_config().server.max_request_body_size_bytes
         accepted = False
 
@@ -188,6 +165,7 @@ class GatewayASGIMiddleware:
         try:
             await self.app(scope, receive_wrapper, send_wrapper)
         finally:
+            request_id_var.reset(token)
             if accepted:
                 WS_OPEN.dec()
 

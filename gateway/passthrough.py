@@ -5,10 +5,12 @@ These bodies belong to the upstream's contract, not ours: the request is forward
 hop-by-hop) and every body chunk, with no JSON parsing and no per-chunk work. Audio uploads are
 streamed to the upstream while the client is still sending them, so a file is never held in memory.
 
-The routes are served at the ASGI layer by :mod:`gateway.fastpath` (below Django, above nothing but
-``GatewayASGIMiddleware``), because Django's request handling costs more than the relay itself; see
-``docs/performance.md``. :func:`relay` is the one implementation every pass-through route uses; the
-Anthropic routes (:mod:`gateway.messages`) use it too.
+The routes are registered in :mod:`gateway.fastroutes` and served at the ASGI layer by
+:mod:`gateway.fastpath` (below Django, above nothing but ``GatewayASGIMiddleware``), because Django's
+request handling costs more than the relay itself; see ``docs/performance.md``. :func:`relay` is the
+one implementation of the ASGI path every pass-through route uses; the Anthropic routes
+(:mod:`gateway.messages`) use it too. Under ``manage.py serve`` most requests are relayed below ASGI
+instead (``gateway.relay``), with the same rules (``gateway.pipeline``).
 """
 
 from __future__ import annotations
@@ -128,8 +130,7 @@ class DisconnectWatch:
     ``finished()`` says whether the answer was already complete then (nothing left to cancel). Most
     requests finish well under ``WATCH_AFTER_S``, so the watcher (a task) is only started for the
     ones still running then, which keeps it off the hot path. A cancellation the watch caused ends
-    the block quietly; any other propagates. The relay below, the direct relay
-    (``gateway.direct``) and the Responses fast path all use it.
+    the block quietly; any other propagates. The relay below and the Responses fast path use it.
     """
 
     def __init__(self, left: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> None:

@@ -220,7 +220,7 @@ LOGGING = {
     "filters": {"request_id": {"()": "gateway.logging.RequestIdFilter"}},
     "formatters": {
         "json": {"()": "gateway.logging.JsonFormatter"},
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "text": {"()": "gateway.logging.TextFormatter"},
     },
     "handlers": {
         "console": {

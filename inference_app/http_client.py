@@ -13,7 +13,7 @@ replayable request (a ``bytes`` body) that finds its reused connection closed be
 is retried once on a fresh one.
 
 Two ways to take a response: :meth:`HttpPool.request` (await the headers, then iterate the body),
-or, for a relay that runs on callbacks alone (``gateway.direct``), :meth:`HttpPool.send_on` with a
+or, for a relay that runs on callbacks alone (``gateway.relay.callbacks``), :meth:`HttpPool.send_on` with a
 :class:`Sink` whose ``pump()`` is called whenever the exchange moves on (headers, body bytes, the
 end, an error); it reads the same state :class:`ResponseBody` reads.
 
@@ -115,7 +115,7 @@ def describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One keep-alive connection and the state of the exchange on it (one at a time)."""
 
     def __init__(self, pool: HttpPool) -> None:
@@ -361,8 +361,8 @@ class ResponseBody:
 
     __slots__ = ("_conn",)
 
-    def __init__(self, conn: _Connection) -> None:
-        self._conn: _Connection | None = conn
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn
 
     def __aiter__(self) -> ResponseBody:
         return self
@@ -437,8 +437,8 @@ class HttpPool:
         self.drop_raw = frozenset(name.lower().encode("latin-1") for name in drop_headers)
         self._heads: dict[tuple[object, ...], bytes] = {}  # see head()
         self.size = 0  # open or opening connections, idle ones included
-        self.idle: list[_Connection] = []
-        self.waiters: deque[asyncio.Future[_Connection | None]] = deque()
+        self.idle: list[Connection] = []
+        self.waiters: deque[asyncio.Future[Connection | None]] = deque()
         self.closed = False
         self.outbox = Outbox(self.loop)  # send_on()'s writes, and the callback relay's
 
@@ -506,7 +506,7 @@ class HttpPool:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    # -- exchanges on callbacks (gateway.direct) ----------------------------------------------
+    # -- exchanges on callbacks (gateway.relay) -----------------------------------------------
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
         """The request line and headers for a ``bytes`` body of ``length``, as :meth:`request` frames them.
@@ -524,15 +524,15 @@ class HttpPool:
             self._heads[key] = lines
         return lines + _framing(method, length)
 
-    def idle_connection(self) -> _Connection | None:
+    def idle_connection(self) -> Connection | None:
         """A pooled connection ready for a request now, if there is one."""
         return self._pop_idle(self.loop.time())
 
-    async def connection(self) -> _Connection:
+    async def connection(self) -> Connection:
         """A connection for one request: pooled, new, or the next one freed (read timeout)."""
         return await self._acquire(self.loop.time() + self.read_timeout)
 
-    def send_on(self, conn: _Connection, head: bytes, body: bytes, sink: Sink) -> None:
+    def send_on(self, conn: Connection, head: bytes, body: bytes, sink: Sink) -> None:
         """Write one request on ``conn`` (through the :attr:`outbox`); ``sink.pump()`` is called as
         its response moves on.
 
@@ -550,12 +550,12 @@ class HttpPool:
             self.outbox.write(transport, head)
             self.outbox.write(transport, body)
 
-    def release(self, conn: _Connection) -> None:
+    def release(self, conn: Connection) -> None:
         """Hand ``conn`` back after an exchange (it is closed unless it can be reused)."""
         conn.sink = None
         self._release(conn)
 
-    def discard(self, conn: _Connection) -> None:
+    def discard(self, conn: Connection) -> None:
         """Close ``conn`` for good (an exchange abandoned or failed)."""
         conn.sink = None
         self._discard(conn)
@@ -584,7 +584,7 @@ class HttpPool:
             return text.encode()
 
     async def _write_stream(
-        self, conn: _Connection, head: bytes, body: AsyncIterable[bytes], chunked: bool
+        self, conn: Connection, head: bytes, body: AsyncIterable[bytes], chunked: bool
     ) -> None:
         """Stream a request body as it is produced, waiting while the socket's buffer is full."""
         transport = conn.transport
@@ -616,7 +616,7 @@ class HttpPool:
 
     # -- the pool ----------------------------------------------------------------------------
 
-    def _pop_idle(self, now: float) -> _Connection | None:
+    def _pop_idle(self, now: float) -> Connection | None:
         """The most recently used idle connection that is still open, if any."""
         idle = self.idle
         while idle:
@@ -635,7 +635,7 @@ class HttpPool:
             return conn
         return None
 
-    async def _acquire(self, deadline: float) -> _Connection:
+    async def _acquire(self, deadline: float) -> Connection:
         while True:
             conn = self._pop_idle(self.loop.time())
             if conn is not None:
@@ -653,8 +653,8 @@ class HttpPool:
                 return handed
             # It closed on the way to us; connection_lost already gave its slot back.
 
-    async def _wait_turn(self, deadline: float) -> _Connection | None:
-        waiter: asyncio.Future[_Connection | None] = self.loop.create_future()
+    async def _wait_turn(self, deadline: float) -> Connection | None:
+        waiter: asyncio.Future[Connection | None] = self.loop.create_future()
         self.waiters.append(waiter)
         try:
             async with asyncio.timeout_at(deadline):
@@ -674,8 +674,8 @@ class HttpPool:
                 ) from None
             raise
 
-    async def _connect(self) -> _Connection:
-        conn = _Connection(self)
+    async def _connect(self) -> Connection:
+        conn = Connection(self)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 transport, _ = await self.loop.create_connection(
@@ -702,7 +702,7 @@ class HttpPool:
         conn.transport = transport
         return conn
 
-    def _hand_over(self, conn: _Connection | None) -> bool:
+    def _hand_over(self, conn: Connection | None) -> bool:
         waiters = self.waiters
         while waiters:
             waiter = waiters.popleft()
@@ -715,7 +715,7 @@ class HttpPool:
         if not self._hand_over(None):
             self.size -= 1
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: Connection) -> None:
         """Pool ``conn`` again if its exchange ended cleanly, else close it."""
         if (
             not conn.keep_alive
@@ -732,7 +732,7 @@ class HttpPool:
             conn.idle_since = self.loop.time()
             self.idle.append(conn)
 
-    def _discard(self, conn: _Connection) -> None:
+    def _discard(self, conn: Connection) -> None:
         """Close ``conn`` for good and give its slot to the next waiter."""
         if not conn.lost:
             conn.abort()
@@ -741,7 +741,7 @@ class HttpPool:
             conn.counted = False
             self._free_slot()
 
-    def _forget(self, conn: _Connection) -> None:
+    def _forget(self, conn: Connection) -> None:
         """An idle connection the server closed."""
         try:
             self.idle.remove(conn)

@@ -16,6 +16,14 @@ checkpoint budget (413, checked before any state is written). Outbound events go
 bounded queue and one writer with a send deadline, so a client that stops reading stops the
 producers instead of growing a buffer; a send blocked past the deadline closes the connection
 with 1008.
+
+Steering (``response.steer``, ``responses_app.steering``): a steer for a generating response on this
+connection is accepted into its target's batch and the running executor is asked to stop at its
+next safe boundary; when the parent ends, its batch becomes an automatic successor on the same lane
+(run before anything else queued there), waits for the client's outputs
+(``response.steer.pending``, then the client's own ``response.create`` gets the steering
+prepended), or fails (``response.steer.failed``). Failure echoes count against their own budget
+until written; exhausting it closes the connection with 1008.
 """
 
 from __future__ import annotations
@@ -38,11 +46,12 @@ from gateway.db import run_orm
 from gateway.lifecycle import drain
 from gateway.principal import scope_principal
 from inference_app.upstream import forward_headers
-from responses_app import runs, services
+from responses_app import runs, services, steering
 from responses_app.domain import Prepared, base_snapshot
 from responses_app.events import Event, EventSink, EventTooLarge
 from responses_app.executor import Executor
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
+from responses_app.steering import SteerFailure, Target
 
 log = logging.getLogger("responses.websocket")
 
@@ -55,6 +64,7 @@ SLOW_CLIENT_REASON = "send deadline exceeded: the client is not reading events"
 CLOSE_GRACE_S = 10.0
 # Close code when the server shuts down, sent after the last terminal event ("service restart").
 CLOSE_SHUTDOWN = 1012
+STEER_FAILURES_REASON = "steering failure echoes exceed the connection's delivery budget"
 # Identity and tracing headers that travel upstream with the executor's own body (as over HTTP).
 _UPSTREAM_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "x-request-id")
 
@@ -75,6 +85,8 @@ class Job:
     raw: dict[str, Any]
     generate: bool
     size: int  # bytes of the client frame, held against the outstanding-bytes budget
+    successor_of: Target | None = None  # an automatic successor: built from this target when it runs
+    steered: Target | None = None  # an explicit continuation that carries this target's steering
 
 
 @dataclass
@@ -99,6 +111,21 @@ def _size(items: list[dict[str, Any]]) -> int:
     return len(orjson.dumps(items))
 
 
+def _streamed(fields: dict[str, Any]) -> tuple[ResponseCreateRequest, dict[str, Any]]:
+    """A request the consumer builds itself (steering successors), parsed as a client's would be."""
+    request, raw = parse_create_request(orjson.dumps(fields))
+    raw["stream"] = True
+    return request.model_copy(update={"stream": True}), raw
+
+
+@dataclass
+class _Counted:
+    """An outbound failure echo: its bytes stay on the failure-delivery budget until written."""
+
+    frame: bytes
+    size: int
+
+
 class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     """One connection: admission, lanes, connection-local checkpoints, the bounded writer."""
 
@@ -114,7 +141,16 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.reserved_bytes = 0  # active parents and prepared checkpoints of running requests
         self.outstanding = 0
         self.outstanding_bytes = 0
-        self.outbound: asyncio.Queue[bytes] = asyncio.Queue(self.limits.outbound_queue_events)
+        self.outbound: asyncio.Queue[bytes | _Counted] = asyncio.Queue(self.limits.outbound_queue_events)
+        self.steering = steering.Steering(
+            steering.Limits(
+                max_queued=self.limits.steer_max_queued,
+                input_bytes=self.limits.steer_input_bytes,
+                settings_bytes=self.limits.steer_settings_bytes,
+                failure_bytes=self.limits.steer_failure_bytes,
+                target_ttl_s=self.limits.steer_target_ttl_s,
+            )
+        )
         self.closing = False
         self.draining = False
         self.main_task = asyncio.current_task()
@@ -124,6 +160,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def disconnect(self, code: int) -> None:
         self.closing = True
+        if hasattr(self, "steering"):
+            self.steering.discard()  # unapplied steering dies with the connection, stored parent or not
         if hasattr(self, "unlisten"):
             self.unlisten()
         tasks = []
@@ -180,11 +218,15 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         stream_id = content.get("stream_id")
         echo = stream_id if isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID else None
         kind = content.get("type")
+        if kind == "response.steer":
+            await self._steer(content)
+            return
         if kind != "response.create":
             shown = kind if isinstance(kind, str) else orjson.dumps(kind).decode()
             await self._error(
                 errors.BadRequest(
-                    f"Unsupported WebSocket event type '{shown}'. This endpoint accepts 'response.create'.",
+                    f"Unsupported WebSocket event type '{shown}'. This endpoint accepts 'response.create' "
+                    "and 'response.steer'.",
                     param="type",
                     code="unknown_event_type",
                 ),
@@ -294,13 +336,29 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 self.outstanding_bytes -= job.size
 
     async def _execute(self, lane: Lane, job: Job) -> None:
+        if job.successor_of is not None:
+            successor = await self._successor_job(job)
+            if successor is None:
+                return
+            job = successor
+        else:
+            try:
+                job = self._with_pending_steering(lane, job)
+            except errors.GatewayError as exc:  # pending steering stays for a corrected submission
+                await self._error(exc, job.stream_id)
+                return
         parent_id = job.request.previous_response_id
         # A same-lane continuation of the lane's cached latest response; anything else is a fork.
         same_lane = parent_id is not None and parent_id == lane.latest
         try:
             prepared, reserved = await self._prepare(job)
         except _Refused as refused:
-            if refused.evict and same_lane:
+            if job.successor_of is not None:
+                await self._fail_batch(
+                    job.successor_of, steering.SUCCESSOR_CREATION_FAILED, refused.error.message
+                )
+                return
+            if refused.evict and same_lane and job.steered is None:
                 self._evict(lane)
             await self._error(refused.error, job.stream_id)
             return
@@ -315,7 +373,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             self.reserved_bytes -= reserved
         if ok and items is not None:
             self._retain(lane, prepared.response_id, items)
-        elif not ok and same_lane:
+        elif not ok and same_lane and not (job.steered is not None and job.steered.batch):
             self._evict(lane)
 
     async def _prepare(self, job: Job) -> tuple[Prepared, int]:
@@ -383,18 +441,32 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def _generate(self, prepared: Prepared, job: Job) -> tuple[bool, list[dict[str, Any]] | None]:
         """Run the shared executor; every event goes out with the request's ``stream_id``."""
         executor = Executor(prepared, self.config, event_fields=self._tag(job))
+        registered: list[Target] = []
+        # The executor stops at its next safe boundary while its target holds accepted steering.
+        executor.steer_requested = lambda: bool(registered and registered[0].batch)
 
         async def on_event(event: Event) -> None:
             if event is executor.failure_event:
                 await self._execution_error(event.data, job.stream_id)
-            else:
-                await self._send(event.json)
+                return
+            if event.type == "response.created":
+                registered.append(self._register(job, prepared, executor.sink))
+            await self._send(event.json)
 
         await runs.drive(executor, on_event)  # the shutdown deadline ends it failed
         final = executor.final
+        if registered:
+            status = final.get("status", "failed") if final is not None else "failed"
+            await self._parent_ended(registered[0], status, executor.output)
+        elif job.successor_of is not None:  # it failed before its response.created
+            await self._fail_batch(
+                job.successor_of,
+                steering.SUCCESSOR_CREATION_FAILED,
+                "The successor response could not be created.",
+            )
         if executor.failure_event is not None or final is None or final.get("status") == "failed":
             return False, None
-        return True, [*prepared.history, *prepared.new_items, *executor.output]
+        return True, executor.checkpoint()  # after a compaction: the window
 
     async def _prewarm(self, prepared: Prepared, job: Job) -> tuple[bool, list[dict[str, Any]] | None]:
         """``generate: false``: both lifecycle events are built and checked before anything else."""
@@ -413,9 +485,147 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 prepared=prepared,
                 outcome=services.Outcome("completed", completed, []),
             )
+        self._register(job, prepared, sink)
         await self._send(created_event.json)
         await self._send(completed_event.json)
         return True, [*prepared.history, *prepared.new_items]
+
+    # --- steering ---------------------------------------------------------------------------
+
+    async def _steer(self, content: dict[str, Any]) -> None:
+        """``response.steer``: accepted into the target's batch, or ``response.steer.failed``."""
+        pid, submitted = steering.submitted(content)
+        try:
+            _, items = steering.parse_steer(content)
+            if self.draining:
+                raise SteerFailure(
+                    steering.RESPONSE_NOT_ACTIVE, "The server is shutting down; no steering is accepted."
+                )
+            target, steer = self.steering.submit(pid, submitted, items)
+        except SteerFailure as failure:
+            await self._steer_failed(failure, self.steering.targets.get(pid), pid, submitted, None)
+            return
+        await self._control(steering.accepted_event(steer, self._sequence(target), target.lane))
+        if target.state == "waiting":
+            await self._pending(target)
+        elif target.state == "ended":
+            self._schedule_successor(target)
+
+    def _register(self, job: Job, prepared: Prepared, sink: EventSink) -> Target:
+        """A ``response.created`` on the job's lane: the response becomes a steering target, and the
+        steering a successor or explicit continuation carries is committed to it."""
+        for source in (job.successor_of, job.steered):
+            if source is not None:  # committed first: the parent's settings make room for these
+                self.steering.commit(source)
+        refusal = steering.eligibility(
+            job.raw, generate=job.generate, conversation_id=prepared.conversation_id
+        )
+        target = self.steering.register(
+            prepared.response_id, job.stream_id, steering.settings_of(job.raw), refusal
+        )
+
+        def next_sequence() -> int:
+            number = sink.sequence_number
+            sink.sequence_number += 1
+            return number
+
+        target.next_sequence = next_sequence
+        return target
+
+    async def _parent_ended(self, target: Target, status: str, output: list[dict[str, Any]]) -> None:
+        """Control events after the target's terminal event: failures, pending, or a successor."""
+        for steer in self.steering.ended(target, status, output):
+            assert target.refusal is not None
+            await self._steer_failed(
+                target.refusal, target, steer.previous_response_id, steer.input, steer.id
+            )
+        if target.state == "waiting":
+            await self._pending(target)
+        elif target.state == "ended" and target.batch:
+            self._schedule_successor(target)
+
+    async def _pending(self, target: Target) -> None:
+        for steer in target.batch:
+            if not steer.notified:
+                steer.notified = True
+                event = steering.pending_event(steer, target.required, self._sequence(target), target.lane)
+                await self._control(event)
+
+    async def _fail_batch(self, target: Target, code: str, message: str) -> None:
+        """Accepted steering that cannot be committed goes back with its steering IDs."""
+        target.state = "closed"
+        failure = SteerFailure(code, message)
+        for steer in self.steering.take(target):
+            await self._steer_failed(failure, target, steer.previous_response_id, steer.input, steer.id)
+
+    def _schedule_successor(self, target: Target) -> None:
+        """Queue the automatic successor first on the target's lane (it builds itself when it runs,
+        so steering accepted until then joins it)."""
+        if target.successor_scheduled or self.closing:
+            return
+        target.successor_scheduled = True
+        lane = self.lanes.get(target.lane)
+        if lane is None:
+            lane = self.lanes[target.lane] = Lane(target.lane)
+        placeholder = ResponseCreateRequest.model_construct()
+        lane.queue.appendleft(Job(target.lane, placeholder, {}, True, 0, successor_of=target))
+        self.outstanding += 1
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.create_task(self._run_lane(lane))
+
+    async def _successor_job(self, job: Job) -> Job | None:
+        """The successor's request: the parent's settings, its id, the batch in acceptance order."""
+        target = job.successor_of
+        assert target is not None
+        if not target.batch:
+            return None
+        if target.settings is None:
+            await self._fail_batch(
+                target, steering.SUCCESSOR_CREATION_FAILED, "The parent's settings are no longer retained."
+            )
+            return None
+        target.state = "succeeding"
+        try:
+            request, raw = _streamed(steering.successor_fields(target))
+        except errors.GatewayError as exc:
+            await self._fail_batch(target, steering.SUCCESSOR_CREATION_FAILED, exc.message)
+            return None
+        return Job(target.lane, request, raw, True, 0, successor_of=target)
+
+    def _with_pending_steering(self, lane: Lane, job: Job) -> Job:
+        """An explicit continuation of a parent with pending steering: it must answer every
+        required call, and the accepted steering is prepended to its input."""
+        target = self.steering.waiting_for(lane.key, job.request.previous_response_id)
+        if target is None or not job.generate:
+            return job
+        request, raw = _streamed(steering.steered_fields(target, job.raw))
+        return Job(job.stream_id, request, raw, True, job.size, steered=target)
+
+    def _sequence(self, target: Target | None) -> int:
+        return target.next_sequence() if target is not None and target.next_sequence is not None else 0
+
+    async def _control(self, event: dict[str, Any]) -> None:
+        await self._send(orjson.dumps(event))
+
+    async def _steer_failed(
+        self, failure: SteerFailure, target: Target | None, pid: str, submitted: Any, steer_id: str | None
+    ) -> None:
+        event = steering.failed_event(
+            failure,
+            previous_response_id=pid,
+            submitted_input=submitted,
+            steer_id=steer_id,
+            sequence_number=self._sequence(target),
+            stream_id=target.lane if target is not None else None,
+        )
+        frame = orjson.dumps(event)
+        if self.closing:
+            return
+        if not self.steering.reserve_failure(len(frame)):
+            log.warning("closing a WebSocket: steering failure echoes exceed steer_failure_bytes")
+            await self._close_policy(STEER_FAILURES_REASON)
+            return
+        await self.outbound.put(_Counted(frame, len(frame)))
 
     # --- connection-local state -------------------------------------------------------------
 
@@ -478,7 +688,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def _write_loop(self) -> None:
         deadline = self.limits.send_timeout_s
         while True:
-            frame = await self.outbound.get()
+            item = await self.outbound.get()
+            frame = item.frame if isinstance(item, _Counted) else item
             try:
                 await asyncio.wait_for(self.send(text_data=frame.decode("utf-8")), deadline)
             except TimeoutError:
@@ -487,6 +698,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             except Exception:  # the client went away: disconnect() cleans up
                 return
             finally:
+                if isinstance(item, _Counted):
+                    self.steering.release_failure(item.size)
                 self.outbound.task_done()
 
     # --- shutdown ----------------------------------------------------------------------------
@@ -509,14 +722,17 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def _close_slow_client(self) -> None:
         log.warning("closing a WebSocket whose client stopped reading (send_timeout_s exceeded)")
+        await self._close_policy(SLOW_CLIENT_REASON)
+
+    async def _close_policy(self, reason: str) -> None:
+        """Close with 1008 and ``reason``; running work ends, nothing more is sent."""
         self.closing = True
+        current = asyncio.current_task()
         for lane in self.lanes.values():
-            if lane.task is not None:
+            if lane.task is not None and lane.task is not current:
                 lane.task.cancel()
         try:
-            await asyncio.wait_for(
-                self.close(code=CLOSE_SLOW_CLIENT, reason=SLOW_CLIENT_REASON), CLOSE_GRACE_S
-            )
+            await asyncio.wait_for(self.close(code=CLOSE_SLOW_CLIENT, reason=reason), CLOSE_GRACE_S)
         except (TimeoutError, Exception):
             # Not even the close frame can be written: end the connection outright.
             if self.main_task is not None:

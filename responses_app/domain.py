@@ -122,6 +122,9 @@ class RoundState:
     tier: str | None = None  # the served service tier, when the upstream said
     streamed: bool = False  # output came as item events (not only in the terminal event)
     incomplete_details: dict[str, Any] | None = None  # set with status "incomplete"
+    # The last upstream event completed an item lifecycle and left no item open: a safe boundary.
+    settled: bool = False
+    steered: bool = False  # the round stopped at a safe boundary for steering
 
 
 class Emitting(Protocol):

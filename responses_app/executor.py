@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -36,7 +36,7 @@ from gateway import errors
 from gateway.config import Config
 from gateway.db import run_orm
 from gateway.logging import request_id_var
-from responses_app import async_tools, parsers, services, translate, wire
+from responses_app import async_tools, compaction, parsers, services, translate, wire
 from responses_app.domain import TERMINAL_EVENT, Prepared, RoundState, Usage, base_snapshot
 from responses_app.echo import tool_usage
 from responses_app.emitter import Emitter
@@ -87,6 +87,11 @@ class Executor:
         self.before_start: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
         self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
+        # Automatic compaction and the compaction_trigger (responses_app.compaction).
+        self.compactor = compaction.Compactor(prepared)
+        # WebSocket steering (responses_app.steering): asked at each safe boundary whether accepted
+        # steering waits; when it does, the response ends ``incomplete`` / ``steered`` there.
+        self.steer_requested: Callable[[], bool] | None = None
         self._base: dict[str, Any] | None = None
         self.async_rounds = async_tools.AsyncRounds()  # async-only rounds in a row (the stop rule)
 
@@ -191,6 +196,8 @@ class Executor:
             for number in range(1, self.config.responses.max_rounds + 1):
                 async for event in self._before_round():
                     yield event
+                if self.compactor.ends_response:
+                    break  # a compaction_trigger response is its compaction item
                 self.round = RoundState(number)
                 self.emitter.start_round()
                 tools.start_round()
@@ -201,12 +208,18 @@ class Executor:
                 status = self.round.status
                 self.service_tier = self.round.tier
                 # Gateway calls run even when the round also ends the response (client calls,
-                # approval requests, an incomplete round): they are recorded either way.
+                # approval requests, an incomplete round, steering): they are recorded either way.
                 async for event in tools.execute_round(self.emitter):
                     yield event
                 for event in self.emitter.flush_deferred():  # async calls held behind them
                     yield event
+                if self.round.steered:
+                    status = self._steered()
+                    break
                 if not self._continues(status):
+                    break
+                if self._steer_waiting():  # a round boundary: the round's gateway calls settled
+                    status = self._steered()
                     break
             else:
                 status = "incomplete"  # every round ended in gateway calls
@@ -222,10 +235,9 @@ class Executor:
             yield event
 
     async def _before_round(self) -> AsyncIterator[Event]:
-        """The hook before every inference round (the history is final for the round here): the
-        place for work on the history before it is sent, such as automatic compaction. None yet."""
-        hooked: tuple[Event, ...] = ()
-        for event in hooked:
+        """The hook before every inference round (the history is final for the round here):
+        compaction, when the request's threshold or its compaction_trigger asks for it."""
+        async for event in self.compactor.before_round(self):
             yield event
 
     def _continues(self, status: str) -> bool:
@@ -245,6 +257,14 @@ class Executor:
         ):
             return False
         return bool(self.tools.round_calls) or async_more
+
+    def _steer_waiting(self) -> bool:
+        return self.steer_requested is not None and self.steer_requested()
+
+    def _steered(self) -> str:
+        """Stop for steering: earlier output is kept; the response ends incomplete, ``steered``."""
+        self.incomplete_details = {"reason": "steered"}
+        return "incomplete"
 
     async def interrupt(self, message: str) -> AsyncIterator[Event]:
         """End a run that was stopped from outside (the shutdown deadline) as ``failed``: the
@@ -330,19 +350,34 @@ class Executor:
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
-        outcome = services.Outcome(status, snapshot, output_items, self.usage.as_dict(), self.error, terminal)
+        outcome = services.Outcome(
+            status,
+            snapshot,
+            output_items,
+            self.usage.as_dict(),
+            self.error,
+            terminal,
+            window=self.checkpoint(output_items) if self.compactor.compacted else None,
+        )
         self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
 
     # --- one upstream round --------------------------------------------------------------------
 
+    def checkpoint(self, output: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The history a continuation of this response starts from: history, input and output, or
+        after a compaction the window (the user's messages, the compaction item, what followed)."""
+        return self.compactor.checkpoint(
+            [*self.p.history, *self.p.new_items], self.output if output is None else output
+        )
+
     def model_items(self) -> list[dict[str, Any]]:
         """The history as the model sees it: built-in tool items in their function-call form, client
-        tool calls under the names the model knows them by."""
+        tool calls under the names the model knows them by, a compaction as its summary."""
         if self.tools is None:
             items = [*self.p.history, *self.p.new_items, *self.output]
         else:
             items = self.tools.model_items([*self.p.history, *self.p.new_items], self.output)
-        return [self.client_tools.upstream_item(item) for item in items]
+        return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
     async def _run_round(self, state: RoundState) -> AsyncIterator[Event]:
         chat = self.config.upstream_api == "chat_completions"
@@ -369,8 +404,15 @@ class Executor:
                         yield event
                     if terminal_seen:
                         break
+                    # Only a complete item lifecycle event establishes that started work settled
+                    # (chat completions has none: its rounds stop at their end).
+                    if state.settled and self._steer_waiting():
+                        state.steered = True
+                        break
             except errors.GatewayError as exc:
                 raise StreamFailure(exc.message, status=exc.status) from None
+            if state.steered:
+                return  # the upstream request is closed below; its remaining output is dropped
             if not terminal_seen:
                 raise StreamFailure("The upstream stream ended before the response was complete.")
             if not response.complete:

@@ -4,19 +4,19 @@ Django's request handling (URL resolution, ``HttpRequest``, the middleware chain
 signals) costs more than the gateway's own work for a stored response; this handler does what that
 path did, in the same order, and then runs the one implementation, :func:`responses_app.views.create`:
 
-1. the body is read whole (``GatewayASGIMiddleware`` above already enforces the body ceiling and
-   assigns the request id, and writes metrics and the access log);
-2. the CORS headers django-cors-headers would add are computed by that library
-   (:func:`gateway.fastpath.cors_headers`); preflights never get here;
-3. authentication through ``gateway.auth.authenticate`` (401/503 in the OpenAI envelope);
-4. only ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
-5. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
+1. the body is read whole (``GatewayASGIMiddleware`` above already opened the request's passage:
+   request id, log context, body ceiling; it finishes it: metrics and the access log);
+2. the request is admitted by :func:`gateway.pipeline.admitted`, the one admission every path
+   uses: CORS (preflights never get here), authentication (401/503 in the OpenAI envelope), only
+   ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
+3. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
    (what ``GatewayErrorMiddleware`` does on ``/v1``);
-6. a streamed answer is sent as it is produced (frames produced together in one write, see
+4. a streamed answer is sent as it is produced (frames produced together in one write, see
    :func:`responses_app.events.coalesce`); a client that disconnects cancels the work (as Django
    does), watched by a task started only for requests still running after ``WATCH_AFTER_S``.
 
-Other paths under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
+``ResponsesAppConfig.ready()`` registers this handler in :mod:`gateway.fastroutes`. Other paths
+under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ from gateway.passthrough import (
     read_body,
     send_error,
 )
+from gateway.pipeline import admitted, passage_of
 from responses_app.events import coalesce
 from responses_app.views import Call, Outcome, create
 
 log = logging.getLogger("gateway")
 
-_ALLOW = {"Allow": "POST"}
+_METHODS = frozenset({"POST"})
 
 
 def _media_type(value: str) -> str:
@@ -52,14 +53,10 @@ def _media_type(value: str) -> str:
 
 
 async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
-    from gateway.auth import authenticate
-    from gateway.fastpath import cors_headers
-
     headers: dict[str, str] = {}
     for key, value in scope["headers"]:
         headers[key.decode("latin-1").lower()] = value.decode("latin-1")
-    origin = headers.get("origin")
-    extra = cors_headers(scope, origin.encode("latin-1") if origin is not None else None)
+    passage = passage_of(scope)
     exchange = Exchange()
     try:
         body = await read_body(receive, exchange)
@@ -69,11 +66,7 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
             try:
-                auth = await authenticate(scope["path"], headers)
-                if scope["method"] != "POST":
-                    raise errors.MethodNotAllowed(
-                        f"Method {scope['method']} is not allowed on {scope['path']}.", headers=_ALLOW
-                    )
+                auth = await admitted(passage, headers, _METHODS)
                 call = Call(
                     content_type=_media_type(headers.get("content-type", "")),
                     body=body,
@@ -84,14 +77,14 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
                 outcome = await create(call)
             except errors.GatewayError as exc:
                 exchange.finished = True
-                await send_error(send, scope, exc, extra)
+                await send_error(send, scope, exc, passage.cors)
                 return
             except Exception as exc:
                 log.exception("unhandled error on %s", scope["path"])
                 exchange.finished = True
-                await send_error(send, scope, errors.as_gateway_error(exc), extra)
+                await send_error(send, scope, errors.as_gateway_error(exc), passage.cors)
                 return
-            await _send(outcome, send, exchange, extra)
+            await _send(outcome, send, exchange, passage.cors)
     finally:
         if outcome is not None:
             await _close(outcome)
@@ -124,6 +117,3 @@ async def _close(outcome: Outcome) -> None:
         await frames.aclose()
     if outcome.close is not None:
         await outcome.close()
-
-
-ROUTES = {"/v1/responses": serve_create}

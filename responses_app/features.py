@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
-from responses_app import async_tools
+from responses_app import async_tools, compaction
 from responses_app.tool_decls import check_declared_tool
 
 # Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
@@ -54,6 +54,8 @@ KNOWN_ITEM_TYPES = frozenset(
         "shell_call_output",
         "tool_search_call",
         "tool_search_output",
+        "compaction",
+        "compaction_trigger",
     }
 )
 # Items of the SDK's input union for capabilities the gateway does not have.
@@ -73,11 +75,8 @@ UNRUNNABLE_ITEM_TYPES = frozenset(
         "program_output",
     }
 )
-# Compaction items: refused until compaction is built.
-COMPACTION_ITEM_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
-
 # Top-level request fields the gateway does not implement: refused when set (non-null).
-UNBUILT_FIELDS = ("context_management", "multi_agent")
+UNBUILT_FIELDS = ("multi_agent",)
 # OpenAI-only request fields with no meaning in front of vLLM: refused when set (non-null).
 REFUSED_FIELDS = ("access_programs", "background_options", "image", "moderation", "prompt")
 
@@ -89,6 +88,7 @@ def _unsupported(message: str, param: str) -> errors.BadRequest:
 def refuse_unsupported(raw: Mapping[str, Any]) -> None:
     """Raise the 400 for the first part of ``raw`` the gateway does not implement."""
     async_tools.check_multi_agent(raw)  # the one multi-agent rule built before multi-agent itself
+    compaction.compact_threshold(raw.get("context_management"))  # malformed entries: 400 with param
     for name in UNBUILT_FIELDS:
         if raw.get(name) is not None:
             raise _unsupported(f"'{name}' is not supported by this gateway yet.", name)
@@ -105,6 +105,7 @@ def refuse_unsupported(raw: Mapping[str, Any]) -> None:
         for index, item in enumerate(items):
             if isinstance(item, Mapping):
                 _check_item(item, f"input[{index}]")
+        compaction.check_trigger_position(items)
 
 
 def _check_tool(tool: Mapping[str, Any], param: str) -> None:
@@ -142,8 +143,6 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if not isinstance(kind, str):
         return  # the typed request model reports the missing or mistyped type
-    if kind in COMPACTION_ITEM_TYPES:
-        raise _unsupported(f"Input items of type '{kind}' are not supported by this gateway yet.", param)
     if kind in UNRUNNABLE_ITEM_TYPES:
         raise errors.BadRequest(
             f"Input items of type '{kind}' are not supported by this gateway.",
@@ -157,6 +156,8 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     async_tools.check_item(item, kind, param)
     if kind in ("tool_search_call", "tool_search_output"):
         _check_tool_search_item(item, param)
+    if kind == "compaction":
+        compaction.check_compaction_item(dict(item), param)
 
 
 def _check_execution(value: Any, param: str) -> None:

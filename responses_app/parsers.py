@@ -36,6 +36,7 @@ class ResponsesParser:
         out: list[Event] = []
         if kind in upstream_events.STREAMED_OUTPUT:
             state.streamed = True
+        state.settled = False
         if kind == "response.output_item.added":
             item = event["item"]
             itype = item.get("type")
@@ -51,6 +52,7 @@ class ResponsesParser:
             out += em.call_delta(key, as_str(event.get("delta")))
         elif kind == "response.output_item.done":
             out += em.item_done(key, event["item"])
+            state.settled = em.open is None
         elif kind in ("response.completed", "response.incomplete"):
             response = event["response"]
             out += em.close()

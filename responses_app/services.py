@@ -6,6 +6,7 @@ Every function is keyword-only, synchronous and runs in one transaction; async c
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 from responses_app.tool_loop import web_search_available
 
-COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger", "compaction_summary"})
+COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
 EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
 
@@ -226,6 +227,9 @@ class Outcome:
     error: dict[str, Any] | None = None
     # A background response's terminal event (sequence number, JSON), stored with it.
     terminal_event: tuple[int, bytes] | None = None
+    # The history a continuation starts from when it is not history + input + output: a response
+    # that compacted (responses_app.compaction) continues from its window.
+    window: list[dict[str, Any]] | None = None
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
@@ -262,8 +266,31 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
                     expected_revision=p.conversation_revision,
                 )
     if stored:
-        history_cache.put(p.response_id, p.owner, [*p.history, *p.new_items, *outcome.output_items])
+        history_cache.put(p.response_id, p.owner, _window(p, outcome))
     return stored
+
+
+def _window(p: Prepared, outcome: Outcome) -> list[dict[str, Any]]:
+    if outcome.window is not None:
+        return outcome.window
+    return [*p.history, *p.new_items, *outcome.output_items]
+
+
+def response_compaction_store(
+    *, prepared: Prepared, retained: list[dict[str, Any]], item: dict[str, Any], answer: dict[str, Any]
+) -> None:
+    """Store a ``POST /v1/responses/compact`` answer as a checkpoint (the retained user messages,
+    then the compaction item) that ``previous_response_id`` can name. The retained messages that
+    were stored already are referenced, not copied; nothing stored before is changed."""
+    new_ids = {i["id"] for i in prepared.items_to_insert}
+    window = dataclasses.replace(
+        prepared,
+        history=[],
+        new_items=retained,
+        items_to_insert=[message for message in retained if message["id"] in new_ids],
+    )
+    outcome = Outcome("completed", answer, [item], answer.get("usage"))
+    response_store_final(prepared=window, outcome=outcome)
 
 
 def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
@@ -281,10 +308,19 @@ def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
         "snapshot": outcome.snapshot,
         "usage": outcome.usage,
         "error": outcome.error,
-        "history_item_ids": [item["id"] for item in (*p.history, *p.new_items, *outcome.output_items)],
-        "input_item_count": len(p.history) + len(p.new_items),
+        "history_item_ids": [item["id"] for item in _window(p, outcome)],
+        "input_item_count": _input_count(p, outcome),
         "completed_at": timezone.now(),
     }
+
+
+def _input_count(p: Prepared, outcome: Outcome) -> int:
+    """How many leading checkpoint items are input (the rest is output): for a window, the items
+    before the first of this response's output items in it."""
+    if outcome.window is None:
+        return len(p.history) + len(p.new_items)
+    produced = {item["id"] for item in outcome.output_items}
+    return next((i for i, item in enumerate(outcome.window) if item["id"] in produced), len(outcome.window))
 
 
 def response_create_queued(

@@ -32,6 +32,7 @@ ID_PREFIX = {
     "shell_call_output": "sho",
     "tool_search_call": "tsc",
     "tool_search_output": "tso",
+    "compaction": "cmp",
 }
 
 CALL_TYPES = {

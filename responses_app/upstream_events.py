@@ -30,7 +30,9 @@ def _json_text(value: Any) -> Any:
 
 # Tool-call arguments: a string, or a JSON object/array serialized as JSON (never Python's repr).
 Arguments = Annotated[str, BeforeValidator(_json_text)]
-Counts = dict[str, int | None]
+# Usage details: counters, and vLLM's per-turn lists (``input_tokens_per_turn`` …, vLLM 0.32), which
+# are accepted and not summed.
+Counts = dict[str, int | list[int] | None]
 
 
 # --- /v1/responses events ------------------------------------------------------------------------

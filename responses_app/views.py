@@ -320,12 +320,83 @@ async def response_cancel(request: HttpRequest, response_id: str) -> HttpRespons
     return json_response(snapshot)
 
 
+# ``POST /v1/responses/compact``: what the summary uses, and what is accepted but unused.
+_COMPACT_FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "previous_response_id",
+        "instructions",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "service_tier",
+    }
+)
+_COMPACT_UNUSED = frozenset({"tools", "parallel_tool_calls", "reasoning", "text"})
+
+
 @allow_methods("POST")
 async def response_compact(request: HttpRequest) -> HttpResponse:
-    """``POST /v1/responses/compact``: refused until compaction is built (never a silent 405)."""
-    raise errors.NotImplementedFeature(
-        "POST /v1/responses/compact is not supported by this gateway yet.", param=None
+    """``POST /v1/responses/compact``: one summary round over ``input`` and/or the owner's
+    ``previous_response_id`` chain, answered as a ``response.compaction`` and stored as a checkpoint."""
+    from responses_app import compaction
+
+    _check_json(request.content_type or "")
+    try:
+        raw = orjson.loads(request.body) if request.body else None
+    except orjson.JSONDecodeError:
+        raw = None
+    if not isinstance(raw, dict):
+        raise errors.BadRequest(
+            "We could not parse the JSON body of your request. The request body must be a JSON object.",
+            code="invalid_json",
+        )
+    for key in raw:
+        if key not in _COMPACT_FIELDS and key not in _COMPACT_UNUSED:
+            raise errors.BadRequest(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
+    if raw.get("input") is None and raw.get("previous_response_id") is None:
+        raise errors.BadRequest(
+            "Missing required parameter: 'input' (or 'previous_response_id'): there is nothing to compact.",
+            param="input",
+            code="missing_required_parameter",
+        )
+    # The same request model and preparation as responses.create: types, items, input_file,
+    # prompt_cache_options, and the owner-checked history of previous_response_id.
+    fields = {k: v for k, v in raw.items() if k in _COMPACT_FIELDS}
+    parsed, fields = parse_create_request(orjson.dumps({**fields, "store": True}))
+    config = get_config()
+    prepared = await run_orm(
+        services.response_prepare,
+        request=parsed,
+        raw=fields,
+        owner=request_principal(request).owner,
+        headers=_upstream_headers(_request_headers(request), credential_consumed(request)),
+        config=config,
     )
+    items = [*prepared.history, *prepared.new_items]
+    summary = await compaction.summarize(
+        upstream=get_upstream(),
+        config=config,
+        headers=prepared.headers,
+        model=parsed.model,
+        model_items=compaction.history_model_items(items),
+        instructions=parsed.instructions,
+        forwarded=compaction.forwarded_fields(fields, prepared.prompt_cache_options),
+    )
+    retained = compaction.retained_messages(items)
+    item = compaction.compaction_item(summary.text)
+    answer = {
+        "id": prepared.response_id,
+        "object": "response.compaction",
+        "created_at": prepared.created_at,
+        "output": [*retained, item],
+        "usage": summary.usage,
+    }
+    await run_orm(
+        services.response_compaction_store, prepared=prepared, retained=retained, item=item, answer=answer
+    )
+    return json_response(answer)
 
 
 @allow_methods("POST")
@@ -348,7 +419,10 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
         headers=_upstream_headers(_request_headers(request), credential_consumed(request)),
         config=config,
     )
-    messages = translate.items_to_messages(parsed.instructions, [*prepared.history, *prepared.new_items])
+    from responses_app.compaction import model_view
+
+    items = model_view([*prepared.history, *prepared.new_items])  # a summary counts as the model reads it
+    messages = translate.items_to_messages(parsed.instructions, items)
     body: dict[str, Any] = {"messages": messages}
     if parsed.model:
         body["model"] = parsed.model

@@ -46,33 +46,19 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     config_module.set_config(original)
 
 
-def _task_relay_protocol() -> type:
-    from gateway.server import GatewayServerProtocol
-
-    class TaskRelayProtocol(GatewayServerProtocol):
-        callbacks = False
-
-    return TaskRelayProtocol
-
-
-def serve_gateway(kind: str = "direct") -> Iterator[LiveServer]:
+def serve_gateway(kind: str = "relay-on") -> Iterator[LiveServer]:
     """The real ASGI application served by uvicorn on a loopback port.
 
-    ``direct``: with the protocol ``manage.py serve`` runs (pass-through routes relayed directly by
-    ``gateway.direct``, on callbacks where it can); ``direct-task``: the same, but every such request
-    relayed by the task (``gateway.direct.serve``), the path taken when something must be awaited;
-    ``asgi``: every request through the ASGI app (``gateway.fastpath`` for the pass-through routes),
-    as daphne and other servers serve it.
+    ``relay-on``: with the protocol ``manage.py serve`` runs (pass-through routes relayed below ASGI
+    by ``gateway.relay.callbacks`` where it can); ``relay-off``: what it runs with ``[server]
+    direct_relay = false``, every request through the ASGI app (``gateway.fastpath`` for the
+    pass-through routes), as daphne and other servers serve it.
     """
     from gateway.asgi import application
-    from gateway.server import GatewayHttpProtocol, GatewayServerProtocol
+    from gateway.relay.protocol import GatewayHttpProtocol, GatewayServerProtocol
     from inference_app.upstream import close_upstreams
 
-    protocols = {
-        "direct": GatewayServerProtocol,
-        "direct-task": _task_relay_protocol(),
-        "asgi": GatewayHttpProtocol,
-    }
+    protocols = {"relay-on": GatewayServerProtocol, "relay-off": GatewayHttpProtocol}
     protocol = protocols[kind]
     server = LiveServer(application, on_stop=close_upstreams, http=protocol).start()
     yield server

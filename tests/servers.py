@@ -52,7 +52,7 @@ class LiveServer:
     ) -> None:
         self.port = port or free_port()
         self.on_stop = on_stop
-        from gateway.server import GatewayHttpProtocol
+        from gateway.relay.protocol import GatewayHttpProtocol
 
         # The protocol `manage.py serve` runs, so the tests exercise what production serves.
         options = {
@@ -107,7 +107,7 @@ class GatewayProcess:
 
     Its output is kept for :meth:`output` (a pipe: fine for tests), or written to ``log`` (a path,
     ``os.devnull`` included) for long runs such as the bench scripts, which a pipe nobody reads would
-    stall.
+    stall. ``root``: the checkout to run it from (the bench compares an earlier commit's gateway).
     """
 
     def __init__(
@@ -117,6 +117,7 @@ class GatewayProcess:
         *,
         migrate: bool = True,
         log: str | Path | None = None,
+        root: Path = ROOT,
     ) -> None:
         self.port = port or free_port()
         full_env = child_env(env)
@@ -127,7 +128,7 @@ class GatewayProcess:
         if migrate:
             subprocess.run(
                 [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-                cwd=ROOT,
+                cwd=root,
                 env=full_env,
                 check=True,
                 timeout=120,
@@ -135,7 +136,7 @@ class GatewayProcess:
         self.log = None if log is None else open(log, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "serve"],
-            cwd=ROOT,
+            cwd=root,
             env=full_env,
             stdout=subprocess.PIPE if self.log is None else self.log,
             stderr=subprocess.STDOUT,

@@ -1,10 +1,9 @@
-"""``live_gateway`` served both ways, for the pass-through test modules.
+"""``live_gateway`` served with the relay on and off, for the pass-through test modules.
 
 A module that imports :func:`live_gateway_both_ways` from here (a fixture named ``live_gateway``)
-runs every test that uses it three ways: relayed by the server protocol directly (``gateway.direct``,
-what ``manage.py serve`` runs) on callbacks where it can, the same with every request in a task (the
-path taken when something must be awaited first), and through the ASGI path (``gateway.fastpath``,
-what daphne and other servers run).
+runs every test that uses it twice: with the relay below ASGI (``gateway.relay``, what ``manage.py
+serve`` runs) and with it switched off (``[server] direct_relay = false``: the ASGI fast path,
+``gateway.fastpath``, what daphne and other servers run too).
 """
 
 from __future__ import annotations
@@ -17,6 +16,6 @@ from tests.conftest import serve_gateway
 from tests.servers import LiveServer
 
 
-@pytest.fixture(params=["direct", "direct-task", "asgi"], name="live_gateway")
+@pytest.fixture(params=["relay-on", "relay-off"], name="live_gateway")
 def live_gateway_both_ways(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveServer]:
     yield from serve_gateway(request.param)

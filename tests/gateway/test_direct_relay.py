@@ -1,16 +1,17 @@
-"""The pass-through relay on callbacks (``gateway.direct.Relay``), what ``manage.py serve`` runs.
+"""The pass-through relay on callbacks (``gateway.relay.callbacks.Relay``), what ``manage.py serve`` runs.
 
 The behaviour every pass-through route owes its clients is tested in ``test_passthrough.py`` and
-``test_messages.py``, three ways (see ``both_ways.py``). Here: that the callback relay really is the
-path those requests take, what it hands to the task instead, and what only a relay without a task
-per request has to get right itself (pipelined requests, a slow reader, a pooled connection the
-upstream closed as the request went out).
+``test_messages.py``, with the relay on and off (see ``both_ways.py``). Here: that the callback
+relay really is the path those requests take, what it hands to the ASGI fast path instead, and what
+only a relay without a task per request has to get right itself (pipelined requests, a slow reader,
+a pooled connection the upstream closed as the request went out, the log context).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import socket
 import threading
 import time
@@ -22,9 +23,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway import direct
-from gateway.server import GatewayServerProtocol, LeanCycle
-from inference_app.http_client import _BODY, _Connection
+from gateway.fastpath import FastPathApp
+from gateway.logging import request_id_var
+from gateway.relay import callbacks
+from gateway.relay.protocol import GatewayServerProtocol, LeanCycle
+from inference_app.http_client import _BODY, Connection
 from tests.servers import LiveServer, free_port, wait_port
 from tests.upstream import (
     DONE,
@@ -48,22 +51,22 @@ def gw(live_gateway: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
 
 @pytest.fixture
 def paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many requests each direct path took: ``relay`` (callbacks) and ``task`` (serve()); ``lean``:
-    how many of the relayed ones ran on a ``LeanCycle`` (not uvicorn's request cycle)."""
-    counts = {"relay": 0, "task": 0, "lean": 0}
-    relay_init, serve = direct.Relay.__init__, direct.serve
+    """How many requests each path took: ``relay`` (callbacks) and ``asgi`` (the ASGI fast path);
+    ``lean``: how many of the relayed ones ran on a ``LeanCycle`` (not uvicorn's request cycle)."""
+    counts = {"relay": 0, "asgi": 0, "lean": 0}
+    relay_init, serve = callbacks.Relay.__init__, FastPathApp.serve
 
-    def counting_init(self: direct.Relay, *args: Any) -> None:
+    def counting_init(self: callbacks.Relay, *args: Any) -> None:
         counts["relay"] += 1
         counts["lean"] += isinstance(args[1], LeanCycle)
         relay_init(self, *args)
 
-    async def counting_serve(*args: Any) -> None:
-        counts["task"] += 1
-        await serve(*args)
+    async def counting_serve(self: FastPathApp, *args: Any) -> None:
+        counts["asgi"] += 1
+        await serve(self, *args)
 
-    monkeypatch.setattr(direct.Relay, "__init__", counting_init)
-    monkeypatch.setattr(direct, "serve", counting_serve)
+    monkeypatch.setattr(callbacks.Relay, "__init__", counting_init)
+    monkeypatch.setattr(FastPathApp, "serve", counting_serve)
     return counts
 
 
@@ -92,13 +95,13 @@ def test_passthrough_requests_take_the_callback_relay(
     assert first.json() == third.json() == answer
     assert streamed.content == b"".join(events)
     assert first.headers["x-request-id"] != third.headers["x-request-id"]
-    assert paths == {"relay": 3, "task": 0, "lean": 3}
-    # Each access line carries its request's id (the callback relay sets no context variable).
+    assert paths == {"relay": 3, "asgi": 0, "lean": 3}
+    # Each access line carries its request's id.
     logged = [r.request_id for r in caplog.records if r.name == "gateway.access"]  # type: ignore[attr-defined]
     assert logged == [r.headers["x-request-id"] for r in (first, streamed, third)]
 
 
-def test_a_chunked_request_body_takes_the_task(
+def test_a_chunked_request_body_takes_the_asgi_fast_path(
     gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int]
 ) -> None:
     upstream.script("/v1/chat/completions", json_answer(chat_completion("ok")))
@@ -113,7 +116,7 @@ def test_a_chunked_request_body_takes_the_task(
     )
     assert response.status_code == 200
     assert upstream.last().body == body
-    assert paths == {"relay": 0, "task": 1, "lean": 0}
+    assert paths == {"relay": 0, "asgi": 1, "lean": 0}
 
 
 def test_refusals_are_answered_by_the_relay(
@@ -130,7 +133,7 @@ def test_refusals_are_answered_by_the_relay(
     assert refused.json()["error"]["code"] == "missing_bearer_token"
     assert refused.headers["www-authenticate"] == "Bearer"
     assert upstream.requests == []
-    assert paths == {"relay": 2, "task": 0, "lean": 2}
+    assert paths == {"relay": 2, "asgi": 0, "lean": 2}
 
 
 def test_pipelined_requests_are_answered_in_order(
@@ -153,7 +156,7 @@ def test_pipelined_requests_are_answered_in_order(
     ]
     assert texts == ["first", "second", "third"]
     # The first found the connection idle (a lean cycle); uvicorn queued the other two.
-    assert paths == {"relay": 3, "task": 0, "lean": 1}
+    assert paths == {"relay": 3, "asgi": 0, "lean": 1}
 
 
 def test_a_slow_reader_stops_the_upstream_being_read(gw: LiveServer, upstream: ScriptedUpstream) -> None:
@@ -195,7 +198,7 @@ def test_a_slow_reader_stops_the_upstream_being_read(gw: LiveServer, upstream: S
 
 
 def _upstream_connections() -> list[Any]:
-    return [obj for obj in gc.get_objects() if isinstance(obj, _Connection)]
+    return [obj for obj in gc.get_objects() if isinstance(obj, Connection)]
 
 
 class _ClosingUpstream:
@@ -273,7 +276,7 @@ def test_a_pooled_connection_closed_as_the_request_went_out_is_retried_once(
     assert second.json()["choices"][0]["message"]["content"] == "answer 1"
     # The second request was dropped on the pooled connection, then sent again on a new one.
     assert (closing.answered, closing.dropped) == (2, 1)
-    assert paths["relay"] == 2 and paths["task"] == 0
+    assert paths["relay"] == 2 and paths["asgi"] == 0
 
 
 def test_connection_close_gets_the_whole_answer_first(gw: LiveServer, upstream: ScriptedUpstream) -> None:
@@ -417,4 +420,40 @@ def test_a_body_arriving_in_pieces_is_relayed_whole(
         received = _json_answer(sock)
     assert received.startswith(b"HTTP/1.1 200")
     assert upstream.last().body == body
-    assert paths == {"relay": 1, "task": 0, "lean": 1}
+    assert paths == {"relay": 1, "asgi": 0, "lean": 1}
+
+
+class _ContextRecorder(logging.Handler):
+    """Keeps each record of the ``gateway`` logger with the log context (request id) it was made in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append((record.getMessage(), request_id_var.get()))
+
+
+def test_the_relays_log_lines_carry_the_request_id(
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step of a relayed request runs in its log context, also when it runs in a task (the first
+    request's authentication waits for the key snapshot) and on callbacks (the second's)."""
+
+    def broken(*args: Any, **kwargs: Any) -> dict[str, str]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(callbacks, "forward_headers", broken)
+    recorder = _ContextRecorder()
+    logger = logging.getLogger("gateway")
+    logger.addHandler(recorder)
+    try:
+        with httpx.Client(base_url=gw.url) as client:
+            answers = [client.post("/v1/chat/completions", content=chat()) for _ in range(2)]
+    finally:
+        logger.removeHandler(recorder)
+    assert [a.status_code for a in answers] == [500, 500]
+    errors_logged = [rid for message, rid in recorder.seen if message.startswith("unhandled error")]
+    assert errors_logged == [a.headers["x-request-id"] for a in answers]
+    assert paths["relay"] == 2
+    assert request_id_var.get() == "-"

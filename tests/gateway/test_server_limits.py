@@ -246,7 +246,7 @@ def test_the_timeout_is_per_request_not_per_connection(served: Any) -> None:
 # -- the body timeout on each path, in-process --------------------------------------------------
 
 
-@pytest.fixture(params=["direct", "direct-task", "asgi"])
+@pytest.fixture(params=["relay-on", "relay-off"])
 def each_path(
     request: pytest.FixtureRequest, transactional_db: None, gateway_config: Any, upstream: Any
 ) -> Iterator[LiveServer]:
@@ -273,7 +273,7 @@ def test_a_pipelined_request_waits_for_its_turn_without_timing_out(
     upstream.script("/v1/chat/completions", json_answer(chat_completion("second")))
     stream = orjson.dumps({"model": "m", "messages": [], "stream": True})
     second = orjson.dumps({"model": "m", "messages": []})
-    for server in serve_gateway("direct"):
+    for server in serve_gateway("relay-on"):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.settimeout(10)
             sock.sendall(

@@ -4,22 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import socket
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.server import (
-    DrainingHttpProtocol,
-    DrainingServerProtocol,
-    DrainingWebSocketProtocol,
+from gateway.relay.protocol import (
     GatewayHttpProtocol,
-    GatewayServerProtocol,
-    missing_internals,
 )
 from tests.servers import LiveServer
 
@@ -131,20 +124,6 @@ def test_head_requests_are_answered_as_uvicorn_answers_them(server: LiveServer) 
     assert r.status_code == 200 and r.headers["content-length"] == "7" and r.content == b""
 
 
-# -- the contract with uvicorn's internals (gateway/server.py's docstring) -------------------------
-
-
-def test_the_uvicorn_internals_relied_on_are_there() -> None:
-    assert missing_internals() == []
-
-
-def test_uvicorn_answers_refused_bytes_through_send_400_response() -> None:
-    """The protocol's envelope for malformed requests overrides this one call of uvicorn's."""
-    source = inspect.getsource(HttpToolsProtocol.data_received)
-    assert "except httptools.HttpParserError" in source
-    assert "self.send_400_response(" in source
-
-
 def test_a_refused_request_is_answered_in_the_envelope(server: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -162,41 +141,3 @@ def test_a_refused_request_is_answered_in_the_envelope(server: LiveServer) -> No
             "code": "invalid_http_request",
         }
     }
-
-
-def test_serve_picks_the_protocol_and_falls_back_to_stock_uvicorn(
-    monkeypatch: pytest.MonkeyPatch, gateway_config: Any
-) -> None:
-    from gateway.management.commands import serve
-
-    gateway_config(llm_api_base="http://127.0.0.1:9")  # no embedded engine to start
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr("uvicorn.run", lambda app, **options: seen.update(options))
-    monkeypatch.setattr(serve, "run_checks", lambda config: None)
-    serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] is DrainingServerProtocol and issubclass(
-        DrainingServerProtocol, GatewayServerProtocol
-    )
-    assert seen["ws"] is DrainingWebSocketProtocol and seen["lifespan"] == "on"
-    gateway_config(server__direct_relay=False)  # the limits without the relay
-    serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] is DrainingHttpProtocol and issubclass(DrainingHttpProtocol, GatewayHttpProtocol)
-    monkeypatch.delattr(HttpToolsProtocol, "send_400_response")
-    serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] == "httptools" and seen["ws"] == "websockets"
-
-
-def test_the_draining_websocket_protocol_finds_the_uvicorn_internals_it_relies_on() -> None:
-    """gateway.server.DrainingWebSocketProtocol overrides uvicorn's shutdown() and reads these."""
-    import inspect
-
-    from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
-
-    from gateway.server import DrainingWebSocketProtocol
-
-    assert issubclass(DrainingWebSocketProtocol, WebSocketProtocol)
-    assert "shutdown" in WebSocketProtocol.__dict__
-    init = inspect.getsource(WebSocketProtocol.__init__)
-    for attribute in ("self.loop", "self.handshake_completed_event"):
-        assert attribute in init, attribute
-    assert "self.transport" in inspect.getsource(WebSocketProtocol.connection_made)

@@ -170,7 +170,7 @@ def _serve_gateway(config: config_module.Config) -> Iterator[str]:
     from django.test.utils import override_settings
 
     from gateway.asgi import application
-    from gateway.server import GatewayServerProtocol
+    from gateway.relay.protocol import GatewayServerProtocol
     from inference_app import upstream
 
     original = config_module.get_config()

@@ -8,7 +8,9 @@
 * ``/v1/chat/completions``: ``data:`` chunks (role chunk, ``content`` / ``reasoning`` /
   ``tool_calls`` deltas, a finish chunk, the usage chunk with empty ``choices``) and ``[DONE]``.
 
-A script is a list of output parts: ``text(...)``, ``reasoning(...)``, ``call(...)``.
+A script is a list of output parts: ``text(...)``, ``reasoning(...)``, ``call(...)``. A request
+with ``"stream": false`` (compaction's summary round) gets vLLM's JSON answer instead
+(:func:`json_answer`).
 """
 
 from __future__ import annotations
@@ -376,6 +378,10 @@ def handler(script: Script, wire: str = "responses") -> Any:
                 },
                 status=script.error_status,
             )
+        if body.get("stream") is False:  # an explicitly non-streaming request gets vLLM's JSON answer
+            return web.Response(
+                body=orjson.dumps(json_answer(script, body, wire)), content_type="application/json"
+            )
         if wire == "responses":
             events = responses_events(script, body)
             if script.mutate is not None:
@@ -406,6 +412,68 @@ def handler(script: Script, wire: str = "responses") -> Any:
         await response.write_eof()
         return response
 
+    return answer
+
+
+def json_answer(script: Script, body: dict[str, Any], wire: str) -> dict[str, Any]:
+    """What vLLM answers to a ``"stream": false`` request for ``script``: the Responses object of
+    the stream's terminal event, or a ``chat.completion`` with the parts joined."""
+    if wire == "responses":
+        response: dict[str, Any] = responses_events(script, body)[-1][1]["response"]
+        return response
+    content = "".join(c for part in script.parts if part.kind == "text" for c in part.chunks)
+    reasoning = "".join(c for part in script.parts if part.kind == "reasoning" for c in part.chunks)
+    calls = [
+        {
+            "id": part.call_id,
+            "type": "function",
+            "function": {"name": part.name, "arguments": "".join(part.chunks)},
+        }
+        for part in script.parts
+        if part.kind == "call"
+    ]
+    finish = "tool_calls" if calls else ("length" if script.status == "incomplete" else "stop")
+    answer: dict[str, Any] = {
+        "id": f"chatcmpl-{_hex()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", MODEL),
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": content or None,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": calls,
+                    "reasoning": reasoning or None,
+                },
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": script.service_tier,
+        "system_fingerprint": None,
+        "usage": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }
+    if script.usage is not None:
+        usage: dict[str, Any] = {
+            "prompt_tokens": script.usage["input_tokens"],
+            "total_tokens": script.usage["total_tokens"],
+            "completion_tokens": script.usage["output_tokens"],
+            "prompt_tokens_details": None,
+        }
+        if "cached_tokens" in script.usage:
+            usage["prompt_tokens_details"] = {"cached_tokens": script.usage["cached_tokens"]}
+        answer["usage"] = usage
     return answer
 
 

@@ -562,13 +562,15 @@ def test_a_killed_gateway_fails_its_stored_streams(upstream: Any, tmp_path: Path
             return {"sse": sse, "ws": ws}
 
         ids = asyncio.run(announce())
-        killed = time.monotonic()
         assert {label: _rows(env)[rid][0] for label, rid in ids.items()} == {
             "sse": "in_progress",
             "ws": "in_progress",
         }
         after = gateway(env)
         cleanup.callback(after.stop)
+        # Bounded from when the next gateway answers: how long it takes to start on a loaded machine
+        # is not part of the rule (start-up recovery, or the sweep once the lease expired).
+        ready = time.monotonic()
 
         def settled() -> dict[str, int | str]:
             statuses: dict[str, int | str] = {}
@@ -578,7 +580,7 @@ def test_a_killed_gateway_fails_its_stored_streams(upstream: Any, tmp_path: Path
             return statuses if count(statuses)["stuck"] == 0 else {}
 
         statuses = wait_for(settled, LEASE_S + 10, "the killed gateway's streams failing")
-        assert time.monotonic() - killed <= LEASE_S + SWEEP_S + 10
+        assert time.monotonic() - ready <= LEASE_S + SWEEP_S + 10
         assert statuses == {"sse": "failed", "ws": "failed"}
         assert count(statuses) == {"lost": 0, "stuck": 0, "failed": 2, "completed": 0}
         for rid in ids.values():

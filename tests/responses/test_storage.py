@@ -151,6 +151,23 @@ def test_usage_chat_wire(gw: Gateway, gateway_config: Any) -> None:
     assert body["usage"]["total_tokens"] == 99
 
 
+def test_vllm_per_turn_usage_lists_are_accepted_and_not_summed(gw: Gateway) -> None:
+    """vLLM 0.32 adds ``input_tokens_per_turn`` (and the like) lists to its usage details."""
+    if gw.wire != "responses":
+        pytest.skip("a /v1/responses usage field")
+
+    def per_turn(events: list[tuple[str, dict[str, Any]]]) -> None:
+        usage = events[-1][1]["response"]["usage"]
+        usage["input_tokens_details"].update(input_tokens_per_turn=[12], cached_tokens_per_turn=[0])
+        usage["output_tokens_details"].update(output_tokens_per_turn=[7], tool_output_tokens_per_turn=[0])
+
+    gw.script(text("x"), mutate=per_turn)
+    body = gw.post({"model": "m", "input": "x"}).json()
+    assert body["status"] == "completed", body["error"]
+    assert body["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    assert body["usage"]["output_tokens_details"] == {"reasoning_tokens": 0, "tool_output_tokens": 0}
+
+
 def test_input_tokens_uses_upstream_tokenize(gw: Gateway) -> None:
     async def tokenize(request: web.Request, rec: Any) -> web.StreamResponse:
         return web.json_response({"count": 42, "max_model_len": 4096, "tokens": [1] * 42, "token_strs": None})

@@ -620,7 +620,7 @@ def test_malformed_and_refused_frames_get_error_events(gw: LiveServer, upstream:
         (None, "invalid_json", None),
     ]
     assert errs[2]["error"]["message"] == (
-        "Unsupported WebSocket event type 'response.cancel'. This endpoint accepts 'response.create'."
+        "Unsupported WebSocket event type 'response.cancel'. This endpoint accepts 'response.create' and 'response.steer'."
     )
     assert errs[4]["error"]["message"] == "Invalid 'stream_id': it must contain between 1 and 256 characters."
     assert events[-1]["type"] == "response.completed" and events[-1]["stream_id"] == "ok"

@@ -64,7 +64,13 @@ def codex_gateway(
 
 
 def _run_codex(
-    url: str, tmp_path: Path, prompt: str, *, websockets: bool
+    url: str,
+    tmp_path: Path,
+    prompt: str,
+    *,
+    websockets: bool,
+    provider_name: str = "agentic gateway",
+    extra: str = "",
 ) -> subprocess.CompletedProcess[str]:
     binary = codex_cli()
     home = tmp_path / "codex-home"
@@ -73,9 +79,10 @@ def _run_codex(
     work.mkdir()
     (home / "config.toml").write_text(
         'model = "test-model"\n'
-        'model_provider = "gateway"\n\n'
+        'model_provider = "gateway"\n'
+        f"{extra}\n"
         "[model_providers.gateway]\n"
-        'name = "agentic gateway"\n'
+        f'name = "{provider_name}"\n'
         f'base_url = "{url}/v1"\n'
         'wire_api = "responses"\n'
         f"supports_websockets = {'true' if websockets else 'false'}\n"
@@ -124,6 +131,9 @@ def test_codex_exec_over_websocket(
     assert "multi_agent_v1__close_agent" in _tool_names(body)
     assert all(t["type"] == "function" for t in body["tools"])
     assert [t["type"] for t in prewarm["tools"]].count("web_search") == 1  # Codex did declare it
+    # Codex 0.171.0 never sends response.steer (no such event name in its binary: it folds a
+    # mid-turn message into its next response.create); its session works with steering support on.
+    assert {f["type"] for f in recorder.ws_frames} == {"response.create"}
 
 
 def test_codex_exec_over_http_sse(codex_gateway: tuple[str, Recorder], upstream: Any, tmp_path: Path) -> None:
@@ -164,3 +174,61 @@ def test_codex_runs_the_shell_tool_and_continues(
     follow_up = recorder.ws_frames[-1]
     assert follow_up["previous_response_id"]
     assert [i["type"] for i in follow_up["input"]] == ["function_call_output"]
+    assert {f["type"] for f in recorder.ws_frames} == {"response.create"}  # no response.steer (0.171.0)
+
+
+@pytest.mark.parametrize("websockets", [True, False], ids=["websocket", "http-sse"])
+def test_codex_compacts_remotely_and_continues_from_the_window(
+    codex_gateway: tuple[str, Recorder], upstream: Any, tmp_path: Path, websockets: bool
+) -> None:
+    """A provider named "OpenAI" makes Codex compact remotely; a low
+    ``model_auto_compact_token_limit`` makes it compact after the first tool round (the upstream
+    reports a large usage), and the turn goes on from the compacted window."""
+    url, recorder = codex_gateway
+    big = {"input_tokens": 90_000, "output_tokens": 10, "total_tokens": 90_010}
+    upstream.script(
+        "/v1/responses",
+        handler(
+            Script([call("exec_command", '{"cmd": "echo compact-', 'me"}', call_id="call_c1")], usage=big)
+        ),
+    )
+    upstream.script("/v1/responses", handler(Script([text("SUMMARY: the user ran echo compact-me.")])))
+    upstream.script("/v1/responses", handler(Script([text("Done after compaction.")])))
+    result = _run_codex(
+        url,
+        tmp_path,
+        "Run echo compact-me and tell me what it printed.",
+        websockets=websockets,
+        provider_name="OpenAI",
+        extra="model_auto_compact_token_limit = 20000\n",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "context compacted" in result.stderr and "Done after compaction." in result.stdout
+    # Codex V2 remote compaction: a compaction_trigger as the last input item (0.171.0 sends it
+    # rather than calling POST /v1/responses/compact, which test_compaction.py covers with the SDK).
+    if websockets:
+        assert ("POST", "/v1/responses") not in recorder.http
+        triggers = [
+            i
+            for i, f in enumerate(recorder.ws_frames)
+            if f.get("input") and f["input"][-1] == {"type": "compaction_trigger"}
+        ]
+        # The next turn continues from the compacted window Codex got back: our compaction item.
+        follow_up = recorder.ws_frames[triggers[0] + 1]
+        compactions = [i for i in follow_up["input"] if i.get("type") == "compaction"]
+        assert [c["encrypted_content"] for c in compactions] == ["SUMMARY: the user ran echo compact-me."]
+    else:
+        assert not recorder.ws_frames and recorder.http.count(("POST", "/v1/responses")) == 3
+    bodies = [r.json() for r in upstream.requests if r.path == "/v1/responses"]
+    assert len(bodies) == 3  # the tool round, the summary round, the turn after compaction
+    summary_request, after = bodies[1], bodies[2]
+    assert summary_request["stream"] is False
+    assert "compaction_trigger" not in orjson.dumps(summary_request).decode()
+    assert any(
+        i.get("call_id") == "call_c1" for i in summary_request["input"]
+    )  # it summarized the tool round
+    # The model saw the summary as an assistant message, and no longer the summarized tool round.
+    assistant = [i for i in after["input"] if i.get("type") == "message" and i.get("role") == "assistant"]
+    assert assistant[-1]["content"][0]["text"] == "SUMMARY: the user ran echo compact-me."
+    assert not any(i.get("call_id") == "call_c1" for i in after["input"])
+    assert not any(i.get("type", "").startswith("compaction") for i in after["input"])

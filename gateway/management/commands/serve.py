@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 from typing import Any
@@ -48,30 +47,17 @@ class Command(BaseCommand):
         import uvicorn
 
         from gateway.lifecycle import FLUSH_MARGIN_S
-        from gateway.server import (
-            DrainingHttpProtocol,
-            DrainingServerProtocol,
-            DrainingWebSocketProtocol,
-            missing_internals,
-        )
+        from gateway.relay import protocols
 
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
-        # Both protocols enforce the [server] request limits and start the drain on SIGTERM
-        # (gateway.lifecycle); only the first relays below ASGI.
-        http: Any = DrainingServerProtocol if config.server.direct_relay else DrainingHttpProtocol
-        ws: Any = DrainingWebSocketProtocol
-        missing = missing_internals()
-        if missing:
-            http, ws = "httptools", "websockets"
-            logging.getLogger("gateway").warning(
-                "uvicorn differs from what gateway/server.py is built on (%s): serving with stock "
-                "uvicorn, without the pass-through relay and the [server] request limits",
-                ", ".join(missing),
-            )
+        # The relay's protocols (the [server] request limits, the drain on SIGTERM, and the relay
+        # below ASGI unless direct_relay = false), or stock uvicorn when it is not the uvicorn they
+        # are built on (one warning).
+        http, ws = protocols(config.server.direct_relay)
         config_kwargs: dict[str, Any] = {
             "host": host,
             "port": port,

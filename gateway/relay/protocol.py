@@ -1,8 +1,8 @@
-"""uvicorn's httptools protocol, tuned for the gateway.
+"""The uvicorn protocols ``manage.py serve`` runs (the internals they rely on: ``gateway.relay``).
 
-:class:`GatewayServerProtocol` (what ``manage.py serve`` runs) relays the pass-through routes
-without the ASGI round trip (:mod:`gateway.direct`); for everything else, and in
-:class:`GatewayHttpProtocol`, there is one change to uvicorn: a sized response goes out in one write.
+:class:`GatewayServerProtocol` relays the pass-through routes without the ASGI round trip
+(:mod:`gateway.relay.callbacks`); for everything else, and in :class:`GatewayHttpProtocol` (the
+relay switched off), there is one change to uvicorn: a sized response goes out in one write.
 
 uvicorn writes the status line and headers to the socket as soon as the application sends
 ``http.response.start``, and the body with a second write. For a response with a
@@ -16,18 +16,6 @@ last chunk goes out with the chunked terminator).
 
 :class:`GatewayHttpProtocol` also holds the ``[server]`` request limits (head size, header count,
 read timeout) and answers uvicorn's own refusals in the gateway's envelope.
-
-uvicorn internals relied on (uvicorn ``UVICORN_VERSION``, httptools 0.9.0; :func:`missing_internals`
-checks them, ``manage.py serve`` falls back to stock uvicorn when one is gone, and
-``tests/gateway/test_server_protocol.py`` fails when one moves): ``HttpToolsProtocol`` methods
-``_start_asgi_task``, ``on_response_complete``, ``_unset_keepalive_if_required``,
-``send_400_response`` (what ``data_received`` calls when the parser refuses bytes) and the
-httptools callbacks; its attributes ``parser``, ``url``, ``headers``, ``cycle``, ``pipeline``,
-``flow``, ``server_state``, ``timeout_keep_alive_task``; ``RequestResponseCycle`` and its
-``flow``, ``scope``, ``body``, ``more_body``, ``message_event``, ``response_started``,
-``response_complete``, ``disconnected``, ``keep_alive``; ``STATUS_LINE``. For the graceful
-shutdown (:class:`DrainingWebSocketProtocol`): ``WebSocketProtocol.shutdown`` and its attributes
-``loop``, ``transport``, ``handshake_completed_event``.
 """
 
 from __future__ import annotations
@@ -40,35 +28,7 @@ from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
 
 from gateway import errors
 from gateway.config import get_config
-
-UVICORN_VERSION = "0.54.0"
-_RELIED_ON = {
-    HttpToolsProtocol: (
-        "_start_asgi_task",
-        "on_response_complete",
-        "_unset_keepalive_if_required",
-        "send_400_response",
-        "on_message_begin",
-        "on_url",
-        "on_header",
-        "on_headers_complete",
-        "on_body",
-        "on_message_complete",
-        "shutdown",
-    ),
-    RequestResponseCycle: ("send", "receive", "run_asgi"),
-    WebSocketProtocol: ("shutdown", "connection_made"),
-}
-
-
-def missing_internals() -> list[str]:
-    """The uvicorn internals this module needs that the installed uvicorn lacks (the version too)."""
-    import uvicorn
-
-    missing = [] if uvicorn.__version__ == UVICORN_VERSION else [f"uvicorn=={UVICORN_VERSION}"]
-    for owner, names in _RELIED_ON.items():
-        missing += [f"{owner.__name__}.{name}" for name in names if not hasattr(owner, name)]
-    return missing
+from gateway.middleware import READ_TIMED_OUT
 
 
 class _HeldHead:
@@ -321,8 +281,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             else:
                 self.transport.close()  # a connection that never sent a request
             return
-        from gateway.middleware import READ_TIMED_OUT
-
         scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
         if cycle.response_started or READ_TIMED_OUT in scope:
             self.transport.close()  # answered already, or told to answer a timeout ago: give up
@@ -333,8 +291,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _body_timed_out(self, cycle: Any, exc: errors.GatewayError) -> None:
         """Tell whoever reads ``cycle``'s body (the ASGI app's receive) to answer ``exc``."""
-        from gateway.middleware import READ_TIMED_OUT
-
         cycle.scope[READ_TIMED_OUT] = exc
         cycle.message_event.set()
 
@@ -345,35 +301,35 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         if cycle is None or cycle.response_complete:  # else an answer is on its way: just close
-            from gateway.ids import request_id_for
-            from gateway.middleware import record_request
+            from gateway.pipeline import Passage, finish
 
             url = getattr(self, "url", b"")
             path = url.split(b"?", 1)[0][:_LOGGED_PATH].decode("latin-1")
-            rid = request_id_for(None)
+            method = "-" if self._in_head else self.parser.get_method().decode("latin-1")
+            passage = Passage(method, path, None, None, log_context=False)
+            if self._began is not None:
+                passage.started -= self.loop.time() - self._began  # the request's time, not ours
+            rid = passage.request_id
             status, body, headers = errors.render(exc, path, rid)
             lines = [STATUS_LINE[status]]
             lines += [b"%s: %s\r\n" % (name, value) for name, value in self.server_state.default_headers]
             lines += [b"%s: %s\r\n" % (k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
             lines.append(b"content-length: %d\r\nx-request-id: %s\r\n\r\n" % (len(body), rid.encode()))
             transport.write(b"".join(lines) + body)
-            began = self._began
-            seconds = 0.0 if began is None else self.loop.time() - began
-            method = "-" if self._in_head else self.parser.get_method().decode("latin-1")
-            record_request(method, path, "unmatched", status, seconds, rid)
+            finish(passage, status, "unmatched")
         transport.close()
 
 
-_direct_module: Any = None
+_callbacks_module: Any = None
 
 
-def _direct() -> Any:
-    global _direct_module
-    if _direct_module is None:
-        from gateway import direct  # imported on first use: it needs Django's settings
+def _callbacks() -> Any:
+    global _callbacks_module
+    if _callbacks_module is None:
+        from gateway.relay import callbacks  # imported on first use: it needs Django's apps
 
-        _direct_module = direct
-    return _direct_module
+        _callbacks_module = callbacks
+    return _callbacks_module
 
 
 class _NoEvent:
@@ -392,7 +348,7 @@ _NO_EVENT = _NoEvent()
 
 
 class LeanCycle:
-    """The request cycle of a pass-through request relayed on callbacks (:class:`gateway.direct.Relay`).
+    """The request cycle of a pass-through request relayed on callbacks (:class:`~gateway.relay.callbacks.Relay`).
 
     It has the attributes of uvicorn's :class:`RequestResponseCycle` that the relay and the protocol
     use, and none of its ASGI machinery (``send``/``receive``, an ``asyncio.Event``, the scope's ASGI
@@ -431,22 +387,19 @@ class GatewayServerProtocol(GatewayHttpProtocol):
     """The protocol ``manage.py serve`` runs the gateway with.
 
     A pass-through request on an idle connection (the usual keep-alive case) is recognised when its
-    headers are parsed and relayed on callbacks by :class:`gateway.direct.Relay` on a
+    headers are parsed and relayed on callbacks by :class:`~gateway.relay.callbacks.Relay` on a
     :class:`LeanCycle`, without uvicorn's ASGI scope and request cycle. Pipelined ones (uvicorn
-    queues them) are taken by :func:`gateway.direct.start` when their turn comes; those it cannot
-    take (a chunked body, an upstream that is not HTTP) run :func:`gateway.direct.serve` in the task
-    uvicorn would have run the ASGI app in; every other request goes to the ASGI app. The hooks below
-    feed the active relay the events it runs on.
+    queues them) are offered to :func:`~gateway.relay.callbacks.start` when their turn comes. What
+    the relay does not take (:func:`~gateway.relay.callbacks.start` decides: a chunked body, an
+    upstream that is not HTTP, other methods) goes to the ASGI app, whose fast path serves it. The
+    hooks below feed the active relay the events it runs on.
 
     The keep-alive timeout is kept with one timer per connection that is re-armed only when it
     fires, instead of uvicorn's timer created and cancelled for every request.
     """
 
-    _routes: dict[str, Any] | None = None
     _lean_routes: dict[bytes, tuple[str, Any]] | None = None
-    # False: every eligible request takes the task (tests run the pass-through cases both ways).
-    callbacks = True
-    relay: Any = None  # the gateway.direct.Relay answering on this connection now, if any
+    relay: Any = None  # the callbacks.Relay answering on this connection now, if any
     _receiving = False  # bytes arrived since the last response completed
     _idle_since = 0.0
 
@@ -469,7 +422,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
     def on_headers_complete(self) -> None:
         self._head_complete()
         cycle = self.cycle
-        if self.callbacks and (cycle is None or cycle.response_complete) and self._lean():
+        if (cycle is None or cycle.response_complete) and self._lean():
             return
         self._scope()
         HttpToolsProtocol.on_headers_complete(self)
@@ -479,10 +432,12 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         parser = self.parser
         if parser.get_method() != b"POST" or parser.get_http_version() != "1.1" or parser.should_upgrade():
             return False
-        routes = GatewayServerProtocol._lean_routes
+        routes = self._lean_routes
         if routes is None:
+            from gateway import fastroutes
+
             routes = GatewayServerProtocol._lean_routes = {
-                path.encode("ascii"): (path, route) for path, route in self._fast_routes().items()
+                path.encode("ascii"): (path, route) for path, route in fastroutes.RELAYED.items()
             }
         url = self.url
         mark = url.find(b"?")
@@ -500,33 +455,23 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         previous = self.cycle
         cycle: Any = LeanCycle(self, scope, parser.should_keep_alive())  # stands in for uvicorn's
         self.cycle = cycle
-        if _direct().start(self, cycle, route):
+        if _callbacks().start(self, cycle, route):
             return True
         self.cycle = previous
         return False
 
-    @staticmethod
-    def _fast_routes() -> dict[str, Any]:
-        routes = GatewayServerProtocol._routes
-        if routes is None:
-            from gateway.fastpath import fast_routes
-
-            routes = GatewayServerProtocol._routes = fast_routes()
-        return routes
-
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        scope = cycle.scope
-        route = self._fast_routes().get(scope["path"])
-        if route is not None:
-            direct = _direct()
-            if self.callbacks and direct.start(self, cycle, route):
-                return
-            if direct.eligible(scope, route):
-                task = self.loop.create_task(direct.serve(self, cycle, route))
-                task.add_done_callback(self.tasks.discard)
-                self.tasks.add(task)
-                return
+        # A pipelined request, its turn come: the relay takes it if it can (it was queued with
+        # uvicorn's cycle); everything else runs the ASGI app.
+        found = self._lean_route(cycle.scope["path"])
+        if found is not None and _callbacks().start(self, cycle, found):
+            return
         super()._start_asgi_task(cycle, app)
+
+    def _lean_route(self, path: str) -> Any:
+        from gateway import fastroutes
+
+        return fastroutes.RELAYED.get(path)
 
     # -- a request's body ----------------------------------------------------------------------
 

@@ -1,0 +1,36 @@
+"""The fast-route registry: the paths served below Django, filled in by the apps in ``AppConfig.ready()``.
+
+Two kinds:
+
+- :data:`RELAYED`: pass-through routes (a :class:`gateway.passthrough.Route` each), relayed byte for
+  byte by :func:`gateway.passthrough.relay` on the ASGI path, or by the callback relay
+  (``gateway.relay``) under ``manage.py serve``. The gateway app registers Chat Completions,
+  Completions, Embeddings, Audio and the Anthropic Messages routes.
+- :data:`HANDLERS`: paths an app serves with its own ASGI handler (``responses_app`` registers
+  ``POST /v1/responses``), which admits the request through ``gateway.pipeline`` itself.
+
+The serving code reads the registry and imports no app: the apps depend on the gateway, never the
+other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.passthrough import Route
+
+ASGIHandler = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+RELAYED: dict[str, Route] = {}
+HANDLERS: dict[str, ASGIHandler] = {}
+
+
+def relay(path: str, route: Route) -> None:
+    """Serve ``path`` as a pass-through route."""
+    RELAYED[path] = route
+
+
+def handle(path: str, handler: ASGIHandler) -> None:
+    """Serve ``path`` with ``handler`` (an ASGI callable) below Django."""
+    HANDLERS[path] = handler

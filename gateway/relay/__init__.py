@@ -1,0 +1,180 @@
+"""Everything below ASGI, fenced off: the uvicorn protocol subclass, the callback relay, their guard.
+
+What is here, and why (``docs/performance.md``, the decision record):
+
+- :mod:`gateway.relay.protocol`: uvicorn's httptools protocol, subclassed. ``GatewayHttpProtocol``
+  holds the ``[server]`` request limits (431/414/408, uvicorn's own refusals in our envelope) and
+  writes a response's head together with its first body bytes; ``GatewayServerProtocol`` adds the
+  callback relay; ``DrainingWebSocketProtocol`` keeps WebSocket connections open through the
+  graceful drain.
+- :mod:`gateway.relay.callbacks`: the pass-through relay on callbacks (``Relay``) and the one
+  decision of which requests it takes (``start``); it applies the rules through ``gateway.pipeline``
+  like every other path.
+- The lean upstream HTTP client the relay is designed with is ``inference_app.http_client``: it
+  stays there because ``HttpUpstream`` (the executor's and the ASGI fast path's upstream) is built on
+  it too, and ``inference_app`` may not import ``gateway.relay``. The relay uses only its public
+  names (``HttpPool.send_on``/``idle_connection``/``head``/``release``/``discard``, ``Connection``,
+  ``Outbox``, ``Sink``); that client relies on no library internal.
+
+Only this package imports ``uvicorn.protocols``. Pinned versions: uvicorn ``UVICORN_VERSION``
+(0.54.0), httptools ``HTTPTOOLS_VERSION`` (0.9.0). The internals relied on (:data:`RELIED_ON`;
+:func:`missing_internals` checks them, ``tests/gateway/test_relay_contract.py`` fails when one
+moves):
+
+- ``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`` methods ``_start_asgi_task``
+  (overridden: the cycle's class is swapped for ``CoalescingCycle``, and a pipelined request is
+  offered to the relay), ``on_response_complete`` (copied, with one keep-alive timer per
+  connection), ``_unset_keepalive_if_required``, ``send_400_response`` (what ``data_received``
+  calls when the parser refuses bytes), ``shutdown``, and the httptools callbacks
+  ``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``, ``on_body``,
+  ``on_message_complete``; its attributes ``parser``, ``url``, ``headers``, ``expect_100_continue``,
+  ``scope``, ``cycle``, ``pipeline``, ``flow``, ``tasks``, ``loop``, ``transport``,
+  ``server_state``, ``limit_concurrency``, ``root_path``, ``timeout_keep_alive``,
+  ``timeout_keep_alive_task``.
+- ``RequestResponseCycle`` (subclassed as ``CoalescingCycle``; ``LeanCycle`` stands in for it on the
+  relay) and its ``send``, ``receive``, ``run_asgi``, ``flow``, ``scope``, ``body``, ``more_body``,
+  ``message_event``, ``response_started``, ``response_complete``, ``disconnected``,
+  ``keep_alive``, ``transport``, ``default_headers``, ``on_response``.
+- ``STATUS_LINE`` (the status lines uvicorn writes).
+- ``uvicorn.protocols.websockets.websockets_impl.WebSocketProtocol.shutdown`` and
+  ``connection_made``, and its attributes ``loop``, ``transport``, ``handshake_completed_event``.
+
+uvicorn 0.54 announces (``UvicornDeprecationWarning``, a ``UserWarning``, at import) that
+``websockets_impl`` will give way to ``websockets_sansio_impl``: ``DrainingWebSocketProtocol`` moves
+with it on the uvicorn upgrade that removes it (the guard below falls back to stock uvicorn until
+then).
+
+At start-up ``manage.py serve`` calls :func:`protocols`: on a uvicorn other than the pinned one, or
+with an internal gone, it logs one warning and serves everything through stock uvicorn (``httptools``
+and ``websockets``) and the ASGI fast path. ``[server] direct_relay = false`` switches the relay off
+on purpose (the protocol with the request limits stays).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from typing import Any
+
+UVICORN_VERSION = "0.54.0"
+HTTPTOOLS_VERSION = "0.9.0"
+
+_HTTP = "uvicorn.protocols.http.httptools_impl"
+_WS = "uvicorn.protocols.websockets.websockets_impl"
+
+# (module, name, callables on it, attributes its instances set: (method whose source sets them, names))
+RELIED_ON: list[tuple[str, str, tuple[str, ...], dict[str, tuple[str, ...]]]] = [
+    (
+        _HTTP,
+        "HttpToolsProtocol",
+        (
+            "_start_asgi_task",
+            "on_response_complete",
+            "_unset_keepalive_if_required",
+            "send_400_response",
+            "shutdown",
+            "on_message_begin",
+            "on_url",
+            "on_header",
+            "on_headers_complete",
+            "on_body",
+            "on_message_complete",
+        ),
+        {
+            "__init__": (
+                "parser",
+                "cycle",
+                "pipeline",
+                "flow",
+                "tasks",
+                "loop",
+                "server_state",
+                "limit_concurrency",
+                "root_path",
+                "timeout_keep_alive",
+                "timeout_keep_alive_task",
+            ),
+            "connection_made": ("transport",),
+            "on_message_begin": ("url", "headers", "expect_100_continue", "scope"),
+        },
+    ),
+    (
+        _HTTP,
+        "RequestResponseCycle",
+        ("send", "receive", "run_asgi"),
+        {
+            "__init__": (
+                "flow",
+                "scope",
+                "body",
+                "more_body",
+                "message_event",
+                "response_started",
+                "response_complete",
+                "disconnected",
+                "keep_alive",
+                "transport",
+                "default_headers",
+                "on_response",
+            ),
+        },
+    ),
+    (_HTTP, "STATUS_LINE", (), {}),
+    (
+        _WS,
+        "WebSocketProtocol",
+        ("shutdown", "connection_made"),
+        {"__init__": ("loop", "handshake_completed_event"), "connection_made": ("transport",)},
+    ),
+]
+
+
+def missing_internals() -> list[str]:
+    """What this package relies on that the installed uvicorn/httptools lack (versions included)."""
+    import httptools
+    import uvicorn
+
+    missing = []
+    if uvicorn.__version__ != UVICORN_VERSION:
+        missing.append(f"uvicorn=={UVICORN_VERSION} (installed: {uvicorn.__version__})")
+    if httptools.__version__ != HTTPTOOLS_VERSION:
+        missing.append(f"httptools=={HTTPTOOLS_VERSION} (installed: {httptools.__version__})")
+    for module_name, name, callables, attributes in RELIED_ON:
+        try:
+            owner = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError):
+            missing.append(f"{module_name}.{name}")
+            continue
+        missing += [f"{name}.{member}" for member in callables if not callable(getattr(owner, member, None))]
+        for method, names in attributes.items():
+            try:
+                source = inspect.getsource(getattr(owner, method))
+            except (AttributeError, OSError, TypeError):
+                missing.append(f"{name}.{method}")
+                continue
+            missing += [
+                f"{name}.{attr}"
+                for attr in names
+                if f"self.{attr} =" not in source and f"self.{attr}: " not in source
+            ]
+    return missing
+
+
+def protocols(direct_relay: bool) -> tuple[Any, Any]:
+    """The uvicorn ``http`` and ``ws`` protocols to serve with (what ``manage.py serve`` passes).
+
+    The relay when ``direct_relay``, else the request limits alone; stock uvicorn, with one warning,
+    when the installed uvicorn is not the one this package is built on.
+    """
+    missing = missing_internals()
+    if missing:
+        logging.getLogger("gateway").warning(
+            "uvicorn differs from what gateway.relay is built on (%s): serving with stock uvicorn "
+            "and the ASGI fast path, without the pass-through relay and the [server] request limits",
+            ", ".join(missing),
+        )
+        return "httptools", "websockets"
+    from gateway.relay.protocol import DrainingHttpProtocol, DrainingServerProtocol, DrainingWebSocketProtocol
+
+    return (DrainingServerProtocol if direct_relay else DrainingHttpProtocol), DrainingWebSocketProtocol

@@ -1,0 +1,311 @@
+"""Compaction through the public API (docs/responses.md → Compaction), on both executor wire APIs:
+``POST /v1/responses/compact`` (the SDK's ``client.responses.compact``), continuing from a
+compaction id, the model's view of compaction items, owner isolation, forwarding of the cache
+fields and the tier, and every refusal with its ``param``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from openai.types.responses import CompactedResponse
+
+from conversations_app.models import Item
+from responses_app.compaction import DEFAULT_PROMPT, estimate_tokens
+from responses_app.models import Response
+from tests.responses.conftest import Gateway
+from tests.responses.scripts import text
+from tests.responses.test_access_rules import stored
+from tests.responses.tool_fixtures import model_input
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SUMMARY = "The user is planning a trip to Lisbon in May and wants a cheap hotel."
+HISTORY = [
+    {"role": "user", "content": "I want to visit Lisbon."},
+    {"role": "assistant", "content": "When would you like to go?"},
+    {"role": "user", "content": "In May, on a budget."},
+]
+
+
+def compact(gw: Gateway, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/responses/compact", json=body, timeout=30, **kwargs)
+
+
+def texts(gw: Gateway, request: int) -> list[tuple[str, str]]:
+    return [entry["text"] for entry in model_input(gw, request) if "text" in entry]
+
+
+def test_sdk_compact_returns_the_user_messages_and_one_compaction_item(gw: Gateway) -> None:
+    gw.script(text(SUMMARY), usage={"input_tokens": 40, "output_tokens": 15, "total_tokens": 55})
+    compacted = gw.client.responses.compact(model="test-model", input=HISTORY)  # type: ignore[arg-type]
+    assert isinstance(compacted, CompactedResponse)
+    assert compacted.object == "response.compaction" and compacted.id.startswith("resp_")
+    data = compacted.to_dict()
+    users, item = data["output"][:-1], data["output"][-1]
+    assert [(m["role"], m["content"]) for m in users] == [
+        ("user", [{"type": "input_text", "text": "I want to visit Lisbon."}]),
+        ("user", [{"type": "input_text", "text": "In May, on a budget."}]),
+    ]
+    assert all(
+        m["type"] == "message" and m["status"] == "completed" and m["id"].startswith("msg_") for m in users
+    )
+    assert item["type"] == "compaction" and item["id"].startswith("cmp_")
+    assert item["encrypted_content"] == SUMMARY  # plain text: nothing is encrypted
+    assert compacted.usage.input_tokens == 40 and compacted.usage.output_tokens == 15
+    assert compacted.usage.total_tokens == 55
+
+    # One non-streaming summary round: the history as the model sees it, then our prompt.
+    (body,) = gw.upstream_bodies()
+    assert body["stream"] is False
+    assert texts(gw, 0) == [
+        ("user", "I want to visit Lisbon."),
+        ("assistant", "When would you like to go?"),
+        ("user", "In May, on a budget."),
+        ("user", DEFAULT_PROMPT),
+    ]
+    # Stored as a checkpoint of the retained messages and the compaction item.
+    row = Response.objects.get(id=compacted.id)
+    assert row.status == "completed"
+    assert row.history_item_ids == [m["id"] for m in users] + [item["id"]]
+    assert Item.objects.get(id=item["id"]).data == item
+
+
+def test_continuing_from_a_compaction_id_sends_the_summary_as_an_assistant_message(gw: Gateway) -> None:
+    gw.script(text(SUMMARY))
+    compacted = compact(gw, {"model": "test-model", "input": HISTORY}).json()
+    gw.script(text("Try the Alfama district."))
+    r = gw.post({"model": "test-model", "previous_response_id": compacted["id"], "input": "Which area?"})
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == "Try the Alfama district."
+    assert texts(gw, 1) == [
+        ("user", "I want to visit Lisbon."),
+        ("user", "In May, on a budget."),
+        ("assistant", SUMMARY),
+        ("user", "Which area?"),
+    ]
+    if gw.wire == "responses":  # no compaction item ever reaches the model server
+        assert all(i.get("type") == "message" for i in gw.upstream_bodies()[1]["input"])
+
+
+def test_compacting_a_stored_chain_references_its_messages_and_changes_nothing(gw: Gateway) -> None:
+    gw.script(text("Hello!"))
+    first = gw.post({"model": "test-model", "input": "Hi, I am Ana."}).json()
+    gw.script(text("Noted."))
+    second = gw.post(
+        {"model": "test-model", "previous_response_id": first["id"], "input": "I like jazz."}
+    ).json()
+    before = Response.objects.get(id=second["id"]).history_item_ids
+    items_before = Item.objects.count()
+
+    gw.script(text("Ana likes jazz."))
+    r = compact(gw, {"model": "test-model", "previous_response_id": second["id"]})
+    assert r.status_code == 200, r.text
+    compacted = r.json()
+    users = compacted["output"][:-1]
+    stored_users = [
+        Item.objects.get(id=i).data for i in before if Item.objects.get(id=i).data.get("role") == "user"
+    ]
+    assert [m["id"] for m in users] == [m["id"] for m in stored_users]  # stored once, referenced
+    assert Item.objects.count() == items_before + 1  # only the compaction item is new
+    assert Response.objects.get(id=second["id"]).history_item_ids == before  # history untouched
+    assert texts(gw, 2)[:4] == [
+        ("user", "Hi, I am Ana."),
+        ("assistant", "Hello!"),
+        ("user", "I like jazz."),
+        ("assistant", "Noted."),
+    ]
+    row = Response.objects.get(id=compacted["id"])
+    assert row.previous_response_id == second["id"]
+    assert row.owner == Response.objects.get(id=second["id"]).owner
+
+    # Input after it: the window plus new input, compacted again.
+    gw.script(text("Ana likes jazz and Lisbon."))
+    again = compact(
+        gw, {"model": "test-model", "previous_response_id": compacted["id"], "input": "Also Lisbon."}
+    ).json()
+    assert [i["type"] for i in again["output"]] == ["message", "message", "message", "compaction"]
+    assert texts(gw, 3)[:4] == [
+        ("user", "Hi, I am Ana."),
+        ("user", "I like jazz."),
+        ("assistant", "Ana likes jazz."),
+        ("user", "Also Lisbon."),
+    ]
+
+
+def test_another_owners_response_cannot_be_compacted(gw: Gateway) -> None:
+    stored("resp_theirs", "oidc:someone-else")
+    r = compact(gw, {"model": "test-model", "previous_response_id": "resp_theirs"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "previous_response_id" and error["code"] == "previous_response_not_found"
+    assert gw.upstream_bodies() == []
+    assert Response.objects.count() == 1
+
+
+def test_cache_fields_and_tier_are_forwarded_and_not_echoed(gw: Gateway, gateway_config: Any) -> None:
+    gateway_config(responses__prompt_cache_options_supported=True)
+    gw.script(text(SUMMARY))
+    fields = {
+        "prompt_cache_key": "tenant-7",
+        "prompt_cache_options": {"mode": "explicit", "ttl": "30m"},
+        "prompt_cache_retention": "24h",
+        "service_tier": "priority",
+    }
+    r = compact(gw, {"model": "test-model", "input": HISTORY, **fields})
+    assert r.status_code == 200, r.text
+    body = gw.upstream_bodies()[0]
+    for key, value in fields.items():
+        assert body[key] == value
+    assert set(r.json()) == {"id", "object", "created_at", "output", "usage"}
+
+
+def test_unused_fields_are_accepted_and_not_sent(gw: Gateway) -> None:
+    gw.script(text(SUMMARY))
+    r = compact(
+        gw,
+        {
+            "model": "test-model",
+            "input": HISTORY,
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "parallel_tool_calls": True,
+            "reasoning": {"effort": "low"},
+            "text": {"format": {"type": "text"}},
+        },
+    )
+    assert r.status_code == 200, r.text
+    body = gw.upstream_bodies()[0]
+    for key in ("tools", "parallel_tool_calls", "reasoning", "reasoning_effort", "text", "response_format"):
+        assert key not in body
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"input": "hi"}, 400, "model", "missing_required_parameter"),
+        ({"model": "m"}, 400, "input", "missing_required_parameter"),
+        ({"model": "m", "input": "hi", "store": True}, 400, "store", "unknown_parameter"),
+        ({"model": "m", "input": 5}, 400, "input", "invalid_type"),
+        (
+            {
+                "model": "m",
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_file", "file_data": "data:application/pdf;base64,AA=="}],
+                    }
+                ],
+            },
+            400,
+            "input[0].content[0]",
+            "unsupported_parameter",
+        ),
+        (
+            {"model": "m", "input": "hi", "prompt_cache_options": {"mode": "x"}},
+            400,
+            "prompt_cache_options",
+            None,
+        ),
+        ({"model": "m", "input": "hi", "service_tier": "turbo"}, 400, "service_tier", "invalid_value"),
+        ({"model": "m", "previous_response_id": "resp_missing"}, 400, "previous_response_id", None),
+        ({"model": "m", "input": [{"type": "compaction"}]}, 400, "input[0].encrypted_content", None),
+    ],
+)
+def test_refusals_name_their_param_and_store_nothing(
+    gw: Gateway, body: dict[str, Any], status: int, param: str, code: str | None
+) -> None:
+    r = compact(gw, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    assert gw.upstream_bodies() == []
+    assert Response.objects.count() == 0 and Item.objects.count() == 0
+
+
+def test_an_upstream_refusal_is_relayed_and_nothing_is_stored(gw: Gateway) -> None:
+    gw.script(error_status=400, error_message="prompt is too long")
+    r = compact(gw, {"model": "test-model", "input": HISTORY})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "prompt is too long"
+    assert Response.objects.count() == 0 and Item.objects.count() == 0
+    gw.script(error_status=500)
+    r = compact(gw, {"model": "test-model", "input": HISTORY})
+    assert r.status_code == 502
+    assert Response.objects.count() == 0
+
+
+def test_an_empty_summary_is_a_502(gw: Gateway) -> None:
+    gw.script(text("   "))
+    r = compact(gw, {"model": "test-model", "input": HISTORY})
+    assert r.status_code == 502 and "empty compaction summary" in r.json()["error"]["message"]
+    assert Response.objects.count() == 0
+
+
+def test_a_client_compaction_item_is_plain_text_to_the_model(gw: Gateway) -> None:
+    """The latest compaction item is an assistant message; earlier ones are superseded."""
+    gw.script(text("ok"))
+    r = gw.post(
+        {
+            "model": "test-model",
+            "store": False,
+            "input": [
+                {"type": "compaction", "encrypted_content": "old summary"},
+                {"role": "user", "content": "first"},
+                {"type": "compaction", "encrypted_content": "gAAAAB-opaque-openai-blob"},
+                {"role": "user", "content": "next"},
+            ],
+        }
+    )
+    assert r.status_code == 200, r.text
+    assert texts(gw, 0) == [
+        ("user", "first"),
+        ("assistant", "gAAAAB-opaque-openai-blob"),
+        ("user", "next"),
+    ]
+
+
+def test_the_estimate_is_bytes_over_four_plus_framing_plus_images() -> None:
+    message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "é" * 5}]}
+    # 10 bytes -> 3 tokens, 4 per item, 2 per content part.
+    assert estimate_tokens([message]) == 3 + 4 + 2
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 10_000}
+    with_image = {**message, "content": [*message["content"], image]}
+    assert estimate_tokens([with_image]) == 3 + 4 + 2 + 2 + 1024
+    assert estimate_tokens([message], "abcd") == 4 + 4 + 2  # 14 bytes -> 4 tokens
+    call = {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "f",
+        "arguments": orjson.dumps({"a": 1}).decode(),
+    }
+    assert estimate_tokens([call]) == 4 + 2  # "f" + '{"a":1}' = 8 bytes -> 2 tokens
+
+
+def test_input_tokens_counts_a_compaction_item_as_its_summary(gw: Gateway) -> None:
+    from aiohttp import web
+
+    async def tokenize(request: web.Request, rec: Any) -> web.StreamResponse:
+        return web.json_response({"count": 9, "max_model_len": 4096, "tokens": [1] * 9, "token_strs": None})
+
+    gw.upstream.script("/tokenize", tokenize)
+    r = httpx.post(
+        f"{gw.url}/v1/responses/input_tokens",
+        json={
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "compaction", "encrypted_content": SUMMARY},
+                {"type": "compaction_trigger"},
+            ],
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert gw.upstream.last("/tokenize").json()["messages"] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": SUMMARY},
+    ]
