@@ -502,3 +502,101 @@ def test_unit_retained_async_items_for_compaction() -> None:
     ]
     assert async_tools.retained_async_items(items) == [_call("c1"), _output("c1", "sunny"), _call("c3")]
     assert async_tools.pending_calls(items) == {"c3"}
+
+
+# --- compaction --------------------------------------------------------------------------------
+
+SUMMARY = "Summary: the user asked about the weather."
+BIG = "Tell me everything about Oslo. " * 40
+
+
+def _started(gw: Gateway) -> dict[str, Any]:
+    """A stored response whose async call ``call_a`` is pending."""
+    gw.script(call("lookup", args(city="Oslo"), call_id="call_a"))
+    gw.script(text("Started."))
+    r = gw.post({"model": "m", "input": "weather?", "tools": [ASYNC_LOOKUP]})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _compacting(gw: Gateway, previous: str, input_items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Continue ``previous`` with ``input_items`` and a threshold the history is over: the
+    response compacts before its first round."""
+    gw.script(text(SUMMARY))
+    gw.script(text("Noted."))
+    r = gw.post(
+        {
+            "model": "m",
+            "previous_response_id": previous,
+            "input": input_items,
+            "tools": [ASYNC_LOOKUP],
+            "context_management": [{"type": "compaction", "compact_threshold": 50}],
+        }
+    )
+    assert r.status_code == 200, r.text
+    body = dict(r.json())
+    assert [i["type"] for i in body["output"]] == ["compaction", "message"]
+    return body
+
+
+def test_a_pending_async_call_survives_compaction(gw: Gateway) -> None:
+    first = _started(gw)
+    compacted = _compacting(gw, first["id"], [_user(BIG)])
+    # The round after the summary: the call is still in the model's context, pending (note).
+    answer_round = 3
+    assert {"call": ("lookup", args(city="Oslo"), "call_a")} in model_input(gw, answer_round)
+    assert notes_after(gw, answer_round) == {"call_a": async_tools.pending_note("lookup", "call_a")}
+    # Its output can still arrive, and the model gets it after the call.
+    gw.script(text("Sunny."))
+    r = gw.post(
+        {"model": "m", "previous_response_id": compacted["id"], "input": [_output("call_a", "sunny")]}
+    )
+    assert r.status_code == 200, r.text
+    seen = model_input(gw, 4)
+    at_call = seen.index({"call": ("lookup", args(city="Oslo"), "call_a")})
+    assert seen.index({"output": ("call_a", "sunny")}) > at_call
+    assert notes_after(gw, 4) == {}
+
+
+def test_an_output_delivered_in_the_compacting_request_is_stored_with_the_window(gw: Gateway) -> None:
+    first = _started(gw)
+    compacted = _compacting(gw, first["id"], [_output("call_a", "sunny"), _user(BIG)])
+    answer_round = 3
+    assert notes_after(gw, answer_round) == {}  # answered: no longer pending
+    assert {"output": ("call_a", "sunny")} in model_input(gw, answer_round)
+    # A further (conflicting) output reaches the model after the call, with the first one.
+    gw.script(text("Raining now."))
+    r = gw.post(
+        {"model": "m", "previous_response_id": compacted["id"], "input": [_output("call_a", "raining")]}
+    )
+    assert r.status_code == 200, r.text
+    seen = model_input(gw, 4)
+    at_call = seen.index({"call": ("lookup", args(city="Oslo"), "call_a")})
+    outputs = [(i, e) for i, e in enumerate(seen) if "output" in e]
+    assert [e for _, e in outputs] == [{"output": ("call_a", "sunny")}, {"output": ("call_a", "raining")}]
+    assert all(i > at_call for i, _ in outputs)
+    assert notes_after(gw, 4) == {}
+
+
+def test_the_compact_endpoint_keeps_a_pending_async_call(gw: Gateway) -> None:
+    first = _started(gw)
+    gw.script(text(SUMMARY))
+    r = httpx.post(
+        f"{gw.url}/v1/responses/compact",
+        json={"model": "m", "previous_response_id": first["id"], "input": "and tomorrow?"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    compacted = r.json()
+    kept = [i for i in compacted["output"] if i["type"] == "function_call"]
+    assert [(i["call_id"], i["async"]) for i in kept] == [("call_a", True)]
+    assert compacted["output"][-1]["type"] == "compaction"
+    gw.script(text("Sunny."))
+    r = gw.post(
+        {"model": "m", "previous_response_id": compacted["id"], "input": [_output("call_a", "sunny")]}
+    )
+    assert r.status_code == 200, r.text
+    seen = model_input(gw, 3)
+    assert seen.index({"output": ("call_a", "sunny")}) > seen.index(
+        {"call": ("lookup", args(city="Oslo"), "call_a")}
+    )
