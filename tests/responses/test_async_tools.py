@@ -600,3 +600,17 @@ def test_the_compact_endpoint_keeps_a_pending_async_call(gw: Gateway) -> None:
     assert seen.index({"output": ("call_a", "sunny")}) > seen.index(
         {"call": ("lookup", args(city="Oslo"), "call_a")}
     )
+
+
+def test_unit_steering_requires_no_output_for_an_async_call() -> None:
+    """A steered response's continuation must answer its synchronous client calls; an async call
+    may stay pending (its output can come in any later request)."""
+    from responses_app import steering
+
+    output = [
+        _call("c1"),
+        _call("c2", name="now", is_async=None),
+        {**_call("c3"), "type": "custom_tool_call"},
+    ]
+    stubs, _ = steering.required_inputs(output)
+    assert stubs == [{"type": "function_call_output", "call_id": "c2", "name": "now"}]
