@@ -68,6 +68,8 @@ lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(PY) tests/lint/check_private_names.py
 
 format: install-dev
 	$(VENV)/bin/ruff format .

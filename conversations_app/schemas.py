@@ -485,25 +485,8 @@ class NewItem(BaseModel):
 invalid_type = errors.invalid_type
 
 
-def _quoted_list(values: tuple[str, ...] | list[str]) -> str:
-    quoted = [f"'{v}'" for v in values]
-    if len(quoted) <= 2:
-        return " and ".join(quoted)
-    return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
-
-
-def invalid_value(param: str, value: Any, supported: tuple[str, ...] | list[str]) -> errors.BadRequest:
-    return errors.BadRequest(
-        f"Invalid value: '{value}'. Supported values are: {_quoted_list(supported)}.",
-        param=param,
-        code="invalid_value",
-    )
-
-
-def missing_parameter(param: str) -> errors.BadRequest:
-    return errors.BadRequest(
-        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
-    )
+invalid_value = errors.invalid_value
+missing_parameter = errors.missing_parameter
 
 
 def invalid_id(param: str, value: str, prefix: str) -> errors.BadRequest:
@@ -512,68 +495,6 @@ def invalid_id(param: str, value: str, prefix: str) -> errors.BadRequest:
         param=param,
         code="invalid_value",
     )
-
-
-_EXPECTED = {
-    "string_type": "a string",
-    "list_type": "an array",
-    "dict_type": "an object",
-    "model_type": "an object",
-    "model_attributes_type": "an object",
-    "int_type": "an integer",
-    "bool_type": "a boolean",
-}
-
-
-def _param_path(prefix: str, loc: tuple[Any, ...], data: Any, *, missing: bool) -> tuple[str, Any]:
-    """``items[0].content[1].text`` for a pydantic ``loc``, and the value found there.
-
-    Union branches and discriminator tags appear in ``loc`` but not in the data; walking the data
-    alongside drops them (a segment that is neither a key nor an index of the value at hand).
-    """
-    path = prefix
-    value = data
-    for i, segment in enumerate(loc):
-        last = i == len(loc) - 1
-        if isinstance(segment, int) and isinstance(value, list) and 0 <= segment < len(value):
-            path += f"[{segment}]"
-            value = value[segment]
-        elif isinstance(segment, str) and isinstance(value, dict) and segment in value:
-            path += f".{segment}"
-            value = value[segment]
-        elif missing and last and isinstance(segment, str) and isinstance(value, dict):
-            # A missing field: named in loc, absent from the data.
-            path += f".{segment}"
-            value = None
-    return path, value
-
-
-def error_from_pydantic(exc: ValidationError, prefix: str, data: Any) -> errors.BadRequest:
-    # A ``str | list`` field reports a failure per branch; the one that got deepest into the data
-    # is about the branch the client chose (a bad content part, not "expected a string").
-    failures = exc.errors()
-    located = [
-        (_param_path(prefix, tuple(f["loc"]), data, missing=f["type"] == "missing"), f) for f in failures
-    ]
-    (param, value), first = max(located, key=lambda pair: pair[0][0].count(".") + pair[0][0].count("["))
-    kind = first["type"]
-    if kind == "missing":
-        return missing_parameter(param)
-    if kind == "union_tag_invalid":
-        return invalid_value(param + ".type", first.get("ctx", {}).get("tag"), CONTENT_TYPES)
-    if kind == "union_tag_not_found":
-        return missing_parameter(param + ".type")
-    if kind == "literal_error":
-        expected = first.get("ctx", {}).get("expected", "")
-        supported = re.findall(r"'([^']*)'", expected)
-        return invalid_value(param, value, supported)
-    if kind in _EXPECTED:
-        # ``content: str | list`` reports both branches; say both in one sentence.
-        branches = {f["type"] for (path, _), f in located if path == param}
-        if {"string_type", "list_type"} <= branches:
-            return invalid_type(param, "a string or an array", value)
-        return invalid_type(param, _EXPECTED[kind], value)
-    return errors.BadRequest(f"Invalid '{param}': {first['msg']}.", param=param, code="invalid_value")
 
 
 def _check_id(param: str, value: Any, kind: str) -> str:
@@ -623,7 +544,7 @@ def validate_item(raw: Any, param: str) -> NewItem:
     try:
         model = _validate_item(raw)
     except ValidationError as exc:
-        raise error_from_pydantic(exc, param, raw) from None
+        raise errors.validation_error(exc, raw, param=param, tags=CONTENT_TYPES) from None
     if isinstance(model, ItemReference):
         return NewItem(id=model.id, type="item_reference", data=None, param=param + ".id")
     errors.refuse_nul(raw, param)
@@ -668,7 +589,7 @@ def check_input_item(raw: Any, param: str) -> None:
     try:
         _validate_item(raw)
     except ValidationError as exc:
-        raise error_from_pydantic(exc, param, raw) from None
+        raise errors.validation_error(exc, raw, param=param, tags=CONTENT_TYPES) from None
 
 
 def validate_items(raw: Any, *, param: str = "items", required: bool) -> list[NewItem]:

@@ -10,41 +10,13 @@ import logging
 import os
 
 from celery import Celery, signals
-from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
 from gateway.config import Config, ConfigError, get_config
+from inference_app.celery_config import QUEUES, configure
 
-QUEUES = ("inference", "tools", "responses")
-
-
-def configure(app: Celery, config: Config) -> Celery:
-    """Broker and queues for ``config``: Redis when ``REDIS_URL`` is set, in-process otherwise."""
-    app.conf.update(
-        broker_url=config.redis_url or "memory://",
-        result_backend=config.redis_url or None,
-        task_always_eager=not config.broker_enabled,
-        task_eager_propagates=True,
-        # Each queue with its own exchange and routing key: queues declared bare would all bind to
-        # the default exchange with the default routing key, so a task sent to one queue would be
-        # delivered to every queue.
-        task_queues=tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES),
-        task_default_queue="tools",
-        task_acks_late=True,
-        task_reject_on_worker_lost=False,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        # A request whose task cannot be sent is refused at once (503): a producer's connection is
-        # not retried (kombu's default retries for seconds); the worker's consumer keeps its own
-        # reconnect policy (broker_connection_retry / broker_connection_max_retries).
-        broker_connection_timeout=3,
-        broker_transport_options={"max_retries": 0},
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-    )
-    return app
+__all__ = ["QUEUES", "app", "configure", "ping"]
 
 
 def _loaded_config() -> Config:
@@ -83,7 +55,7 @@ def _recover_orphans(**kwargs: object) -> None:
         logging.getLogger("responses.background").exception("start-up lease sweep failed")
 
 
-@app.task(name="gateway.ping", queue="tools")
+@app.task(name="gateway.ping")
 def ping() -> str:
     """A trivial task to check that a worker consumes a queue."""
     return "pong"

@@ -1,12 +1,16 @@
-"""The one typed, frozen configuration object.
+"""The one typed, frozen configuration object, loaded with pydantic-settings.
 
 Read once, in this order of precedence: environment variables, then an optional TOML file (path in
 ``GATEWAY_CONFIG``), then the defaults below. This is the only module that reads ``os.environ``.
 
-Every key of every section can also be set from the environment as ``GATEWAY_<SECTION>_<KEY>``
-(``GATEWAY_SERVER_MAX_REQUEST_BODY_SIZE_BYTES=…``); top-level keys and a few well-known settings
-have their conventional names (``LLM_API_BASE``, ``DATABASE_URL``, ``REDIS_URL``, ``OIDC_ISSUER`` …).
-Unknown keys, wrong types and inconsistent settings raise :class:`ConfigError` naming the setting.
+Every section is a frozen pydantic dataclass: pydantic checks each value against its declared type
+(strictly for the file: ``debug = 'yes'`` is refused, not guessed), and pydantic-settings merges the
+two sources (:class:`GatewayEnvSource`, then pydantic-settings' own ``TomlConfigSettingsSource``)
+section by section. Every key of every section can also be set from the environment as
+``GATEWAY_<SECTION>_<KEY>`` (``GATEWAY_SERVER_MAX_REQUEST_BODY_SIZE_BYTES=…``); top-level keys and a
+few well-known settings have their conventional names (``LLM_API_BASE``, ``DATABASE_URL``,
+``REDIS_URL``, ``OIDC_ISSUER`` …). Unknown keys, wrong types and inconsistent settings raise
+:class:`ConfigError` naming the setting.
 """
 
 from __future__ import annotations
@@ -16,12 +20,38 @@ import ipaddress
 import os
 import tomllib
 import typing
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError, create_model, field_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
 MiB = 1024 * 1024
+
+# Leaf types: strict, so the file's values are taken as written (an integer where an integer is
+# declared; a number may be written as an integer). Environment values are parsed from their text
+# first (GatewayEnvSource), so only the file meets the strictness.
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+StrList = tuple[Str, ...]
+# Sizes, counts and durations that must be above zero.
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
+
+# Every section refuses keys it does not declare.
+_SECTION = ConfigDict(extra="forbid")
 
 # Keys that hold credentials: accepted from the environment only, refused in the file.
 SECRET_ENV = {
@@ -47,113 +77,113 @@ class ConfigError(Exception):
     """A setting is unknown, mistyped or inconsistent; start-up stops with this message."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_request_body_size_bytes: int = 10 * MiB
+    host: Str = "127.0.0.1"
+    port: Int = 8000
+    max_request_body_size_bytes: PositiveInt = 10 * MiB
     # Request line and headers together (431, or 414 for a request line, beyond it), the number of
     # header fields (431), and how long a request may take to arrive in full, head and body (408).
-    max_request_head_size_bytes: int = 64 * 1024
-    max_request_headers: int = 100
-    request_read_timeout_s: float = 30.0
-    cors_allowed_origins: tuple[str, ...] = ()
-    debug: bool = False
+    max_request_head_size_bytes: PositiveInt = 64 * 1024
+    max_request_headers: PositiveInt = 100
+    request_read_timeout_s: PositiveFloat = 30.0
+    cors_allowed_origins: StrList = ()
+    debug: Bool = False
     log_format: Literal["text", "json"] = "text"
-    log_level: str = "INFO"
-    access_log: bool = True
-    metrics_public: bool = True
-    data_dir: str = "var"
-    sse_keepalive_s: float = 15.0
+    log_level: Str = "INFO"
+    access_log: Bool = True
+    metrics_public: Bool = True
+    data_dir: Str = "var"
+    sse_keepalive_s: Float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
     # Server processes; 0: one per core when inference runs elsewhere, 1 with the embedded engine.
-    workers: int = 0
+    workers: Int = 0
     # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
     # (every request through the ASGI app).
-    direct_relay: bool = True
+    direct_relay: Bool = True
     # SIGTERM: stop accepting, let in-flight responses finish this long, then end them as failed.
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: Float = 30.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class UpstreamConfig:
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 600.0
-    stall_timeout_s: float = 300.0
-    pool_size: int = 1000
-    ready_timeout_s: float = 1.0
+    connect_timeout_s: PositiveFloat = 10.0
+    read_timeout_s: PositiveFloat = 600.0
+    stall_timeout_s: PositiveFloat = 300.0
+    pool_size: PositiveInt = 1000
+    ready_timeout_s: Float = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class DatabaseConfig:
-    statement_timeout_ms: int = 30_000
-    pool_min_size: int = 2
-    pool_max_size: int = 20
-    conn_max_age_s: int = 0
+    statement_timeout_ms: Int = 30_000
+    pool_min_size: Int = 2
+    pool_max_size: PositiveInt = 20
+    conn_max_age_s: Int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class ResponsesConfig:
-    max_retained_bytes: int = 8 * MiB
-    max_upstream_sse_line_bytes: int = 16 * MiB
-    max_stream_event_bytes: int = 16 * MiB
-    prompt_cache_options_supported: bool = False
-    max_rounds: int = 10
+    max_retained_bytes: PositiveInt = 8 * MiB
+    max_upstream_sse_line_bytes: PositiveInt = 16 * MiB
+    max_stream_event_bytes: PositiveInt = 16 * MiB
+    prompt_cache_options_supported: Bool = False
+    max_rounds: PositiveInt = 10
     # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
     # continuations on the same process; 0 disables it.
-    history_cache_bytes: int = 64 * MiB
+    history_cache_bytes: Int = 64 * MiB
     # A running background response (or stored stream) holds a lease its runner renews every heartbeat; a lease
     # that expires (its process died) is failed by the sweep every gateway and worker runs.
-    lease_s: float = 60.0
-    heartbeat_s: float = 10.0
-    sweep_interval_s: float = 15.0
+    lease_s: Float = 60.0
+    heartbeat_s: Float = 10.0
+    sweep_interval_s: Float = 15.0
     # Compaction's summary round (docs/responses.md → Compaction): the request that asks the model
     # for the summary ("" = the built-in prompt, responses_app.compaction.DEFAULT_PROMPT) and its
     # output cap (0 = none sent).
-    compaction_prompt: str = ""
-    compaction_max_output_tokens: int = 0
+    compaction_prompt: Str = ""
+    compaction_max_output_tokens: Int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class WebSocketConfig:
     """Per-connection limits of the ``/v1/responses`` WebSocket transport (spec defaults)."""
 
-    max_outstanding_requests: int = 64
-    max_outstanding_request_bytes: int = 12 * MiB
-    max_lanes: int = 128
-    max_checkpoint_items: int = 32_768
-    max_checkpoint_bytes: int = 16 * MiB
-    max_connection_checkpoint_bytes: int = 32 * MiB
+    max_outstanding_requests: PositiveInt = 64
+    max_outstanding_request_bytes: PositiveInt = 12 * MiB
+    max_lanes: PositiveInt = 128
+    max_checkpoint_items: PositiveInt = 32_768
+    max_checkpoint_bytes: PositiveInt = 16 * MiB
+    max_connection_checkpoint_bytes: PositiveInt = 32 * MiB
     # Backpressure: events waiting for a slow client, and how long one send may block.
-    outbound_queue_events: int = 256
-    send_timeout_s: float = 30.0
+    outbound_queue_events: PositiveInt = 256
+    send_timeout_s: PositiveFloat = 30.0
     # Steering (response.steer): queued updates per target, the three connection budgets (accepted
     # steering echoes, retained successor settings, failure echoes awaiting delivery), and how long
     # a completed target stays steerable.
-    steer_max_queued: int = 32
-    steer_input_bytes: int = 12 * MiB
-    steer_settings_bytes: int = 12 * MiB
-    steer_failure_bytes: int = 12 * MiB
-    steer_target_ttl_s: float = 60.0
+    steer_max_queued: PositiveInt = 32
+    steer_input_bytes: PositiveInt = 12 * MiB
+    steer_settings_bytes: PositiveInt = 12 * MiB
+    steer_failure_bytes: PositiveInt = 12 * MiB
+    steer_target_ttl_s: PositiveFloat = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class ToolsConfig:
-    max_concurrent_gateway_calls: int = 5
-    call_timeout_s: float = 60.0
+    max_concurrent_gateway_calls: PositiveInt = 5
+    call_timeout_s: PositiveFloat = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class WebSearchConfig:
     provider: Literal["searxng", "brave", "tavily"] = "searxng"
-    base_url: str = ""
-    api_key_env: str = ""
-    max_results: int = 5
-    max_queries_per_call: int = 5
-    request_timeout_s: float = 15.0
-    allowed_domains: tuple[str, ...] = ()
-    blocked_domains: tuple[str, ...] = ()
-    max_snippet_chars: int = 500
+    base_url: Str = ""
+    api_key_env: Str = ""
+    max_results: PositiveInt = 5
+    max_queries_per_call: PositiveInt = 5
+    request_timeout_s: PositiveFloat = 15.0
+    allowed_domains: StrList = ()
+    blocked_domains: StrList = ()
+    max_snippet_chars: Int = 500
 
     @property
     def endpoint(self) -> str:
@@ -170,101 +200,141 @@ class WebSearchConfig:
         return self.api_key_env or WEB_SEARCH_KEY_ENV[self.provider]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
+class WebFetchConfig:
+    """The ``web_fetch`` gateway tool (Anthropic Messages' ``web_fetch_20250910``)."""
+
+    # Hosts that may resolve to loopback/private/link-local addresses (exact names, as MCP's).
+    allowed_hosts: StrList = ()
+    # The most bytes read of one page; a longer one fails with ``content_too_large``.
+    max_bytes: PositiveInt = 5 * MiB
+    max_redirects: Int = 5
+    # Text given to the model when the declaration names no ``max_content_tokens`` (about 4 bytes a token).
+    max_content_tokens: PositiveInt = 100_000
+    max_url_chars: PositiveInt = 2048
+
+
+@dataclass(frozen=True, config=_SECTION)
+class MessagesConfig:
+    """The Anthropic Messages route's server-tool loop."""
+
+    # ``"WebSearch=web_search"``: a plain client function so named is run by the gateway as that tool.
+    tool_aliases: StrList = ()
+
+    def aliases(self) -> dict[str, str]:
+        """Function name -> gateway tool name (``web_search`` or ``web_fetch``)."""
+        out: dict[str, str] = {}
+        for entry in self.tool_aliases:
+            name, _, tool = entry.partition("=")
+            out[name.strip()] = tool.strip()
+        return out
+
+
+@dataclass(frozen=True, config=_SECTION)
 class CodeInterpreterConfig:
-    enabled: bool = True
-    bwrap: str = "bwrap"
-    python: str = ""
-    cpu_time_s: int = 10
-    wall_time_s: float = 30.0
-    memory_bytes: int = 512 * MiB
-    max_processes: int = 16
-    max_output_bytes: int = 256 * 1024
-    max_file_size_bytes: int = 16 * MiB
-    tmp_size_bytes: int = 64 * MiB
-    max_code_bytes: int = 1 * MiB
-    run_as_uid: int = 65534
-    run_as_gid: int = 65534
-    extra_ro_binds: tuple[str, ...] = ()
+    enabled: Bool = True
+    bwrap: Str = "bwrap"
+    python: Str = ""
+    cpu_time_s: PositiveInt = 10
+    wall_time_s: PositiveFloat = 30.0
+    memory_bytes: PositiveInt = 512 * MiB
+    max_processes: PositiveInt = 16
+    max_output_bytes: PositiveInt = 256 * 1024
+    max_file_size_bytes: PositiveInt = 16 * MiB
+    tmp_size_bytes: PositiveInt = 64 * MiB
+    max_code_bytes: PositiveInt = 1 * MiB
+    run_as_uid: Int = 65534
+    run_as_gid: Int = 65534
+    extra_ro_binds: StrList = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class McpConfig:
-    allowed_hosts: tuple[str, ...] = ()
-    max_servers: int = 64
-    max_tools: int = 128
-    max_list_pages: int = 50
-    connect_timeout_s: float = 10.0
-    discovery_timeout_s: float = 30.0
+    allowed_hosts: StrList = ()
+    max_servers: PositiveInt = 64
+    max_tools: PositiveInt = 128
+    max_list_pages: PositiveInt = 50
+    connect_timeout_s: PositiveFloat = 10.0
+    discovery_timeout_s: PositiveFloat = 30.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class McpServerConfig:
     """One operator-configured MCP server, ``[mcp_servers.<label>]``."""
 
-    url: str
+    url: Str
     transport: Literal["streamable_http", "sse"] = "streamable_http"
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[Str, Str] = field(default_factory=dict)
     # Header name -> environment variable holding its value (a credential): resolved at load.
-    headers_env: dict[str, str] = field(default_factory=dict)
-    allowed_tools: tuple[str, ...] | None = None
-    secret_headers: dict[str, str] = field(default_factory=dict, repr=False)
+    headers_env: dict[Str, Str] = field(default_factory=dict)
+    allowed_tools: StrList | None = None
+    secret_headers: dict[Str, Str] = field(default_factory=dict, repr=False)
 
     def all_headers(self) -> dict[str, str]:
         return {**self.headers, **self.secret_headers}
 
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PydanticCustomError("config", "must be an http(s) URL, got '{url}'", {"url": url})
+        return url
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, config=_SECTION)
 class AuthConfig:
-    oidc_issuer: str = ""
-    oidc_audience: str = ""
-    leeway_s: int = 30
-    jwks_ttl_s: int = 300
-    jwks_min_refresh_interval_s: float = 5.0
-    http_timeout_s: float = 5.0
-    max_provider_response_bytes: int = 1 * MiB
-    require_api_key: bool = False
+    oidc_issuer: Str = ""
+    oidc_audience: Str = ""
+    leeway_s: Int = 30
+    jwks_ttl_s: Int = 300
+    jwks_min_refresh_interval_s: Float = 5.0
+    http_timeout_s: Float = 5.0
+    max_provider_response_bytes: Int = 1 * MiB
+    require_api_key: Bool = False
     # Admin single sign-on (authorization-code flow through mozilla-django-oidc).
-    oidc_rp_client_id: str = ""
-    admin_staff_claim: str = "groups"
-    admin_staff_value: str = ""
-    admin_superuser_value: str = ""
-    admin_sso_scopes: str = "openid email profile"
+    oidc_rp_client_id: Str = ""
+    admin_staff_claim: Str = "groups"
+    admin_staff_value: Str = ""
+    admin_superuser_value: Str = ""
+    admin_sso_scopes: Str = "openid email profile"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class InferenceConfig:
     """The vLLM engine hosted by inference workers (and by the gateway itself in embedded mode)."""
 
-    served_model_name: str = ""
-    dtype: str = "auto"
-    max_model_len: int = 0
-    tensor_parallel_size: int = 1
-    chat_template: str = ""
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str = ""
-    reasoning_parser: str = ""
-    generation_config: str = "auto"
-    override_generation_config: str = ""
-    kv_cache_memory_bytes: int = 0
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
-    engine_args: tuple[str, ...] = ()
-    models: tuple[str, ...] = ()
-    stream_maxlen: int = 10_000
-    stream_ttl_s: int = 900
-    heartbeat_interval_s: float = 1.0
-    worker_lost_after_s: float = 5.0
-    cancel_poll_interval_s: float = 0.2
+    served_model_name: Str = ""
+    dtype: Str = "auto"
+    max_model_len: Int = 0
+    tensor_parallel_size: PositiveInt = 1
+    chat_template: Str = ""
+    enable_auto_tool_choice: Bool = False
+    tool_call_parser: Str = ""
+    reasoning_parser: Str = ""
+    generation_config: Str = "auto"
+    override_generation_config: Str = ""
+    kv_cache_memory_bytes: Int = 0
+    gpu_memory_utilization: Float = 0.9
+    enforce_eager: Bool = False
+    engine_args: StrList = ()
+    models: StrList = ()
+    stream_maxlen: PositiveInt = 10_000
+    stream_ttl_s: PositiveInt = 900
+    heartbeat_interval_s: PositiveFloat = 1.0
+    worker_lost_after_s: PositiveFloat = 5.0
+    cancel_poll_interval_s: PositiveFloat = 0.2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class Config:
-    llm_api_base: str = ""
-    database_url: str = ""
-    redis_url: str = ""
+    """Every setting; built by :func:`load_config` and checked as a whole when built (or replaced)."""
+
+    llm_api_base: Str = ""
+    database_url: Str = ""
+    redis_url: Str = ""
     upstream_api: Literal["responses", "chat_completions"] = "responses"
-    model: str = ""
+    model: Str = ""
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
@@ -272,6 +342,8 @@ class Config:
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     web_search: WebSearchConfig = field(default_factory=WebSearchConfig)
+    web_fetch: WebFetchConfig = field(default_factory=WebFetchConfig)
+    messages: MessagesConfig = field(default_factory=MessagesConfig)
     code_interpreter: CodeInterpreterConfig = field(default_factory=CodeInterpreterConfig)
     mcp: McpConfig = field(default_factory=McpConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -279,10 +351,10 @@ class Config:
     mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     # Secrets: environment only.
-    openai_api_key: str = field(default="", repr=False)
-    secret_key: str = field(default="", repr=False)
-    oidc_rp_client_secret: str = field(default="", repr=False)
-    web_search_api_key: str = field(default="", repr=False)
+    openai_api_key: Str = field(default="", repr=False)
+    secret_key: Str = field(default="", repr=False)
+    oidc_rp_client_secret: Str = field(default="", repr=False)
+    web_search_api_key: Str = field(default="", repr=False)
 
     @property
     def oidc_enabled(self) -> bool:
@@ -312,6 +384,9 @@ class Config:
             base = base[: -len("/v1")]
         return base
 
+    def __post_init__(self) -> None:
+        _validate(self)
+
 
 # Conventional environment names: (section or None, key) -> variable.
 ENV_ALIASES: dict[tuple[str | None, str], str] = {
@@ -335,157 +410,6 @@ ENV_ALIASES: dict[tuple[str | None, str], str] = {
     ("mcp", "allowed_hosts"): "MCP_ALLOWED_HOSTS",
 }
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return " or ".join(repr(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is tuple:
-        return "list of strings"
-    return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(tp, str(tp))
-
-
-def _coerce(name: str, tp: Any, value: Any, from_env: bool) -> Any:
-    """Check (file) or parse (environment) one value against its declared type."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{name}: must be {_type_name(tp)}, got {value!r}")
-        return value
-    if origin is tuple:
-        if from_env:
-            return tuple(part.strip() for part in str(value).split(",") if part.strip())
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name}: must be a list of strings, got {value!r}")
-        return tuple(value)
-    if tp is bool:
-        if from_env:
-            low = str(value).strip().lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ConfigError(f"{name}: must be a boolean (true/false), got {value!r}")
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}: must be a boolean, got {value!r}")
-        return value
-    if tp is int:
-        if from_env:
-            try:
-                return int(str(value).strip())
-            except ValueError:
-                raise ConfigError(f"{name}: must be an integer, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name}: must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if from_env:
-            try:
-                return float(str(value).strip())
-            except ValueError:
-                raise ConfigError(f"{name}: must be a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name}: must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{name}: must be a string, got {value!r}")
-        return value
-    raise ConfigError(f"{name}: unsupported type")  # pragma: no cover - programming error
-
-
-def _fields(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _env_name(section: str | None, key: str) -> str:
-    if (section, key) in ENV_ALIASES:
-        return ENV_ALIASES[(section, key)]
-    if section is None:
-        return f"GATEWAY_{key.upper()}"
-    return f"GATEWAY_{section.upper()}_{key.upper()}"
-
-
-def _load_file(env: typing.Mapping[str, str]) -> dict[str, Any]:
-    path = env.get("GATEWAY_CONFIG", "")
-    if not path:
-        return {}
-    p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"GATEWAY_CONFIG: file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"GATEWAY_CONFIG: {path} is not valid TOML: {exc}") from None
-
-
-def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
-    """Build the config from ``env`` (default: the process environment) and the TOML file."""
-    env = os.environ if env is None else env
-    data = _load_file(env)
-    top_fields = _fields(Config)
-    values: dict[str, Any] = {}
-    sections: dict[str, dict[str, Any]] = {}
-
-    for key, raw in data.items():
-        if key in SECRET_ENV:
-            raise ConfigError(
-                f"{key}: secrets are never read from the config file; set {SECRET_ENV[key]} instead"
-            )
-        if key not in top_fields:
-            raise ConfigError(f"{key}: unknown setting in the config file")
-        if key == "mcp_servers":
-            values[key] = _load_mcp_servers(raw, env)
-            continue
-        tp = top_fields[key]
-        if _is_section(tp):
-            if not isinstance(raw, dict):
-                raise ConfigError(f"[{key}]: must be a table")
-            sec_fields = _fields(tp)
-            for sub, subraw in raw.items():
-                if sub not in sec_fields:
-                    raise ConfigError(f"{key}.{sub}: unknown setting in the config file")
-                sections.setdefault(key, {})[sub] = _coerce(
-                    f"{key}.{sub}", sec_fields[sub], subraw, from_env=False
-                )
-        else:
-            values[key] = _coerce(key, tp, raw, from_env=False)
-
-    for key, tp in top_fields.items():
-        if _is_section(tp):
-            for sub, subtp in _fields(tp).items():
-                name = _env_name(key, sub)
-                if name in env:
-                    sections.setdefault(key, {})[sub] = _coerce(name, subtp, env[name], True)
-        elif key in SECRET_ENV:
-            if SECRET_ENV[key] in env:
-                values[key] = env[SECRET_ENV[key]]
-        elif key == "mcp_servers":
-            continue  # file only: a table per label
-        else:
-            name = _env_name(None, key)
-            if name in env:
-                values[key] = _coerce(name, tp, env[name], from_env=True)
-
-    for key, sec_values in sections.items():
-        values[key] = top_fields[key](**sec_values)
-    if "web_search_api_key" not in values:
-        key_env = values.get("web_search", WebSearchConfig()).key_env
-        if key_env and key_env in env:
-            values["web_search_api_key"] = env[key_env]
-    config = Config(**values)
-    _validate(config)
-    return config
-
 
 _LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 # Header names whose values are credentials: accepted only through headers_env.
@@ -497,58 +421,232 @@ def is_credential_header(name: str) -> bool:
     return any(word in low for word in _CREDENTIAL_HEADER_WORDS)
 
 
-def _string_table(name: str, raw: Any) -> dict[str, str]:
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
-        raise ConfigError(f"{name}: must be a table of strings")
-    return dict(raw)
+def _env_name(section: str | None, key: str) -> str:
+    if (section, key) in ENV_ALIASES:
+        return ENV_ALIASES[(section, key)]
+    if section is None:
+        return f"GATEWAY_{key.upper()}"
+    return f"GATEWAY_{section.upper()}_{key.upper()}"
 
 
-def _load_mcp_servers(raw: Any, env: typing.Mapping[str, str]) -> dict[str, McpServerConfig]:
-    """``[mcp_servers.<label>]`` tables: the one dynamic table, every key inside still checked."""
-    if not isinstance(raw, dict):
-        raise ConfigError("[mcp_servers]: must be a table of [mcp_servers.<label>] tables")
-    known = _fields(McpServerConfig)
-    servers: dict[str, McpServerConfig] = {}
-    for label, table in raw.items():
+def _hints(cls: type) -> dict[str, Any]:
+    """Declared field types without their strictness marks (environment text is parsed, not checked)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _parse_env(name: str, tp: Any, text: str) -> Any:
+    """One environment variable's text as its declared type; lists are comma-separated."""
+    if typing.get_origin(tp) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    text = text.strip()
+    if tp is bool and text == "":
+        return False
+    try:
+        return TypeAdapter(tp).validate_python(text, strict=False)
+    except ValidationError as exc:
+        if tp is bool:
+            raise ConfigError(f"{name}: must be a boolean (true/false), got {text!r}") from None
+        raise ConfigError(f"{name}: {_describe(exc.errors()[0])}, got {text!r}") from None
+
+
+class GatewayEnvSource(PydanticBaseSettingsSource):
+    """The environment: ``GATEWAY_<SECTION>_<KEY>``, the conventional names of :data:`ENV_ALIASES`
+    and the secrets of :data:`SECRET_ENV`, as one nested mapping (pydantic-settings' own env source
+    splits nested names on a delimiter, which ``GATEWAY_WEB_SEARCH_BASE_URL`` cannot have)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: typing.Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.env = env
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # the whole mapping is built in __call__
+
+    def __call__(self) -> dict[str, Any]:
+        env = self.env
+        values: dict[str, Any] = {}
+        for key, tp in _hints(Config).items():
+            if _is_section(tp):
+                for sub, subtp in _hints(tp).items():
+                    name = _env_name(key, sub)
+                    if name in env:
+                        values.setdefault(key, {})[sub] = _parse_env(name, subtp, env[name])
+            elif key in SECRET_ENV:
+                if SECRET_ENV[key] in env:
+                    values[key] = env[SECRET_ENV[key]]
+            elif key != "mcp_servers":  # file only: a table per label
+                name = _env_name(None, key)
+                if name in env:
+                    values[key] = _parse_env(name, tp, env[name])
+        return values
+
+
+def _check_file(data: dict[str, Any]) -> None:
+    """What only the file can get wrong: secrets written into it, and MCP server labels."""
+    for key in data:
+        if key in SECRET_ENV:
+            raise ConfigError(
+                f"{key}: secrets are never read from the config file; set {SECRET_ENV[key]} instead"
+            )
+    servers = data.get("mcp_servers")
+    if not isinstance(servers, dict):
+        return
+    for label, table in servers.items():
         prefix = f"mcp_servers.{label}"
         if not label or len(label) > 64 or not set(label) <= _LABEL_CHARS:
             raise ConfigError(f"{prefix}: a label is 1-64 letters, digits, '_' or '-'")
         if not isinstance(table, dict):
-            raise ConfigError(f"{prefix}: must be a table")
-        kwargs: dict[str, Any] = {}
-        for sub, value in table.items():
-            name = f"{prefix}.{sub}"
-            if sub not in known or sub == "secret_headers":
-                raise ConfigError(f"{name}: unknown setting in the config file")
-            if sub in ("headers", "headers_env"):
-                kwargs[sub] = _string_table(name, value)
-            elif sub == "allowed_tools":
-                kwargs[sub] = _coerce(name, tuple[str, ...], value, from_env=False)
-            else:
-                kwargs[sub] = _coerce(name, known[sub], value, from_env=False)
-        if "url" not in kwargs:
-            raise ConfigError(f"{prefix}.url: required")
-        parts = urlsplit(kwargs["url"])
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"{prefix}.url: must be an http(s) URL, got {kwargs['url']!r}")
-        for header in kwargs.get("headers", {}):
+            continue
+        if "secret_headers" in table:
+            raise ConfigError(f"{prefix}.secret_headers: unknown setting in the config file")
+        headers = table.get("headers")
+        for header in headers if isinstance(headers, dict) else ():
             if is_credential_header(header):
                 raise ConfigError(
                     f"{prefix}.headers.{header}: secrets are never read from the config file; "
                     f"name an environment variable in {prefix}.headers_env instead"
                 )
+
+
+def _toml_source(settings_cls: type[BaseSettings], path: str) -> PydanticBaseSettingsSource:
+    if not Path(path).is_file():
+        raise ConfigError(f"GATEWAY_CONFIG: file {path} does not exist")
+    try:
+        source = TomlConfigSettingsSource(settings_cls, toml_file=Path(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"GATEWAY_CONFIG: {path} is not valid TOML: {exc}") from None
+    _check_file(source.toml_data)
+    return source
+
+
+_TYPE_WORDS = {
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be a boolean",
+    "bool_parsing": "must be a boolean",
+    "string_type": "must be a string",
+    "tuple_type": "must be a list of strings",
+    "list_type": "must be a list of strings",
+    "dict_type": "must be a table of strings",
+    "dataclass_type": "must be a table",
+    "missing": "required",
+    "missing_argument": "required",
+    "extra_forbidden": "unknown setting in the config file",
+    "greater_than": "must be positive",
+    "unexpected_keyword_argument": "unknown setting in the config file",
+}
+
+
+def _describe(error: Any) -> str:
+    if error["type"] == "literal_error":
+        return f"must be {error['ctx']['expected']}"
+    return _TYPE_WORDS.get(error["type"], error["msg"])
+
+
+def _config_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> ConfigError:
+    """pydantic's first complaint as a start-up message that names the setting."""
+    error = exc.errors()[0]
+    loc = prefix + tuple(str(part) for part in error["loc"])
+    what = _describe(error)
+    if error["type"] in ("missing", "missing_argument", "extra_forbidden", "unexpected_keyword_argument"):
+        return ConfigError(f"{'.'.join(loc)}: {what}")
+    if len(loc) == 1 and error["type"] in ("dataclass_type", "dict_type"):
+        return ConfigError(f"[{loc[0]}]: must be a table")
+    name = ".".join(loc)
+    if (error["type"] in _TYPE_WORDS or error["type"] == "literal_error") and "input" in error:
+        what += f", got {error['input']!r}"
+    return ConfigError(f"{name}: {what}")
+
+
+class _SettingsBase(BaseSettings):
+    """Its sources: the environment over the TOML file; which environment and file, per load."""
+
+    model_config = SettingsConfigDict(extra="forbid", case_sensitive=True, frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _loading.get()
+        env_source = GatewayEnvSource(settings_cls, environ)
+        path = environ.get("GATEWAY_CONFIG", "")
+        return (env_source, _toml_source(settings_cls, path)) if path else (env_source,)
+
+
+# The environment of the load in progress (load_config's argument, or os.environ).
+_loading: ContextVar[typing.Mapping[str, str]] = ContextVar("gateway_config_environ")
+
+
+def _settings_class() -> type[BaseSettings]:
+    """A pydantic-settings class with the fields of :class:`Config` (declared once, there)."""
+    hints = typing.get_type_hints(Config, include_extras=True)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Config):
+        if f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
+        else:
+            fields[f.name] = (hints[f.name], f.default)
+    return create_model("GatewaySettings", __base__=_SettingsBase, **fields)  # type: ignore[no-any-return]
+
+
+_settings_cls: type[BaseSettings] | None = None
+
+
+def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
+    """Build the config from ``env`` (default: the process environment) and the TOML file."""
+    global _settings_cls
+    environ: typing.Mapping[str, str] = os.environ if env is None else env
+    if _settings_cls is None:
+        _settings_cls = _settings_class()
+    token = _loading.set(environ)
+    try:
+        settings = _settings_cls()
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+    finally:
+        _loading.reset(token)
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(Config)}
+    values["mcp_servers"] = _resolve_headers_env(values["mcp_servers"], environ)
+    if "WEB_SEARCH_API_KEY" not in environ:
+        key_env = values["web_search"].key_env
+        if key_env and key_env in environ:
+            values["web_search_api_key"] = environ[key_env]
+    try:
+        return Config(**values)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+
+
+def _resolve_headers_env(
+    servers: dict[str, McpServerConfig], env: typing.Mapping[str, str]
+) -> dict[str, McpServerConfig]:
+    """Each MCP server's ``headers_env``: header name -> the value of the variable it names."""
+    resolved = {}
+    for label, server in servers.items():
         secret: dict[str, str] = {}
-        for header, var in kwargs.get("headers_env", {}).items():
+        for header, var in server.headers_env.items():
             if var not in env:
-                raise ConfigError(f"{prefix}.headers_env.{header}: environment variable {var} is not set")
+                raise ConfigError(
+                    f"mcp_servers.{label}.headers_env.{header}: environment variable {var} is not set"
+                )
             secret[header] = env[var]
-        servers[label] = McpServerConfig(**kwargs, secret_headers=secret)
-    return servers
+        resolved[label] = dataclasses.replace(server, secret_headers=secret)
+    return resolved
 
 
-def _is_loopback_host(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -578,7 +676,7 @@ def _validate(c: Config) -> None:
         parts = urlsplit(c.auth.oidc_issuer)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"OIDC_ISSUER: not a URL: {c.auth.oidc_issuer!r}")
-        if parts.scheme == "http" and not _is_loopback_host(parts.hostname):
+        if parts.scheme == "http" and not is_loopback_host(parts.hostname):
             raise ConfigError("OIDC_ISSUER: must use https (plain http is allowed on loopback only)")
     if c.auth.oidc_rp_client_id:
         if not c.auth.oidc_issuer:
@@ -602,61 +700,6 @@ def _validate(c: Config) -> None:
             )
     if c.redis_url and urlsplit(c.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(f"REDIS_URL: must be a redis:// URL, got {c.redis_url!r}")
-    positive = {
-        "server.max_request_body_size_bytes": c.server.max_request_body_size_bytes,
-        "server.max_request_head_size_bytes": c.server.max_request_head_size_bytes,
-        "server.max_request_headers": c.server.max_request_headers,
-        "server.request_read_timeout_s": c.server.request_read_timeout_s,
-        "responses.max_retained_bytes": c.responses.max_retained_bytes,
-        "responses.max_upstream_sse_line_bytes": c.responses.max_upstream_sse_line_bytes,
-        "responses.max_stream_event_bytes": c.responses.max_stream_event_bytes,
-        "responses.max_rounds": c.responses.max_rounds,
-        "websocket.max_outstanding_requests": c.websocket.max_outstanding_requests,
-        "websocket.max_outstanding_request_bytes": c.websocket.max_outstanding_request_bytes,
-        "websocket.max_lanes": c.websocket.max_lanes,
-        "websocket.max_checkpoint_items": c.websocket.max_checkpoint_items,
-        "websocket.max_checkpoint_bytes": c.websocket.max_checkpoint_bytes,
-        "websocket.max_connection_checkpoint_bytes": c.websocket.max_connection_checkpoint_bytes,
-        "websocket.outbound_queue_events": c.websocket.outbound_queue_events,
-        "websocket.send_timeout_s": c.websocket.send_timeout_s,
-        "websocket.steer_max_queued": c.websocket.steer_max_queued,
-        "websocket.steer_input_bytes": c.websocket.steer_input_bytes,
-        "websocket.steer_settings_bytes": c.websocket.steer_settings_bytes,
-        "websocket.steer_failure_bytes": c.websocket.steer_failure_bytes,
-        "websocket.steer_target_ttl_s": c.websocket.steer_target_ttl_s,
-        "tools.max_concurrent_gateway_calls": c.tools.max_concurrent_gateway_calls,
-        "tools.call_timeout_s": c.tools.call_timeout_s,
-        "web_search.max_results": c.web_search.max_results,
-        "web_search.max_queries_per_call": c.web_search.max_queries_per_call,
-        "web_search.request_timeout_s": c.web_search.request_timeout_s,
-        "code_interpreter.cpu_time_s": c.code_interpreter.cpu_time_s,
-        "code_interpreter.wall_time_s": c.code_interpreter.wall_time_s,
-        "code_interpreter.memory_bytes": c.code_interpreter.memory_bytes,
-        "code_interpreter.max_processes": c.code_interpreter.max_processes,
-        "code_interpreter.max_output_bytes": c.code_interpreter.max_output_bytes,
-        "code_interpreter.max_file_size_bytes": c.code_interpreter.max_file_size_bytes,
-        "code_interpreter.tmp_size_bytes": c.code_interpreter.tmp_size_bytes,
-        "code_interpreter.max_code_bytes": c.code_interpreter.max_code_bytes,
-        "mcp.max_servers": c.mcp.max_servers,
-        "mcp.max_tools": c.mcp.max_tools,
-        "mcp.max_list_pages": c.mcp.max_list_pages,
-        "mcp.connect_timeout_s": c.mcp.connect_timeout_s,
-        "mcp.discovery_timeout_s": c.mcp.discovery_timeout_s,
-        "upstream.connect_timeout_s": c.upstream.connect_timeout_s,
-        "upstream.read_timeout_s": c.upstream.read_timeout_s,
-        "upstream.stall_timeout_s": c.upstream.stall_timeout_s,
-        "upstream.pool_size": c.upstream.pool_size,
-        "database.pool_max_size": c.database.pool_max_size,
-        "inference.tensor_parallel_size": c.inference.tensor_parallel_size,
-        "inference.stream_maxlen": c.inference.stream_maxlen,
-        "inference.stream_ttl_s": c.inference.stream_ttl_s,
-        "inference.heartbeat_interval_s": c.inference.heartbeat_interval_s,
-        "inference.worker_lost_after_s": c.inference.worker_lost_after_s,
-        "inference.cancel_poll_interval_s": c.inference.cancel_poll_interval_s,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{name}: must be positive, got {value}")
     if c.server.workers < 0:
         raise ConfigError(f"server.workers: must be 0 (automatic) or positive, got {c.server.workers}")
     if not 0 < c.server.port < 65536:
@@ -667,6 +710,12 @@ def _validate(c: Config) -> None:
         parts = urlsplit(c.web_search.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"WEB_SEARCH_BASE_URL: must be an http(s) URL, got {c.web_search.base_url!r}")
+    if c.web_fetch.max_redirects < 0:
+        raise ConfigError(f"web_fetch.max_redirects: must be 0 or more, got {c.web_fetch.max_redirects}")
+    for entry in c.messages.tool_aliases:
+        name, sep, tool = entry.partition("=")
+        if not sep or not name.strip() or tool.strip() not in ("web_search", "web_fetch"):
+            raise ConfigError(f"messages.tool_aliases: {entry!r} is not NAME=web_search or NAME=web_fetch")
     if c.inference.worker_lost_after_s <= c.inference.heartbeat_interval_s:
         raise ConfigError(
             "inference.worker_lost_after_s: must exceed inference.heartbeat_interval_s "
@@ -718,11 +767,16 @@ def replace(config: Config, **changes: Any) -> Config:
             nested.setdefault(sec, {})[sub] = value
         else:
             top[key] = value
-    for sec, subs in nested.items():
-        top[sec] = dataclasses.replace(getattr(config, sec), **subs)
-    new = dataclasses.replace(config, **top)
-    _validate(new)
-    return new
+    try:
+        for sec, subs in nested.items():
+            section = getattr(config, sec)
+            try:
+                top[sec] = dataclasses.replace(section, **subs)
+            except ValidationError as exc:
+                raise _config_error(exc, prefix=(sec,)) from None
+        return dataclasses.replace(config, **top)  # validated again, as a whole, in __post_init__
+    except ValidationError as exc:
+        raise _config_error(exc) from None
 
 
 def environ_get(name: str, default: str = "") -> str:

@@ -9,9 +9,14 @@ WebSocket error event.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 ANTHROPIC_PREFIX = "/v1/messages"
 
@@ -247,6 +252,121 @@ def refuse_too_long(value: Any, param: str, max_length: int) -> None:
             param=param,
             code="string_above_max_length",
         )
+
+
+# ------------------------------------------------------------------ pydantic validation -> OpenAI 400
+# What a type error expected, in OpenAI's words (pydantic's error type -> "expected X").
+_EXPECTED_TYPES = {
+    "string_type": "a string",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "dataclass_type": "an object",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "int_parsing_size": "an integer",
+    "float_type": "a decimal",
+    "float_parsing": "a decimal",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+}
+
+
+def quoted_list(values: Sequence[str]) -> str:
+    """``'a' and 'b'``, ``'a', 'b', and 'c'``: how OpenAI lists supported values."""
+    quoted = [f"'{v}'" for v in values]
+    if len(quoted) <= 2:
+        return " and ".join(quoted)
+    return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+
+
+def missing_parameter(param: str) -> BadRequest:
+    return BadRequest(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+def invalid_value(param: str, value: Any, supported: Sequence[str]) -> BadRequest:
+    return BadRequest(
+        f"Invalid value: '{value}'. Supported values are: {quoted_list(supported)}.",
+        param=param,
+        code="invalid_value",
+    )
+
+
+def _json_path(prefix: str, loc: tuple[Any, ...], data: Any, *, missing: bool) -> tuple[str, Any]:
+    """``input[0].content[1].text`` for a pydantic ``loc``, and the value found there.
+
+    Union branches and discriminator tags appear in ``loc`` but not in the data; walking the data
+    alongside drops them (a segment that is neither a key nor an index of the value at hand).
+    """
+    path = prefix
+    value = data
+    for i, segment in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(segment, int) and isinstance(value, list) and 0 <= segment < len(value):
+            path += f"[{segment}]"
+            value = value[segment]
+        elif (
+            isinstance(segment, str) and isinstance(value, dict) and (segment in value or (missing and last))
+        ):
+            # A missing field is named in loc and absent from the data.
+            path += f".{segment}" if path else segment
+            value = value.get(segment)
+    return path, value
+
+
+def validation_error(
+    exc: ValidationError, data: Any, *, param: str = "", tags: Sequence[str] | None = None
+) -> BadRequest:
+    """The one mapping of a pydantic :class:`ValidationError` to the OpenAI 400.
+
+    ``data`` is what was validated and ``param`` its JSON path in the request (``input[0]``; empty
+    for the whole body); ``tags``: the supported ``type`` values when a tagged union's tag is wrong
+    (default: the tags the union declares). A ``str | list`` field reports a failure per branch; the
+    one that got deepest into the data is about the branch the client chose.
+    """
+    located = [
+        (_json_path(param, tuple(f["loc"]), data, missing=f["type"] in ("missing", "missing_argument")), f)
+        for f in exc.errors(include_url=False)
+    ]
+    (path, value), first = max(located, key=lambda pair: pair[0][0].count(".") + pair[0][0].count("["))
+    kind = first["type"]
+    ctx = first.get("ctx") or {}
+    if kind in ("missing", "missing_argument"):
+        return missing_parameter(path)
+    if kind == "union_tag_invalid":
+        expected = tags if tags is not None else _quoted_words(str(ctx.get("expected_tags", "")))
+        return invalid_value(f"{path}.type" if path else "type", ctx.get("tag"), expected)
+    if kind == "union_tag_not_found":
+        return missing_parameter(f"{path}.type" if path else "type")
+    if kind == "literal_error":
+        return invalid_value(path, value, _quoted_words(str(ctx.get("expected", ""))))
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        below = kind.startswith("greater")
+        bound = ctx.get("ge", ctx.get("gt")) if below else ctx.get("le", ctx.get("lt"))
+        what = "integer" if isinstance(value, int) else "decimal"
+        return BadRequest(
+            f"Invalid '{path}': {what} {'below minimum' if below else 'above maximum'} value. "
+            f"Expected a value {'>=' if below else '<='} {bound}, but got {value} instead.",
+            param=path,
+            code=f"{what}_{'below_min' if below else 'above_max'}_value",
+        )
+    if kind in _EXPECTED_TYPES:
+        # ``content: str | list`` reports both branches; say both in one sentence.
+        branches = {f["type"] for (at, _), f in located if at == path}
+        if {"string_type", "list_type"} <= branches:
+            return invalid_type(path, "a string or an array", value)
+        return invalid_type(path, _EXPECTED_TYPES[kind], value)
+    return BadRequest(f"Invalid '{path}': {first['msg']}.", param=path or None, code="invalid_value")
+
+
+def _quoted_words(expected: str) -> list[str]:
+    """pydantic's ``'a', 'b' or 'c'`` as a list."""
+    return re.findall(r"'([^']*)'", expected)
 
 
 def is_anthropic_path(path: str) -> bool:

@@ -7,20 +7,24 @@ bodies are never rewritten, because Claude Code matches on their wording. ``x-ap
 own errors on these paths use the Anthropic envelope (``gateway.errors`` picks it by path), and a
 stream the upstream breaks off ends with an Anthropic ``error`` event.
 
-The gateway tool loop on this route (Claude's web search / web fetch server tools) is a later
-feature. Under ``manage.py serve`` a Messages request is usually relayed below ASGI
-(``gateway.relay.callbacks``), which never parses the body; a request that declares gateway tools
-must be routed to the ASGI fast path instead, where the loop goes (in place of
-:func:`gateway.passthrough.relay` for such a request). The one place that decides which requests the
-relay takes is :func:`gateway.relay.callbacks.start`.
+A request that declares a server tool the gateway runs (web search, web fetch) is not relayed: the
+route's ``divert`` (:func:`gateway.messages_tools.declares_gateway_tools`, the one decision) sends
+it to the server-tool loop on the ASGI path, from :func:`gateway.passthrough.relay` and from the
+callback relay below ASGI alike (``gateway.relay.callbacks``: it hands the request to the ASGI app
+once the body is in).
 """
 
 from __future__ import annotations
 
-from gateway import errors
+from gateway import errors, messages_tools
 from gateway.passthrough import Route
 
 ROUTES: dict[str, Route] = {
-    "/v1/messages": Route("/v1/messages", stream_error=errors.anthropic_sse_error),
+    "/v1/messages": Route(
+        "/v1/messages",
+        stream_error=errors.anthropic_sse_error,
+        divert=messages_tools.declares_gateway_tools,
+        diverted=messages_tools.serve,
+    ),
     "/v1/messages/count_tokens": Route("/v1/messages/count_tokens", stream_error=errors.anthropic_sse_error),
 }

@@ -51,6 +51,11 @@ class Route:
     # The event that ends an event stream the upstream broke off (stall or connection loss).
     stream_error: Callable[[errors.GatewayError], bytes] = openai_stream_error
     methods: frozenset[str] = field(default_factory=lambda: frozenset({"POST"}))
+    # A request whose body ``divert`` says yes to is served by ``diverted`` on the ASGI path instead
+    # of being relayed (the Messages server-tool loop); the relay below ASGI hands such a request
+    # to the ASGI app once its body is in. ``diverted`` gets the headers to forward.
+    divert: Callable[[bytes], bool] | None = None
+    diverted: Callable[..., Awaitable[None]] | None = None
 
 
 ROUTES: dict[str, Route] = {
@@ -219,6 +224,11 @@ async def relay(
         try:
             body = await read_body(receive, exchange)
         except ClientDisconnected:
+            return
+        if route.divert is not None and route.diverted is not None and route.divert(body):
+            await route.diverted(
+                scope, body, receive, send, headers=headers, extra_headers=extra_headers, exchange=exchange
+            )
             return
     response: UpstreamResponse | None = None
     try:

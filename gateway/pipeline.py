@@ -148,6 +148,16 @@ def finish(passage: Passage, status: int, route: str | None = None) -> None:
         request_id_var.reset(token)
 
 
+def release(passage: Passage) -> None:
+    """The request leaves this path unanswered, for another that admits and finishes it (the
+    callback relay handing a request to the ASGI path): in-flight and the log context undone,
+    nothing recorded."""
+    HTTP_IN_FLIGHT.dec()
+    token, passage.token = passage.token, None
+    if token is not None:
+        request_id_var.reset(token)
+
+
 def passage_of(scope: Mapping[str, Any]) -> Passage:
     """The passage ``GatewayASGIMiddleware`` opened for this ASGI request."""
     passage: Passage = scope[PASSAGE]

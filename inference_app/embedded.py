@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from gateway import errors
 from gateway.config import Config
 from inference_app.engine import EngineHost, Served, get_engine_host
-from inference_app.upstream import Body, UpstreamResponse, read_body
+from inference_app.upstream_types import Body, UpstreamResponse, read_body
 
 _END = object()
 

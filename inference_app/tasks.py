@@ -259,7 +259,7 @@ def get_runtime() -> WorkerRuntime:
         return _runtime
 
 
-@shared_task(name=streams.TASK_NAME, queue=streams.DEFAULT_QUEUE, acks_late=True, ignore_result=True)
+@shared_task(name=streams.TASK_NAME, acks_late=True, ignore_result=True)
 def generate_task(
     request_id: str, method: str, path: str, query: str, headers: list[list[str]], body_b64: str
 ) -> str:

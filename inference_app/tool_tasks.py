@@ -14,12 +14,12 @@ from celery import shared_task
 
 from gateway.config import get_config
 from inference_app.tools.base import ToolCall
-from inference_app.tools.dispatch import TOOL_TASK_NAME, TOOLS_QUEUE, _run_in_process
+from inference_app.tools.dispatch import TOOL_TASK_NAME, run_in_process
 
 
-@shared_task(name=TOOL_TASK_NAME, queue=TOOLS_QUEUE)
+@shared_task(name=TOOL_TASK_NAME)
 def run_gateway_tool(payload: dict[str, Any]) -> dict[str, Any]:
     """Run one gateway tool call on this worker, bounded by ``[tools] call_timeout_s``."""
     call = ToolCall.from_payload(payload)
-    result = asyncio.run(_run_in_process(call, get_config()))
+    result = asyncio.run(run_in_process(call, get_config()))
     return result.to_payload()

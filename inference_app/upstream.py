@@ -2,7 +2,8 @@
 
 ``Upstream.send(method, path, body=…, headers=…, query=…)`` returns an :class:`UpstreamResponse`:
 status, headers (hop-by-hop removed) and an async iterator over the body bytes exactly as the
-upstream sent them. Pass-through routes, the Responses executor and the Messages loop all call it;
+upstream sent them (the interface and its types: :mod:`inference_app.upstream_types`, which the
+implementations import; this module picks one in :func:`get_upstream`). Pass-through routes, the Responses executor and the Messages loop all call it;
 the HTTP and worker implementations behave the same, byte for byte.
 
 :class:`HttpUpstream` speaks HTTP/1.1 through :mod:`inference_app.http_client` (a keep-alive pool per
@@ -16,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from gateway import errors
 from gateway.config import Config, get_config
 from inference_app.http_client import HttpPool, ResponseBody
+from inference_app.upstream_types import Body, Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.upstream")
 
@@ -43,83 +45,6 @@ HOP_BY_HOP = frozenset(
 _RESPONSE_SKIP = HOP_BY_HOP | {"server", "date"}
 # Dropped from client requests before forwarding (``expect`` is answered by our own server).
 _REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length", "expect"}
-
-Body = bytes | AsyncIterable[bytes] | None
-
-
-async def read_body(body: Body) -> bytes:
-    """A request body in one piece (for upstreams that cannot stream a request body)."""
-    if body is None:
-        return b""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    return b"".join([chunk async for chunk in body])
-
-
-class UpstreamResponse:
-    """An upstream answer whose body is read lazily, chunk by chunk, as it arrives."""
-
-    def __init__(
-        self,
-        status: int,
-        headers: list[tuple[str, str]],
-        chunks: AsyncIterator[bytes],
-        close: Any = None,
-    ) -> None:
-        self.status = status
-        self.headers = headers
-        self._chunks = chunks
-        self._close = close
-
-    def header(self, name: str) -> str | None:
-        name = name.lower()
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
-
-    @property
-    def content_type(self) -> str:
-        return (self.header("content-type") or "").split(";")[0].strip().lower()
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._chunks
-
-    @property
-    def complete(self) -> bool:
-        """Whether the body is known to have arrived whole (an HTTP body that has seen its end);
-        False when that cannot be told (a worker's or the embedded engine's stream)."""
-        return bool(getattr(self._chunks, "complete", False))
-
-    async def read(self) -> bytes:
-        parts = [chunk async for chunk in self._chunks]
-        return b"".join(parts)
-
-    async def aclose(self) -> None:
-        # The body iterator first: a fully read body hands its connection back to the pool there;
-        # only then is whatever is left (an unread or partly read body) closed for good.
-        aclose = getattr(self._chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        if self._close is not None:
-            close, self._close = self._close, None
-            close()
-
-
-class Upstream(Protocol):
-    async def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Body = None,
-        headers: Mapping[str, str] | None = None,
-        query: str = "",
-    ) -> UpstreamResponse: ...
-
-    async def ready(self, timeout: float) -> None:
-        """Return when the backend answers; raise when it does not."""
-        ...
 
 
 def forward_headers(

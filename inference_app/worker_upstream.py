@@ -31,7 +31,7 @@ import orjson
 from gateway import errors
 from gateway.config import Config
 from inference_app import streams
-from inference_app.upstream import Body, UpstreamResponse, read_body
+from inference_app.upstream_types import Body, UpstreamResponse, read_body
 
 log = logging.getLogger("inference.upstream")
 
@@ -48,7 +48,7 @@ class WorkerUpstream:
     def __init__(self, config: Config) -> None:
         from celery import Celery
 
-        from gateway.celery import configure
+        from inference_app.celery_config import configure
 
         self.config = config
         self.celery = configure(Celery("gateway-inference-client"), config)

@@ -239,23 +239,6 @@ def summary_message(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def history_model_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stored or replayed history as the upstream sees it outside a running response (the compact
-    endpoint): gateway tool items in their function-call form, client tools under flat names."""
-    from responses_app import tool_loop, translate
-
-    requests = {
-        item["id"]: item
-        for item in items
-        if item.get("type") == "mcp_approval_request" and isinstance(item.get("id"), str)
-    }
-    viewed: list[dict[str, Any]] = []
-    for item in items:
-        viewed += tool_loop.model_view(item, item.get(tool_loop.PRIVATE_KEY), requests)
-    tool_map = translate.ToolMap.build(None)
-    return [tool_map.upstream_item(item) for item in model_view(viewed)]
-
-
 # --- the window ---------------------------------------------------------------------------------
 
 

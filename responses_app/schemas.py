@@ -98,86 +98,6 @@ class ResponseCreateRequest(BaseModel):
         return self.store is not False
 
 
-_EXPECTED = {
-    "int": "an integer",
-    "float": "a decimal",
-    "str": "a string",
-    "bool": "a boolean",
-    "dict": "an object",
-    "list": "an array",
-    "model": "an object",
-}
-
-
-def _param(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("str", "int", "float", "bool", "none") or (
-            isinstance(part, str) and ("[" in part or part[:1].isupper() or part.startswith("literal"))
-        ):
-            continue  # pydantic's union-member labels are not part of the JSON path
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def validation_error(exc: ValidationError) -> errors.BadRequest:
-    """The first pydantic error as an OpenAI-style 400 (``param`` is the JSON path)."""
-    err = exc.errors(include_url=False)[0]
-    kind = err["type"]
-    param = _param(tuple(err["loc"]))
-    value = err.get("input")
-    ctx = err.get("ctx") or {}
-    if kind == "missing":
-        return errors.BadRequest(
-            f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
-        )
-    if kind == "literal_error":
-        expected = ctx.get("expected", "")
-        return errors.BadRequest(
-            f"Invalid value: {orjson.dumps(value).decode()}. Supported values are: {expected}.",
-            param=param,
-            code="invalid_value",
-        )
-    if kind in ("greater_than_equal", "greater_than"):
-        bound = ctx.get("ge", ctx.get("gt"))
-        code = "integer_below_min_value" if isinstance(value, int) else "decimal_below_min_value"
-        what = "integer" if isinstance(value, int) else "decimal"
-        return errors.BadRequest(
-            f"Invalid '{param}': {what} below minimum value. Expected a value >= {bound}, "
-            f"but got {value} instead.",
-            param=param,
-            code=code,
-        )
-    if kind in ("less_than_equal", "less_than"):
-        bound = ctx.get("le", ctx.get("lt"))
-        code = "integer_above_max_value" if isinstance(value, int) else "decimal_above_max_value"
-        what = "integer" if isinstance(value, int) else "decimal"
-        return errors.BadRequest(
-            f"Invalid '{param}': {what} above maximum value. Expected a value <= {bound}, "
-            f"but got {value} instead.",
-            param=param,
-            code=code,
-        )
-    if kind in ("int_from_float", "int_parsing_size"):
-        return errors.BadRequest(
-            f"Invalid type for '{param}': expected an integer, but got {errors.json_type_name(value)} instead.",
-            param=param,
-            code="invalid_type",
-        )
-    base = kind.split("_")[0]
-    expected = _EXPECTED.get(base, "a valid value")
-    if kind == "union_tag_invalid" or base not in _EXPECTED:
-        expected = "a valid value"
-    return errors.BadRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {errors.json_type_name(value)} instead.",
-        param=param,
-        code="invalid_type",
-    )
-
-
 def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, Any]]:
     """The typed request and the raw JSON object (for forwarding and echoing)."""
     try:
@@ -195,7 +115,7 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
     try:
         request = ResponseCreateRequest.model_validate(raw, strict=False)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise errors.validation_error(exc, raw) from None
     _check_strict_types(raw)
     _check_items_and_tools(request)
     _check_stored_lengths(request)

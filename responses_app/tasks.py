@@ -245,7 +245,6 @@ class _NotStarted(Exception):
 
 @shared_task(
     name="responses.run_background",
-    queue="responses",
     # Nobody reads its result (the row is the result); and sending it then needs no result backend.
     ignore_result=True,
     # Until the database answers again: a task that gave up would leave its row queued for good.

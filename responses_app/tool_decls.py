@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
-from conversations_app.schemas import error_from_pydantic
 from gateway import errors
 
 
@@ -69,7 +68,7 @@ def check_declared_tool(tool: dict[str, Any], param: str, *, members: tuple[str,
     try:
         model.model_validate(tool)
     except ValidationError as exc:
-        raise error_from_pydantic(exc, param, tool) from None
+        raise errors.validation_error(exc, tool, param=param) from None
     if kind == "namespace":
         for index, member in enumerate(tool["tools"]):
             check_declared_tool(member, f"{param}.tools[{index}]", members=("function", "custom"))

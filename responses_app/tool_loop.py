@@ -47,6 +47,7 @@ from inference_app.tools import (
 )
 from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, error_output, mcp_function_name
 from inference_app.tools.mcp import check_server_allowed
+from responses_app import compaction, translate
 
 if TYPE_CHECKING:
     from responses_app.domain import Emitting, Prepared
@@ -672,3 +673,18 @@ def _code_of(arguments: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("code"), str):
         return str(value["code"])
     return arguments
+
+
+def history_model_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stored or replayed history as the upstream sees it outside a running response (the compact
+    endpoint; here rather than in compaction, which tool_loop's importers reach): gateway tool items in their function-call form, client tools under flat names."""
+    requests = {
+        item["id"]: item
+        for item in items
+        if item.get("type") == "mcp_approval_request" and isinstance(item.get("id"), str)
+    }
+    viewed: list[dict[str, Any]] = []
+    for item in items:
+        viewed += model_view(item, item.get(PRIVATE_KEY), requests)
+    tool_map = translate.ToolMap.build(None)
+    return [tool_map.upstream_item(item) for item in compaction.model_view(viewed)]

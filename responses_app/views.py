@@ -22,7 +22,7 @@ from responses_app.domain import Prepared
 from responses_app.events import Event
 from responses_app.executor import Executor
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
-from responses_app.tool_loop import ToolLoop, public_item
+from responses_app.tool_loop import ToolLoop, history_model_items, public_item
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -380,7 +380,7 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
         config=config,
         headers=prepared.headers,
         model=parsed.model,
-        model_items=compaction.history_model_items(items),
+        model_items=history_model_items(items),
         instructions=parsed.instructions,
         forwarded=compaction.forwarded_fields(fields, prepared.prompt_cache_options),
     )

@@ -689,3 +689,88 @@ async def _parse_form(request: web.Request, body: bytes) -> dict[str, Any]:
         payload = part.get_payload(decode=True)
         form[name] = (filename, payload) if filename else payload.decode()
     return form
+
+
+def anthropic_tool_message(
+    calls: Iterable[tuple[str, str, dict[str, Any]]],
+    *,
+    text: str | None = None,
+    stop_reason: str = "tool_use",
+    usage: dict[str, Any] | None = None,
+    model: str = MODEL,
+) -> dict[str, Any]:
+    """vLLM's ``/v1/messages`` answer with tool calls: ``(id, name, input)`` each, after ``text``."""
+    message = anthropic_message(text or "", model=model)
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content += [{"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in calls]
+    message["content"] = content
+    message["stop_reason"] = stop_reason
+    if usage is not None:
+        message["usage"] = usage
+    return message
+
+
+def anthropic_tool_events(
+    calls: Iterable[tuple[str, str, dict[str, Any]]],
+    *,
+    text: str | None = None,
+    stop_reason: str = "tool_use",
+    usage: dict[str, Any] | None = None,
+    final_usage: dict[str, Any] | None = None,
+    model: str = MODEL,
+) -> list[bytes]:
+    """vLLM's streamed ``/v1/messages`` with tool calls: a ``tool_use`` block each (input as
+    ``input_json_delta`` pieces), after an optional text block."""
+    start = anthropic_message("", model=model)
+    start["content"] = []
+    start["stop_reason"] = None
+    start["usage"] = usage or {"input_tokens": 13, "output_tokens": 0}
+    events = [anthropic_event("message_start", {"type": "message_start", "message": start})]
+    index = 0
+    if text:
+        events += [
+            anthropic_event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
+            anthropic_event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+            ),
+            anthropic_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ]
+        index = 1
+    for call_id, name, arguments in calls:
+        block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        raw = dumps(arguments).decode()
+        half = len(raw) // 2
+        events.append(
+            anthropic_event(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+            )
+        )
+        for piece in (raw[:half], raw[half:]):
+            events.append(
+                anthropic_event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": piece},
+                    },
+                )
+            )
+        events.append(anthropic_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
+    events.append(
+        anthropic_event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": final_usage or {"output_tokens": 5},
+            },
+        )
+    )
+    events.append(anthropic_event("message_stop", {"type": "message_stop"}))
+    return events

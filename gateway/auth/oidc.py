@@ -21,7 +21,6 @@ never be used as an HMAC secret.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import weakref
@@ -29,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import jwt
 
 from gateway import errors
-from gateway.config import AuthConfig, Config, _is_loopback_host
+from gateway.config import AuthConfig, Config, is_loopback_host
+from inference_app import outbound
 
 log = logging.getLogger("gateway.auth")
 
@@ -84,62 +83,29 @@ def check_provider_url(name: str, url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme == "https" and parts.hostname:
         return
-    if parts.scheme == "http" and parts.hostname and _is_loopback_host(parts.hostname):
+    if parts.scheme == "http" and parts.hostname and is_loopback_host(parts.hostname):
         return
     raise ProviderError(f"{name} must be an https URL (plain http only on loopback), got {url!r}")
 
 
 async def fetch_json(url: str, auth: AuthConfig) -> Any:
     """GET ``url`` and parse JSON, bounded by ``http_timeout_s`` and ``max_provider_response_bytes``."""
-    limit = auth.max_provider_response_bytes
-    timeout = aiohttp.ClientTimeout(total=auth.http_timeout_s)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(url, allow_redirects=False, headers={"Accept": "application/json"}) as resp,
-        ):
-            if resp.status != 200:
-                raise ProviderError(f"{url} answered HTTP {resp.status}")
-            if resp.content_length is not None and resp.content_length > limit:
-                raise ProviderError(f"{url} answered {resp.content_length} bytes (limit {limit})")
-            body = bytearray()
-            while True:
-                chunk = await resp.content.readany()
-                if not chunk:
-                    break
-                body += chunk
-                if len(body) > limit:
-                    raise ProviderError(f"{url} answered more than {limit} bytes")
-    except TimeoutError:
-        raise ProviderError(f"{url} did not answer within {auth.http_timeout_s:g}s") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise ProviderError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
-    try:
-        return json.loads(bytes(body))
-    except ValueError:
-        raise ProviderError(f"{url} did not answer JSON") from None
+        return await outbound.get_json(
+            url, timeout_s=auth.http_timeout_s, max_bytes=auth.max_provider_response_bytes
+        )
+    except outbound.OutboundError as exc:
+        raise ProviderError(str(exc)) from None
 
 
 def fetch_json_sync(url: str, auth: AuthConfig) -> Any:
     """The blocking twin of :func:`fetch_json` for sync code (admin single sign-on)."""
-    import requests
-
-    limit = auth.max_provider_response_bytes
     try:
-        with requests.get(url, timeout=auth.http_timeout_s, stream=True, allow_redirects=False) as resp:
-            if resp.status_code != 200:
-                raise ProviderError(f"{url} answered HTTP {resp.status_code}")
-            body = bytearray()
-            for chunk in resp.iter_content(65536):
-                body += chunk
-                if len(body) > limit:
-                    raise ProviderError(f"{url} answered more than {limit} bytes")
-    except requests.RequestException as exc:
-        raise ProviderError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
-    try:
-        return json.loads(bytes(body))
-    except ValueError:
-        raise ProviderError(f"{url} did not answer JSON") from None
+        return outbound.get_json_sync(
+            url, timeout_s=auth.http_timeout_s, max_bytes=auth.max_provider_response_bytes
+        )
+    except outbound.OutboundError as exc:
+        raise ProviderError(str(exc)) from None
 
 
 def discovery_url(issuer: str) -> str:

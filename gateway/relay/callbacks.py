@@ -36,7 +36,7 @@ from gateway.auth import AuthResult
 from gateway.config import get_config
 from gateway.logging import request_id_var
 from gateway.passthrough import SSE_CONTENT_TYPE, RawHeaders, Route
-from gateway.pipeline import Passage, admit, admit_waiting, finish
+from gateway.pipeline import Passage, admit, admit_waiting, finish, release
 from inference_app.http_client import Connection, HttpPool, describe
 from inference_app.upstream import HttpUpstream, forward_headers, get_upstream
 
@@ -59,6 +59,8 @@ class Host(Protocol):
     tasks: set[asyncio.Task[None]]
     flow: Flow
     relay: Relay | None
+
+    def serve_asgi(self, cycle: Any, body: bytes) -> None: ...
 
 
 def start(protocol: Host, cycle: Any, route: Route) -> bool:
@@ -209,6 +211,10 @@ class Relay:
         self.body = bytes(cycle.body)
         cycle.body = bytearray()
         self.body_in = True
+        divert = self.route.divert
+        if divert is not None and divert(self.body):
+            self._to_asgi()
+            return
         if self.forwarded is not None:
             token = _enter(self.rid)
             try:
@@ -217,6 +223,20 @@ class Relay:
                 self._unexpected()
             finally:
                 _leave(token)
+
+    def _to_asgi(self) -> None:
+        """The body says the ASGI app serves this request (``Route.divert``, the Messages server-tool
+        loop): the relay steps aside unanswered and the protocol hands the request over; the ASGI
+        path admits and finishes it."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()  # admission still waiting: the ASGI path admits the request again
+        self.over = True
+        protocol = self.protocol
+        if protocol.relay is self:
+            protocol.relay = None
+        release(self.passage)
+        protocol.serve_asgi(self.cycle, self.body)
 
     def _send_body(self) -> None:
         assert self.forwarded is not None

@@ -321,6 +321,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 
 _callbacks_module: Any = None
+# Scope key of a request the relay handed to the ASGI app (GatewayServerProtocol.serve_asgi).
+_DIVERTED = "gateway.diverted"
 
 
 def _callbacks() -> Any:
@@ -460,10 +462,32 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         self.cycle = previous
         return False
 
+    def serve_asgi(self, cycle: Any, body: bytes) -> None:
+        """Hand a request the relay took to the ASGI app after all, its body read in full: the
+        body decided (``Route.divert``, the Messages server-tool loop). Called as that body
+        completes, so the parser is still on this request and uvicorn's scope and cycle can be built
+        for it as for any other."""
+        if type(cycle) is LeanCycle:
+            cycle.response_complete = True  # the stand-in is done with: uvicorn's cycle takes over
+            self._scope()
+            scope: Any = self.scope
+            scope[_DIVERTED] = True
+            HttpToolsProtocol.on_headers_complete(self)  # builds the cycle and starts the app's task
+            cycle = self.cycle
+            start = False
+        else:
+            cycle.scope[_DIVERTED] = True
+            start = True
+        cycle.body = body
+        cycle.more_body = False
+        cycle.message_event.set()
+        if start:
+            HttpToolsProtocol._start_asgi_task(self, cycle, self.app)
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         # A pipelined request, its turn come: the relay takes it if it can (it was queued with
         # uvicorn's cycle); everything else runs the ASGI app.
-        found = self._lean_route(cycle.scope["path"])
+        found = None if _DIVERTED in cycle.scope else self._lean_route(cycle.scope["path"])
         if found is not None and _callbacks().start(self, cycle, found):
             return
         super()._start_asgi_task(cycle, app)

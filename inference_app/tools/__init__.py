@@ -1,7 +1,8 @@
-"""Gateway-executed tools (web search, code interpreter, MCP): the library the tool loop calls.
+"""Gateway-executed tools (web search, web fetch, code interpreter, MCP): the library the tool
+loops call.
 
-See ``docs/tools.md`` for the integration contract. Everything the Responses executor needs is
-re-exported here.
+See ``docs/tools.md`` for the integration contract. Everything the Responses executor and the
+Messages server-tool loop (``gateway.messages_tools``) need is re-exported here.
 """
 
 from inference_app.tools.base import (
@@ -12,9 +13,11 @@ from inference_app.tools.base import (
     ToolCall,
     ToolResult,
     ToolSet,
-    classify_tools,
-    run_gateway_calls,
+    single_query_web_search_function,
+    web_fetch_function,
 )
+from inference_app.tools.classify import classify_tools
+from inference_app.tools.dispatch import run_gateway_calls
 from inference_app.tools.limits import ToolCallBudget, limit_output, validate_max_tool_calls
 from inference_app.tools.mcp import (
     McpListing,
@@ -43,7 +46,9 @@ __all__ = [
     "listings_from_items",
     "requires_approval",
     "run_gateway_calls",
+    "single_query_web_search_function",
     "strip_credentials",
     "strip_tools_credentials",
     "validate_max_tool_calls",
+    "web_fetch_function",
 ]

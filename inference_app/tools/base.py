@@ -16,17 +16,13 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
-from gateway.config import Config, get_config
-from gateway.errors import BadRequest
+from gateway.config import Config
 
-if TYPE_CHECKING:
-    from inference_app.tools.mcp import McpListing
-
-GatewayKind = Literal["web_search", "code_interpreter", "mcp"]
+GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp"]
 Owner = Literal["client", "gateway", "unknown"]
 
 CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell"})
@@ -66,6 +62,10 @@ class FunctionDef:
             "parameters": self.parameters,
             "strict": False,
         }
+
+    def as_anthropic_tool(self) -> dict[str, Any]:
+        """An Anthropic Messages custom tool (``/v1/messages`` upstream)."""
+        return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
     def as_chat_tool(self) -> dict[str, Any]:
         """A Chat Completions function tool (``/v1/chat/completions`` upstream)."""
@@ -174,6 +174,10 @@ class ToolResult:
     # MCP only: "tool_execution" when the tool itself reported the error (``isError``); otherwise
     # the call failed on the way (connection, protocol, timeout, policy).
     error_type: str | None = None
+    # What the Anthropic Messages blocks show: web_search ``results`` (title, url, snippet),
+    # web_fetch ``url`` / ``title`` / ``text`` / ``retrieved_at``, and on a failure ``error_code``
+    # (Anthropic's code for it).
+    details: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -235,6 +239,42 @@ def web_search_function(tool: Mapping[str, Any], index: int, config: Config) -> 
     )
 
 
+def single_query_web_search_function(name: str, index: int) -> FunctionDef:
+    """Web search as Anthropic's server tool takes it: one ``query`` per call (Messages)."""
+    return FunctionDef(
+        name=name,
+        kind="web_search",
+        description=(
+            "Search the web for current information. Give one short search query; the results come "
+            "back as titles, URLs and snippets to cite."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "The search query."}},
+            "required": ["query"],
+        },
+        tool_index=index,
+    )
+
+
+def web_fetch_function(name: str, index: int) -> FunctionDef:
+    """Web fetch (Messages): the text of one http(s) page."""
+    return FunctionDef(
+        name=name,
+        kind="web_fetch",
+        description=(
+            "Fetch the page at an http(s) URL and get its text (HTML is converted to text; PDF and "
+            "binary types are not supported)."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "The URL to fetch."}},
+            "required": ["url"],
+        },
+        tool_index=index,
+    )
+
+
 def code_interpreter_function(tool: Mapping[str, Any], index: int, config: Config) -> FunctionDef:
     return FunctionDef(
         name=CODE_INTERPRETER_FUNCTION,
@@ -269,6 +309,28 @@ def mcp_function_name(label: str, tool_name: str) -> str:
 
 
 # --- classification ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class McpListing:
+    """One server's discovered tools (the public ``mcp_list_tools`` item), or its error."""
+
+    server_label: str
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def item_fields(self) -> dict[str, Any]:
+        """``server_label``, ``tools`` and ``error`` of the public ``mcp_list_tools`` item."""
+        return {"server_label": self.server_label, "tools": self.tools, "error": self.error}
+
+    @property
+    def retained_bytes(self) -> int:
+        """What this listing costs against ``[responses] max_retained_bytes``."""
+        return len(orjson.dumps(self.item_fields()))
 
 
 @dataclass(frozen=True)
@@ -355,107 +417,6 @@ class ToolSet:
                     ambiguous.add(fn.name)
                 functions[fn.name] = fn
         return dataclasses.replace(self, functions=functions, ambiguous=frozenset(ambiguous))
-
-
-def _tool_type(tool: Any) -> str | None:
-    if isinstance(tool, Mapping) and isinstance(tool.get("type"), str):
-        return str(tool["type"])
-    return None
-
-
-def _client_names(tool: Mapping[str, Any]) -> list[str]:
-    kind = tool["type"]
-    if kind in ("function", "custom"):
-        name = tool.get("name")
-        return [name] if isinstance(name, str) else []
-    if kind == "namespace":
-        members = tool.get("tools")
-        names: list[str] = []
-        if isinstance(members, list):
-            for member in members:
-                if isinstance(member, Mapping) and isinstance(member.get("name"), str):
-                    names.append(member["name"])
-        return names
-    if kind == "shell":
-        return ["shell"]
-    return []
-
-
-def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None) -> ToolSet:
-    """Classify ``tools`` (the request's list, as sent) into client and gateway tools.
-
-    Validates the MCP declarations (label, server, limit of ``[mcp] max_servers``) and raises
-    :class:`BadRequest` naming ``tools[<i>]…``. Network checks of ``server_url`` happen in
-    :func:`inference_app.tools.mcp.discover_mcp_tools`, before any connection.
-    """
-    from inference_app.tools.mcp import resolve_mcp_declaration
-
-    config = config or get_config()
-    tools = list(tools or [])
-    client_tools: list[dict[str, Any]] = []
-    client_names: list[str] = []
-    functions: dict[str, FunctionDef] = {}
-    ambiguous: set[str] = set()
-    unknown: list[int] = []
-    servers: list[McpServer] = []
-    declarations: list[dict[str, Any]] = []
-
-    mcp_count = sum(1 for t in tools if _tool_type(t) == "mcp")
-    if mcp_count > config.mcp.max_servers:
-        raise BadRequest(
-            f"Too many MCP servers: {mcp_count} declared, at most {config.mcp.max_servers} are allowed.",
-            param="tools",
-            code="array_above_max_length",
-        )
-
-    def claim(fn: FunctionDef) -> None:
-        if fn.name in functions:
-            ambiguous.add(fn.name)
-        functions[fn.name] = fn
-
-    for index, tool in enumerate(tools):
-        kind = _tool_type(tool)
-        declarations.append(dict(tool) if isinstance(tool, Mapping) else {})
-        if kind in CLIENT_TOOL_TYPES:
-            client_tools.append(dict(tool))
-            client_names.extend(_client_names(tool))
-        elif kind in WEB_SEARCH_TYPES:
-            claim(web_search_function(tool, index, config))
-        elif kind == "code_interpreter":
-            claim(code_interpreter_function(tool, index, config))
-        elif kind == "mcp":
-            server = resolve_mcp_declaration(tool, index, config)
-            if any(s.label == server.label for s in servers):
-                raise BadRequest(
-                    f"Duplicate MCP server_label {server.label!r}: each MCP server needs its own label.",
-                    param=f"tools[{index}].server_label",
-                    code="invalid_value",
-                )
-            servers.append(server)
-        else:
-            unknown.append(index)
-
-    names = set(client_names)
-    duplicates = {n for n in client_names if client_names.count(n) > 1}
-    ambiguous |= duplicates | (names & set(functions))
-    return ToolSet(
-        client_tools=tuple(client_tools),
-        client_names=frozenset(names),
-        functions=functions,
-        mcp_servers=tuple(servers),
-        unknown=tuple(unknown),
-        ambiguous=frozenset(ambiguous),
-        declarations=tuple(declarations),
-    )
-
-
-async def run_gateway_calls(
-    calls: Sequence[ToolCall], *, config: Config | None = None, celery_app: Any = None
-) -> list[ToolResult]:
-    """Run one round of gateway calls; see :func:`inference_app.tools.dispatch.run_gateway_calls`."""
-    from inference_app.tools.dispatch import run_gateway_calls as run
-
-    return await run(calls, config=config, celery_app=celery_app)
 
 
 def is_valid_function_name(name: str) -> bool:

@@ -33,11 +33,14 @@ async def execute_call(call: ToolCall, config: Config) -> ToolResult:
     """Run one call here and now (the body of both modes); unexpected errors become failures."""
     from inference_app.tools.mcp import call_mcp_tool
     from inference_app.tools.sandbox import run_code_interpreter
+    from inference_app.tools.web_fetch import run_web_fetch
     from inference_app.tools.web_search import run_web_search
 
     try:
         if call.kind == "web_search":
             return await run_web_search(call, config)
+        if call.kind == "web_fetch":
+            return await run_web_fetch(call, config)
         if call.kind == "code_interpreter":
             return await run_code_interpreter(call, config)
         if call.kind == "mcp":
@@ -59,7 +62,7 @@ def carries_credentials(call: ToolCall) -> bool:
     return call.kind == "mcp" and bool(call.tool.get("headers"))
 
 
-async def _run_in_process(call: ToolCall, config: Config) -> ToolResult:
+async def run_in_process(call: ToolCall, config: Config) -> ToolResult:
     timeout = config.tools.call_timeout_s
     try:
         return await asyncio.wait_for(execute_call(call, config), timeout)
@@ -174,14 +177,16 @@ async def run_gateway_calls(
     dispatcher: CeleryDispatcher | None = None
     if config.broker_enabled:
         if celery_app is None:
-            from gateway.celery import app as celery_app
+            from inference_app.celery_config import client_app
+
+            celery_app = client_app(config, "gateway-tools-client")
         dispatcher = CeleryDispatcher(celery_app, config)
 
     async def one(call: ToolCall) -> ToolResult:
         async with limit:
             if dispatcher is not None and not carries_credentials(call):
                 return await dispatcher.run(call)
-            return await _run_in_process(call, config)
+            return await run_in_process(call, config)
 
     try:
         return list(await asyncio.gather(*(one(c) for c in calls)))

@@ -17,12 +17,9 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -30,7 +27,8 @@ import orjson
 
 from gateway.config import Config, McpServerConfig
 from gateway.errors import BadRequest
-from inference_app.tools.base import McpServer, ToolCall, ToolResult, ToolSet, is_valid_label
+from inference_app.tools.base import McpListing, McpServer, ToolCall, ToolResult, ToolSet, is_valid_label
+from inference_app.tools.hosts import HostRefused, check_public_host, host_listed
 
 CREDENTIAL_KEYS = ("headers", "authorization")
 CLIENT_NAME = "agentic-gateway"
@@ -245,38 +243,6 @@ def call_requires_approval(toolset: ToolSet, function_name: str) -> bool:
 # --- host policy ---------------------------------------------------------------------------------
 
 
-def _host_listed(host: str, patterns: Iterable[str]) -> tuple[bool, bool]:
-    """(allowed, exact): whether ``host`` matches ``allowed_hosts``, and by an exact entry."""
-    host = host.lower().rstrip(".")
-    matched = False
-    for raw in patterns:
-        pattern = raw.strip().lower().rstrip(".")
-        if not pattern:
-            continue
-        if pattern == host or pattern.strip("[]") == host:
-            return True, True
-        if pattern == "*" or (pattern.startswith("*.") and host.endswith(pattern[1:])):
-            matched = True
-    return matched, False
-
-
-def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified)
-
-
-async def _resolve(host: str, port: int) -> list[str]:
-    try:
-        return [ipaddress.ip_address(host).compressed]
-    except ValueError:
-        pass
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
-
-
 async def check_server_allowed(server: McpServer, config: Config) -> None:
     """Refuse (400) a request-declared server whose host is not allowed, before connecting.
 
@@ -287,7 +253,7 @@ async def check_server_allowed(server: McpServer, config: Config) -> None:
     param = f"tools[{server.tool_index}].server_url"
     parts = urlsplit(server.url)
     host = (parts.hostname or "").lower()
-    allowed, exact = _host_listed(host, config.mcp.allowed_hosts)
+    allowed, _exact = host_listed(host, config.mcp.allowed_hosts)
     if not allowed:
         raise BadRequest(
             f"MCP server host {host!r} is not allowed: the gateway operator lists permitted hosts in "
@@ -295,22 +261,20 @@ async def check_server_allowed(server: McpServer, config: Config) -> None:
             param=param,
             code="invalid_value",
         )
-    if exact:
-        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        addresses = await _resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
-    except OSError:
-        raise BadRequest(
-            f"MCP server host {host!r} could not be resolved.", param=param, code="invalid_value"
-        ) from None
-    private = [a for a in addresses if not _is_public(a)]
-    if private or not addresses:
+        await check_public_host(host, port, config.mcp.allowed_hosts)
+    except HostRefused as exc:
+        if exc.unresolvable:
+            raise BadRequest(
+                f"MCP server host {host!r} could not be resolved.", param=param, code="invalid_value"
+            ) from None
         raise BadRequest(
             f"MCP server host {host!r} resolves to a loopback, private or link-local address; "
             "only hosts listed exactly in [mcp] allowed_hosts may do so.",
             param=param,
             code="invalid_value",
-        )
+        ) from None
 
 
 # --- connections ---------------------------------------------------------------------------------
@@ -361,28 +325,6 @@ def _describe_error(exc: BaseException) -> str:
 
 
 # --- discovery -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class McpListing:
-    """One server's discovered tools (the public ``mcp_list_tools`` item), or its error."""
-
-    server_label: str
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def item_fields(self) -> dict[str, Any]:
-        """``server_label``, ``tools`` and ``error`` of the public ``mcp_list_tools`` item."""
-        return {"server_label": self.server_label, "tools": self.tools, "error": self.error}
-
-    @property
-    def retained_bytes(self) -> int:
-        """What this listing costs against ``[responses] max_retained_bytes``."""
-        return len(orjson.dumps(self.item_fields()))
 
 
 def _tool_entry(tool: Any) -> dict[str, Any]:

@@ -15,17 +15,23 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 from gateway.config import Config
+from inference_app import outbound
 from inference_app.tools.base import ToolCall, ToolResult
 
 USER_AGENT = "agentic-gateway-web-search/1"
+# A provider answer larger than this is refused rather than read (a page of results is ~100 KiB).
+MAX_PROVIDER_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class SearchError(Exception):
     """A provider answered with an error, or could not be reached; the message names it."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -106,43 +112,62 @@ def _provider_message(status: int, body: bytes) -> str:
     return (text or "no message")[:500]
 
 
-async def _fetch(session: aiohttp.ClientSession, method: str, url: str, provider: str, **kwargs: Any) -> Any:
+async def _fetch(client: outbound.Client, method: str, url: str, provider: str, **kwargs: Any) -> Any:
     try:
-        async with session.request(method, url, **kwargs) as resp:
-            body = await resp.read()
-            if resp.status != 200:
-                message = _provider_message(resp.status, body)
-                raise SearchError(f"{provider} answered {resp.status}: {message}")
-            try:
-                return orjson.loads(body)
-            except orjson.JSONDecodeError:
-                raise SearchError(f"{provider} answered with invalid JSON") from None
-    except aiohttp.ClientError as exc:
-        raise SearchError(f"{provider} could not be reached: {exc.__class__.__name__}: {exc}") from None
-    except TimeoutError:
+        resp = await client.fetch(method, url, max_bytes=MAX_PROVIDER_RESPONSE_BYTES, **kwargs)
+    except outbound.OutboundTimeout:
         raise SearchError(f"{provider} did not answer in time") from None
+    except outbound.OutboundError as exc:
+        raise SearchError(f"{provider} could not be reached: {exc}") from None
+    if resp.status != 200:
+        message = _provider_message(resp.status, resp.body)
+        raise SearchError(f"{provider} answered {resp.status}: {message}", status=resp.status)
+    try:
+        return orjson.loads(resp.body)
+    except orjson.JSONDecodeError:
+        raise SearchError(f"{provider} answered with invalid JSON") from None
+
+
+def user_location(tool: Mapping[str, Any]) -> dict[str, str]:
+    """The declaration's ``user_location`` (Responses and Anthropic share its shape: ``country`` as
+    ISO 3166-1 alpha-2, ``region``, ``city``, ``timezone``), as the fields that are strings."""
+    raw = tool.get("user_location")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: v.strip() for k, v in raw.items() if k != "type" and isinstance(v, str) and v.strip()}
 
 
 async def _search_one(
-    session: aiohttp.ClientSession, query: str, config: Config, api_key: str, flt: DomainFilter
+    client: outbound.Client,
+    query: str,
+    config: Config,
+    api_key: str,
+    flt: DomainFilter,
+    location: Mapping[str, str],
 ) -> list[SearchHit]:
     ws = config.web_search
     provider = ws.provider
     endpoint = ws.endpoint
     hits: list[SearchHit] = []
+    # The location goes where the provider takes one: Brave's ``country``. SearXNG has no location
+    # parameter and Tavily's ``country`` wants a full country name, so theirs is not sent.
     if provider == "searxng":
-        data = await _fetch(session, "GET", endpoint, "searxng", params={"q": query, "format": "json"})
+        data = await _fetch(client, "GET", endpoint, "searxng", params={"q": query, "format": "json"})
         for r in data.get("results") or []:
             hits.append(
                 SearchHit(str(r.get("title") or ""), str(r.get("url") or ""), str(r.get("content") or ""))
             )
     elif provider == "brave":
         data = await _fetch(
-            session,
+            client,
             "GET",
             endpoint,
             "brave",
-            params={"q": query, "count": str(min(20, ws.max_results * 2))},
+            params={
+                "q": query,
+                "count": str(min(20, ws.max_results * 2)),
+                **({"country": location["country"].upper()} if "country" in location else {}),
+            },
             headers={"X-Subscription-Token": api_key, "Accept": "application/json"},
         )
         for r in (data.get("web") or {}).get("results") or []:
@@ -157,7 +182,7 @@ async def _search_one(
         if flt.blocked:
             payload["exclude_domains"] = list(flt.blocked)
         data = await _fetch(
-            session,
+            client,
             "POST",
             endpoint,
             "tavily",
@@ -215,34 +240,49 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
     try:
         queries = parse_queries(call, ws.max_queries_per_call)
     except ValueError as exc:
-        return ToolResult.failure(call, str(exc))
+        return ToolResult.failure(call, str(exc), details={"error_code": "invalid_tool_input"})
     action: dict[str, Any] = {"type": "search", "query": queries[0], "queries": queries}
     if not ws.endpoint:
         return ToolResult.failure(
             call,
             "web search is not configured: set [web_search] base_url (WEB_SEARCH_BASE_URL)",
             action=action,
+            details={"error_code": "unavailable"},
         )
     if ws.provider in ("brave", "tavily") and not config.web_search_api_key:
         return ToolResult.failure(
-            call, f"web search provider {ws.provider} has no API key: set {ws.key_env}", action=action
+            call,
+            f"web search provider {ws.provider} has no API key: set {ws.key_env}",
+            action=action,
+            details={"error_code": "unavailable"},
         )
     flt = DomainFilter.build(call.tool, config)
-    timeout = aiohttp.ClientTimeout(total=ws.request_timeout_s)
+    location = user_location(call.tool)
     try:
-        async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": USER_AGENT}) as session:
+        async with outbound.Client(
+            timeout_s=ws.request_timeout_s, headers={"User-Agent": USER_AGENT}
+        ) as client:
             results = await asyncio.gather(
-                *(_search_one(session, q, config, config.web_search_api_key, flt) for q in queries)
+                *(_search_one(client, q, config, config.web_search_api_key, flt, location) for q in queries)
             )
     except SearchError as exc:
-        return ToolResult.failure(call, str(exc), action=action, duration_s=time.monotonic() - started)
+        code = "too_many_requests" if exc.status == 429 else "unavailable"
+        return ToolResult.failure(
+            call,
+            str(exc),
+            action=action,
+            duration_s=time.monotonic() - started,
+            details={"error_code": code},
+        )
     sources: list[dict[str, str]] = []
+    found: list[dict[str, str]] = []
     seen: set[str] = set()
     for hits in results:
         for hit in hits:
             if hit.url not in seen:
                 seen.add(hit.url)
                 sources.append({"type": "url", "url": hit.url})
+                found.append({"title": hit.title, "url": hit.url, "snippet": hit.snippet})
     action["sources"] = sources
     return ToolResult(
         call_id=call.call_id,
@@ -251,4 +291,5 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
         output=format_results(queries, results, ws.max_snippet_chars),
         action=action,
         duration_s=time.monotonic() - started,
+        details={"results": found},
     )

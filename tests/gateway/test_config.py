@@ -206,3 +206,32 @@ def test_server_workers_default_to_one_per_core_unless_the_engine_is_embedded() 
     with pytest.raises(ConfigError) as info:
         load_config({"GATEWAY_SERVER_WORKERS": "-1"})
     assert "server.workers" in str(info.value)
+
+
+def test_sections_merge_across_sources_and_only_the_file_is_strict(tmp_path: Path) -> None:
+    """pydantic-settings merges a section key by key (env > file > default), the file's values are
+    taken as written, and the environment's text is parsed as the declared type."""
+    from pydantic_settings import PydanticBaseSettingsSource
+
+    from gateway.config import GatewayEnvSource
+
+    assert issubclass(GatewayEnvSource, PydanticBaseSettingsSource)
+    env = write(tmp_path, "[server]\nport = 8100\nhost = '0.0.0.0'\n[upstream]\nread_timeout_s = 5\n")
+    c = load_config({**env, "PORT": "8200", "GATEWAY_DEBUG": "on"})
+    assert (c.server.port, c.server.host, c.server.debug) == (8200, "0.0.0.0", True)
+    assert c.server.max_request_body_size_bytes == 10 * MiB  # default: in neither source
+    assert c.upstream.read_timeout_s == 5.0 and isinstance(c.upstream.read_timeout_s, float)
+    with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got '8100'$"):
+        load_config(write(tmp_path, "[server]\nport = '8100'\n"))
+    with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got 8100.5$"):
+        load_config(write(tmp_path, "[server]\nport = 8100.5\n"))
+
+
+def test_replace_checks_the_whole_config_again() -> None:
+    from gateway.config import replace
+
+    c = load_config({})
+    with pytest.raises(ConfigError, match=r"responses\.heartbeat_s"):
+        replace(c, responses__heartbeat_s=120.0)
+    with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got 'x'$"):
+        replace(c, server__port="x")

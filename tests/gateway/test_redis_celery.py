@@ -34,7 +34,7 @@ def test_celery_over_real_redis_broker() -> None:
     def pong() -> str:
         return "pong"
 
-    ping = app.task(name="gateway.ping", queue="tools")(pong)
+    ping = app.task(name="gateway.ping")(pong)  # routed to "tools" by configure()
     with start_worker(app, queues=["tools"], perform_ping_check=False, pool="solo", loglevel="WARNING"):
         result = ping.apply_async()
         assert result.get(timeout=20) == "pong"

@@ -3,7 +3,6 @@ the ``tools`` queue, consumed by a real worker from the real Redis (db 7)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import redis
 from celery.contrib.testing.worker import start_worker
 
 from gateway.celery import app as celery_app
-from gateway.celery import configure
+from tests.celery_rebind import rebind
 from tests.responses.scripts import call, text
 from tests.responses.tool_fixtures import ToolsGateway, args, model_input
 
@@ -22,18 +21,6 @@ REDIS_URL = "redis://127.0.0.1:6379/7"
 @pytest.fixture
 def wire() -> str:
     return "responses"
-
-
-def rebind(app: Any, config: Any) -> None:
-    """Configure ``app`` for ``config`` and drop what it cached for an earlier broker (other tests
-    in this process configure the same app for another Redis db)."""
-    configure(app, config)
-    if app._pool is not None:
-        app._pool.force_close_all()
-    app._pool = None
-    if "amqp" in app.__dict__:
-        app.__dict__["amqp"]._producer_pool = None
-    app._local = threading.local()  # the cached result backend
 
 
 @pytest.fixture

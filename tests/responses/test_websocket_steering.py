@@ -735,6 +735,41 @@ def test_prewarm_and_conversation_targets_do_not_support_steering(gw: LiveServer
     assert "conversation" in events[1]["error"]["message"]
 
 
+def test_context_management_and_compaction_targets_do_not_support_steering(
+    gw: LiveServer, upstream: Any
+) -> None:
+    """Compaction/context-management requests are out of steering's scope: a response created with
+    ``context_management`` (threshold not reached, so it generated normally) and a Codex
+    ``compaction_trigger`` response both refuse steering with ``steering_not_supported``."""
+    script(upstream, text("an answer"))
+    script(upstream, text("A summary."))
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            managed = [{"type": "compaction", "compact_threshold": 1_000_000}]
+            await c.send(create(stream_id="m", store=False, context_management=managed))
+            first = (await c.until_terminal())[-1]
+            assert first["type"] == "response.completed", first
+            await c.send(steer(first["response"]["id"]))
+            out = [await c.recv()]
+            trigger = [
+                {"type": "message", "role": "user", "content": "hello"},
+                {"type": "compaction_trigger"},
+            ]
+            await c.send(create(stream_id="t", store=False, input=trigger))
+            second = (await c.until_terminal())[-1]
+            assert second["type"] == "response.completed", second
+            await c.send(steer(second["response"]["id"]))
+            out.append(await c.recv())
+            return out
+
+    events = run(scenario())
+    assert [checked(e)["error"]["code"] for e in events] == ["steering_not_supported"] * 2
+    assert all("ompaction" in e["error"]["message"] for e in events)
+    assert [e["stream_id"] for e in events] == ["m", "t"]
+
+
 def test_a_truncated_stream_fails_the_parent_and_returns_accepted_steering(
     gw: LiveServer, upstream: Any
 ) -> None:

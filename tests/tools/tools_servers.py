@@ -164,6 +164,76 @@ class SearchProvider:
         self._thread.join(10)
 
 
+# --- a web site (web fetch) ---------------------------------------------------------------------
+
+ARTICLE_HTML = """<!doctype html><html><head><title>The Gateway Gazette</title></head><body>
+<nav><a href="/">Home</a> <a href="/about">About</a></nav>
+<article><h1>Tool loops</h1>
+<p>The gateway runs web fetch for Claude Code. The secret number of this page is 7319.</p>
+<p>Server tools run in hidden rounds; the client sees server_tool_use blocks.</p></article>
+<footer>Copyright nobody</footer></body></html>"""
+
+
+@dataclass
+class WebSite:
+    """A small site on 127.0.0.1 for web fetch: ``/article`` (HTML), ``/notes.txt``, ``/doc.pdf``,
+    ``/image.png``, ``/big`` (``big_bytes`` of text), ``/missing`` (404), ``/slow`` (no answer for
+    30 s) and ``/redirect?to=URL`` (302). ``paths`` records every request path."""
+
+    big_bytes: int = 64 * 1024
+    paths: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.port = free_port()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.paths.append(request.path_qs)
+        if request.path == "/article":
+            return web.Response(text=ARTICLE_HTML, content_type="text/html")
+        if request.path == "/notes.txt":
+            return web.Response(text="plain notes: 42 is the answer", content_type="text/plain")
+        if request.path == "/doc.pdf":
+            return web.Response(body=b"%PDF-1.4 fake", content_type="application/pdf")
+        if request.path == "/image.png":
+            return web.Response(body=b"\x89PNG fake", content_type="image/png")
+        if request.path == "/big":
+            return web.Response(text="x" * self.big_bytes, content_type="text/plain")
+        if request.path == "/redirect":
+            raise web.HTTPFound(request.query["to"])
+        if request.path == "/slow":
+            await asyncio.sleep(30)
+        return web.Response(status=404, text="not found")
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        self.loop.run_until_complete(self._runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        self.loop.run_forever()
+
+    def start(self) -> WebSite:
+        self._thread.start()
+        wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.loop is None or self._runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
 # --- MCP ---------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,249 @@
+"""The ``web_fetch`` gateway tool: fetch one ``http(s)`` URL the model names and give it the text.
+
+Anthropic Messages' ``web_fetch_20250910`` server tool runs on it (``gateway.messages_tools``).
+The Responses API has no web fetch tool type, so the Responses executor does not offer it.
+
+* Where it may go: ``http`` and ``https`` only; the declaration's ``allowed_domains`` /
+  ``blocked_domains``; and the host policy MCP uses (:mod:`inference_app.tools.hosts`): a host that
+  is or resolves to a loopback, private or link-local address is refused unless listed exactly in
+  ``[web_fetch] allowed_hosts``. Every redirect hop is checked again, and the connection's own DNS
+  answers are checked too (a resolver that refuses non-public addresses), so a name that changes
+  its answer between the check and the connection gets nowhere.
+* What it reads: at most ``[web_fetch] max_bytes`` (more fails with ``content_too_large``), within
+  ``[tools] call_timeout_s`` (which the dispatcher also applies to the whole call). HTML becomes text with ``trafilatura`` (main-content extraction); ``text/*``, JSON and XML
+  are taken as they are; PDF and other types fail with ``unsupported_content_type``.
+* What the model gets: the page's title, URL and text, cut to ``max_content_tokens`` (the
+  declaration's, else ``[web_fetch] max_content_tokens``; about four bytes a token).
+
+Failures carry Anthropic's ``web_fetch_tool_result_error`` code in ``details["error_code"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from gateway.config import Config
+from inference_app.tools.base import ToolCall, ToolResult
+from inference_app.tools.hosts import HostRefused, check_public_host, host_listed, is_public_address
+from inference_app.tools.web_search import DomainFilter, normalize_domain
+
+USER_AGENT = "agentic-gateway-web-fetch/1"
+BYTES_PER_TOKEN = 4
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_TEXT_TYPES = frozenset({"application/json", "application/xml", "application/javascript"})
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+
+
+class FetchError(Exception):
+    """The fetch failed; ``code`` is Anthropic's ``web_fetch_tool_result_error`` code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str
+    media_type: str
+    body: bytes
+    charset: str | None
+
+
+class _PublicOnlyResolver(AbstractResolver):
+    """Resolves like aiohttp's default resolver and refuses non-public answers for hosts the
+    operator has not listed: the check applies to the addresses the connection really uses."""
+
+    def __init__(self, exempt: tuple[str, ...]) -> None:
+        self._inner: aiohttp.ThreadedResolver | None = None
+        self._exempt = exempt
+        self.refused: str | None = None
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if self._inner is None:
+            self._inner = aiohttp.ThreadedResolver()
+        answers = await self._inner.resolve(host, port, family)
+        if not host_listed(host, self._exempt)[1] and not all(is_public_address(a["host"]) for a in answers):
+            self.refused = host
+            raise OSError(f"host {host!r} resolves to a loopback, private or link-local address")
+        return answers
+
+    async def close(self) -> None:
+        if self._inner is not None:
+            await self._inner.close()
+
+
+def domain_filter(tool: Mapping[str, Any]) -> DomainFilter:
+    """The declaration's ``allowed_domains`` / ``blocked_domains`` (Anthropic's top-level fields)."""
+    allowed = tool.get("allowed_domains") or ()
+    blocked = tool.get("blocked_domains") or ()
+    return DomainFilter(
+        allowed=tuple(normalize_domain(d) for d in allowed if isinstance(d, str)),
+        blocked=tuple(normalize_domain(d) for d in blocked if isinstance(d, str)),
+    )
+
+
+async def _check_target(url: str, flt: DomainFilter, config: Config) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchError("url_not_allowed", f"only http and https URLs can be fetched, not {url!r}")
+    if not flt.admits(url):
+        raise FetchError("url_not_allowed", f"{parts.hostname} is not allowed by the domain filters")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise FetchError("invalid_tool_input", f"{url!r} has an invalid port") from None
+    try:
+        await check_public_host(parts.hostname, port, config.web_fetch.allowed_hosts)
+    except HostRefused as exc:
+        code = "url_not_accessible" if exc.unresolvable else "url_not_allowed"
+        raise FetchError(code, f"{exc}; the gateway does not fetch from its own network") from None
+
+
+async def _get(session: aiohttp.ClientSession, url: str, max_bytes: int) -> tuple[int, str | None, Page]:
+    """One GET, redirects not followed: (status, Location, page). The only place the HTTP client is
+    used, so it can be swapped for the project's general-purpose one."""
+    async with session.get(url, allow_redirects=False) as resp:
+        location = resp.headers.get("Location")
+        if resp.status in _REDIRECTS or resp.status >= 400:
+            return resp.status, location, Page(url, "", b"", None)
+        declared = resp.content_length
+        if declared is not None and declared > max_bytes:
+            raise FetchError("content_too_large", f"the page is {declared} bytes; the limit is {max_bytes}")
+        body = await resp.content.read(max_bytes + 1)
+        if len(body) > max_bytes:
+            raise FetchError("content_too_large", f"the page is over the limit of {max_bytes} bytes")
+        return resp.status, location, Page(url, resp.content_type.lower(), body, resp.charset)
+
+
+async def fetch_page(url: str, flt: DomainFilter, config: Config) -> Page:
+    """The page at ``url``, following redirects with every hop checked."""
+    wf = config.web_fetch
+    resolver = _PublicOnlyResolver(wf.allowed_hosts)
+    connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
+    timeout = aiohttp.ClientTimeout(total=config.tools.call_timeout_s)
+    try:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers={"User-Agent": USER_AGENT}
+        ) as session:
+            for _hop in range(wf.max_redirects + 1):
+                await _check_target(url, flt, config)
+                status, location, page = await _get(session, url, wf.max_bytes)
+                if status in _REDIRECTS:
+                    if not location:
+                        raise FetchError("url_not_accessible", f"{url} answered {status} without a Location")
+                    url = urljoin(url, location)
+                    continue
+                if status >= 400:
+                    raise FetchError("url_not_accessible", f"{url} answered HTTP {status}")
+                return page
+            raise FetchError("url_not_accessible", f"more than {wf.max_redirects} redirects")
+    except aiohttp.ClientError as exc:
+        if resolver.refused is not None:
+            raise FetchError(
+                "url_not_allowed",
+                f"host {resolver.refused!r} resolves to a loopback, private or link-local address; "
+                "the gateway does not fetch from its own network",
+            ) from None
+        raise FetchError(
+            "url_not_accessible", f"{url} could not be fetched: {exc.__class__.__name__}"
+        ) from None
+    except TimeoutError:
+        raise FetchError(
+            "url_not_accessible", f"{url} did not answer within {config.tools.call_timeout_s:g} s"
+        ) from None
+
+
+def _html_to_text(html: str) -> tuple[str, str]:
+    """(title, text) of an HTML page, by trafilatura (CPU work: run in a thread)."""
+    import trafilatura
+
+    text = trafilatura.extract(html, output_format="txt", favor_recall=True) or ""
+    meta = trafilatura.extract_metadata(html)
+    return (meta.title or "" if meta is not None else ""), text
+
+
+async def page_text(page: Page) -> tuple[str, str]:
+    """(title, text) of a fetched page, or :class:`FetchError` for a type that is not text."""
+    kind = page.media_type
+    if kind == "application/pdf":
+        raise FetchError(
+            "unsupported_content_type", "PDF documents are not supported by this gateway's web fetch"
+        )
+    if (
+        kind not in _HTML_TYPES
+        and not kind.startswith("text/")
+        and kind not in _TEXT_TYPES
+        and not kind.endswith("+json")
+    ):
+        raise FetchError(
+            "unsupported_content_type",
+            f"content type {kind or 'unknown'!r} is not supported (text and HTML only)",
+        )
+    decoded = page.body.decode(page.charset or "utf-8", "replace")
+    if kind in _HTML_TYPES:
+        return await asyncio.to_thread(_html_to_text, decoded)
+    return "", decoded
+
+
+async def run_web_fetch(call: ToolCall, config: Config) -> ToolResult:
+    started = time.monotonic()
+    wf = config.web_fetch
+    try:
+        url = call.parsed_arguments().get("url")
+    except ValueError as exc:
+        return ToolResult.failure(call, str(exc), details={"error_code": "invalid_tool_input"})
+    if not isinstance(url, str) or not url.strip():
+        return ToolResult.failure(
+            call, "web_fetch needs 'url': the URL to fetch", details={"error_code": "invalid_tool_input"}
+        )
+    url = url.strip()
+    if len(url) > wf.max_url_chars:
+        return ToolResult.failure(
+            call,
+            f"the URL is {len(url)} characters; the limit is {wf.max_url_chars}",
+            details={"error_code": "url_too_long", "url": url},
+        )
+    limit = call.tool.get("max_content_tokens")
+    max_tokens = (
+        limit
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+        else wf.max_content_tokens
+    )
+    try:
+        page = await fetch_page(url, domain_filter(call.tool), config)
+        title, text = await page_text(page)
+    except FetchError as exc:
+        return ToolResult.failure(
+            call,
+            str(exc),
+            duration_s=time.monotonic() - started,
+            details={"error_code": exc.code, "url": url},
+        )
+    max_chars = max_tokens * BYTES_PER_TOKEN
+    truncated = len(text) > max_chars
+    if truncated:
+        text = text[:max_chars]
+    retrieved_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    header = f"Title: {title}\nURL: {page.url}\n\n" if title else f"URL: {page.url}\n\n"
+    note = f"\n\n[truncated to about {max_tokens} tokens]" if truncated else ""
+    return ToolResult(
+        call_id=call.call_id,
+        kind="web_fetch",
+        status="completed",
+        output=header + text + note,
+        duration_s=time.monotonic() - started,
+        details={"url": page.url, "title": title, "text": text, "retrieved_at": retrieved_at},
+    )

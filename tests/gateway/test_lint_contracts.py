@@ -1,0 +1,113 @@
+"""`make lint`'s architecture rules fail when broken: every import-linter contract of pyproject.toml
+against a copy of the packages with one violation each, and the private-names checker."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("gateway", "responses_app", "conversations_app", "inference_app", "tests/lint")
+
+VIOLATIONS = {
+    "conversations_app/zz_cycle_a.py": "from conversations_app import zz_cycle_b\n",
+    "conversations_app/zz_cycle_b.py": "def f():\n    from conversations_app import zz_cycle_a\n",
+    "conversations_app/zz_layer.py": "import responses_app.models\n",
+    "inference_app/zz_layer.py": "def f():\n    from gateway import views\n",
+    "responses_app/zz_engine.py": "from inference_app.engine import EngineHost\n",
+    "responses_app/zz_http.py": "from conversations_app.views import ConversationDetailView\n",
+    "gateway/zz_torch.py": "import torch\n",
+    "responses_app/zz_uvicorn.py": "from uvicorn.protocols.http import httptools_impl\n",
+    "gateway/zz_client.py": "import httpx\n",
+    "gateway/relay/zz_app.py": "from responses_app import services\n",
+    "gateway/_zz_private.py": "X = 1\n",
+    "responses_app/zz_private.py": "from gateway import _zz_private\n",
+}
+
+
+@pytest.fixture(scope="module")
+def lint_output(tmp_path_factory: pytest.TempPathFactory) -> str:
+    copy = tmp_path_factory.mktemp("lint")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tests" / "__init__.py").write_text("")  # the custom contract type: tests.lint.import_contracts
+    for path, text in VIOLATIONS.items():
+        (copy / path).write_text(text)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("lint-imports")),
+            "--config",
+            str(ROOT / "pyproject.toml"),
+            "--no-cache",
+        ],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_the_real_packages_keep_every_contract() -> None:
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_contract_fails_when_violated(lint_output: str) -> None:
+    import tomllib
+
+    names = [
+        c["name"]
+        for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    ]
+    summary = lint_output.split("Broken contracts")[0]
+    flat = " ".join(summary.split())  # import-linter wraps long names
+    assert len(names) == 10
+    for name in names:
+        assert f"{name} BROKEN" in flat, name
+    assert "Import cycle: conversations_app.zz_cycle_a, conversations_app.zz_cycle_b" in lint_output
+
+
+def test_private_names_checker(tmp_path: Path) -> None:
+    pkg = tmp_path / "responses_app"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "executor.py").write_text("def _db():\n    pass\n\n\ndef own():\n    return _db()\n")
+    (pkg / "services.py").write_text("from responses_app.executor import _db\n")
+    (pkg / "views.py").write_text(
+        "from responses_app import executor\n\n\ndef f():\n    return executor._db(), executor.own()\n"
+    )
+    (pkg / "ok.py").write_text("from responses_app.executor import own\nfrom os import __name__ as n\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "lint" / "check_private_names.py"),
+            "--root",
+            str(tmp_path),
+            str(pkg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 1
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("services.py:1: imports _db from responses_app.executor")
+    assert lines[1].endswith("views.py:5: uses executor._db of responses_app.executor")
+    clean = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "lint" / "check_private_names.py")], cwd=ROOT, timeout=60
+    )
+    assert clean.returncode == 0
