@@ -193,10 +193,11 @@ def embedded_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
     yield from embedded_gateway_for(tiny_model_dir)
 
 
-def embedded_gateway_for(tiny_model_dir: Path) -> Iterator[Gateway]:
+def embedded_gateway_for(tiny_model_dir: Path, **env: str) -> Iterator[Gateway]:
+    """The embedded gateway; ``env`` adds settings (``UPSTREAM_API=chat_completions``)."""
     from inference_app.engine import shutdown_engine_host
 
-    config = engine_config(tiny_model_dir)
+    config = engine_config(tiny_model_dir, **env)
     assert not config.llm_api_base and not config.redis_url
     try:
         for url in _serve_gateway(config):

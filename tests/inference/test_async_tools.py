@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.inference.conftest import SERVED, Gateway, _serve_gateway, engine_config
+from tests.inference.conftest import SERVED, Gateway, embedded_gateway_for
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +36,7 @@ LOOKUP = {
 @pytest.fixture(scope="module")
 def chat_wire_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
     """The gateway hosting the engine in-process, its executor on the chat wire."""
-    from inference_app.engine import shutdown_engine_host
-
-    config = engine_config(tiny_model_dir, UPSTREAM_API="chat_completions")
-    assert config.upstream_api == "chat_completions"
-    try:
-        for url in _serve_gateway(config):
-            yield Gateway(url, "embedded")
-    finally:
-        shutdown_engine_host()
+    yield from embedded_gateway_for(tiny_model_dir, UPSTREAM_API="chat_completions")
 
 
 def _closing_bias(model_dir: Path) -> dict[str, int]:
