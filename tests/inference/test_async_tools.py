@@ -73,7 +73,8 @@ def test_an_async_round_runs_end_to_end(chat_wire_gateway: Gateway, tiny_model_d
     assert r.status_code == 200, r.text
     events = [orjson.loads(block.split("\ndata: ", 1)[1]) for block in r.text.split("\n\n") if block.strip()]
     final = events[-1]
-    assert final["type"] == "response.completed", [i.get("arguments") for i in final["response"]["output"]]
+    arguments = [i.get("arguments") for i in final["response"]["output"]]
+    assert final["type"] == "response.completed", (final["response"]["error"], arguments)
     output = final["response"]["output"]
     # Round 1: the async call; round 2 (the call pending): the forced model calls again; the
     # gateway stops after two async rounds in a row.
