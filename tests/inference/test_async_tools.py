@@ -2,7 +2,7 @@
 
 The tiny model writes gibberish, so the call is forced with a named ``tool_choice`` (vLLM's
 structured output writes the arguments) and only the shape is checked: the async call comes back
-with ``async: true`` (short arguments, see :func:`_closing_bias`), the gateway runs a second round with the call pending (its note as the
+with ``async: true`` (its arguments cut short, see :func:`_closing_bias`), the gateway runs a second round with the call pending (its note as the
 call's ``tool`` message, rendered by the model's chat template), and stops after two async rounds
 in a row because the forced model calls the tool again.
 
@@ -79,7 +79,7 @@ def test_an_async_round_runs_end_to_end(chat_wire_gateway: Gateway, tiny_model_d
     # Round 1: the async call; round 2 (the call pending): the forced model calls again; the
     # gateway stops after two async rounds in a row.
     assert [(i["type"], i["name"], i["async"]) for i in output] == [("function_call", "lookup", True)] * 2
-    assert all(isinstance(orjson.loads(i["arguments"]), dict | list) for i in output)  # gibberish JSON
+    assert all(isinstance(i["arguments"], str) for i in output)  # gibberish: only the type is checked
     assert len({i["call_id"] for i in output}) == 2
     added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
