@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,31 @@ def seed(http: httpx.Client, count: int) -> tuple[str, list[str]]:
     return conversation_id, ids
 
 
+def concurrent(base: str, path: str, params: dict[str, Any], clients: int, repeat: int) -> dict[str, Any]:
+    """``clients`` clients (one connection each) sending ``repeat`` GETs each, all at once."""
+    samples: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        with httpx.Client(base_url=base, timeout=60) as http:
+            http.get(path, params=params).raise_for_status()  # connect and warm up
+            start.wait()
+            mine = timed(lambda: http.get(path, params=params).raise_for_status(), repeat)
+        with lock:
+            samples.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    return {"clients": clients, **summary(samples), "rps": round(len(samples) / elapsed, 1)}
+
+
 def walk(http: httpx.Client, conversation_id: str, order: str) -> list[float]:
     """Every page, following ``last_id``; returns per-page latencies."""
     samples, after = [], None
@@ -119,6 +145,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--concurrency",
+        default="1,16",
+        help="comma-separated client counts for the concurrent rows (page and retrieve, c clients at once)",
+    )
     parser.add_argument(
         "--no-analyze",
         action="store_true",
@@ -198,6 +229,16 @@ def main() -> None:
                     small_samples += timed(small_call, 1)
                 b, s = summary(big_samples), summary(small_samples)
                 results[name] = {"big": b, "small": s, "ratio_p50": round(b["p50_ms"] / s["p50_ms"], 2)}
+            for c in [int(n) for n in args.concurrency.split(",") if n]:
+                for name, path, params in (
+                    (
+                        "page",
+                        f"/v1/conversations/{big}/items",
+                        {"limit": 100, "order": "asc", "after": big_ids[len(big_ids) // 2]},
+                    ),
+                    ("retrieve", f"/v1/conversations/{big}", {}),
+                ):
+                    results[f"{name} at c={c}"] = concurrent(gateway.url, path, params, c, args.repeat)
             for order in ("asc", "desc"):
                 started = time.perf_counter()
                 samples = walk(http, big, order)
@@ -222,6 +263,11 @@ def main() -> None:
             print(
                 f"| {name} | {b['p50_ms']} / {b['p95_ms']} | {s['p50_ms']} / {s['p95_ms']} | {row['ratio_p50']} |"
             )
+    print("\n| concurrent | clients | p50 / p95 (ms) | requests/s |")
+    print("|---|---|---|---|")
+    for name, row in results.items():
+        if isinstance(row, dict) and "rps" in row:
+            print(f"| {name} | {row['clients']} | {row['p50_ms']} / {row['p95_ms']} | {row['rps']} |")
     for order in ("asc", "desc"):
         row = results[f"walk all pages ({order})"]
         print(

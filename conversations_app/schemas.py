@@ -28,8 +28,6 @@ MAX_ITEMS_PER_REQUEST = 20
 METADATA_MAX_PAIRS = 16
 METADATA_MAX_KEY_LENGTH = 64
 METADATA_MAX_VALUE_LENGTH = 512
-LIST_LIMIT_DEFAULT = 20
-LIST_LIMIT_MAX = 100
 
 ROLES = ("user", "assistant", "system", "developer")
 INCLUDABLE = (
@@ -658,60 +656,11 @@ def validate_metadata(raw: Any, *, param: str = "metadata") -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------- list options
-class ItemListParams(BaseModel):
-    after: str | None = None
-    limit: int = LIST_LIMIT_DEFAULT
-    order: Literal["asc", "desc"] = "desc"
-    include: tuple[str, ...] = ()
-
-
-def _integer(param: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise errors.BadRequest(
-            f"Invalid '{param}': expected an integer, but got '{raw}' instead.",
-            param=param,
-            code="invalid_type",
-        ) from None
-
-
 def validate_include(values: list[str]) -> tuple[str, ...]:
     for value in values:
         if value not in INCLUDABLE:
             raise invalid_value("include", value, INCLUDABLE)
     return tuple(values)
-
-
-def parse_item_list_params(query: Any) -> ItemListParams:
-    """``after``, ``limit`` (1 to 100, default 20), ``order`` (default ``desc``), ``include[]``."""
-    params = ItemListParams()
-    if "limit" in query:
-        limit = _integer("limit", query.get("limit"))
-        if limit < 1:
-            raise errors.BadRequest(
-                f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {limit} instead.",
-                param="limit",
-                code="integer_below_min_value",
-            )
-        if limit > LIST_LIMIT_MAX:
-            raise errors.BadRequest(
-                f"Invalid 'limit': integer above maximum value. Expected a value <= {LIST_LIMIT_MAX}, "
-                f"but got {limit} instead.",
-                param="limit",
-                code="integer_above_max_value",
-            )
-        params.limit = limit
-    if "order" in query:
-        order = query.get("order")
-        if order not in ("asc", "desc"):
-            raise invalid_value("order", order, ("asc", "desc"))
-        params.order = order
-    if query.get("after"):
-        params.after = query.get("after")
-        errors.refuse_nul(params.after, "after")
-    params.include = validate_include(query_include(query))
-    return params
 
 
 def query_include(query: Any) -> list[str]:

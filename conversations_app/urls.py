@@ -1,15 +1,15 @@
 """Routes of the Conversations API, included by ``gateway.urls`` before the ``/v1`` catch-all."""
 
-from typing import Any, cast
-
 from django.urls import path
 
 from conversations_app import views
+from gateway.drf import async_view
 
-# django-stubs types view callables as sync; these are async views, which Django supports.
 urlpatterns = [
-    path("v1/conversations", cast(Any, views.conversations)),
-    path("v1/conversations/<str:conversation_id>", cast(Any, views.conversation_detail)),
-    path("v1/conversations/<str:conversation_id>/items", cast(Any, views.conversation_items)),
-    path("v1/conversations/<str:conversation_id>/items/<str:item_id>", cast(Any, views.conversation_item)),
+    path("v1/conversations", async_view(views.ConversationsView)),
+    path("v1/conversations/<str:conversation_id>", async_view(views.ConversationDetailView)),
+    path("v1/conversations/<str:conversation_id>/items", async_view(views.ConversationItemsView)),
+    path(
+        "v1/conversations/<str:conversation_id>/items/<str:item_id>", async_view(views.ConversationItemView)
+    ),
 ]

@@ -1,134 +1,190 @@
-"""The Conversations API (OpenAI-compatible): thin async views over services and selectors.
+"""The Conversations API (OpenAI-compatible): DRF views over services and selectors.
 
-Plain async Django views with ``gateway.http`` rather than DRF: the bodies are validated by our
-own schemas into OpenAI's error envelopes (DRF's parsers and serializers would add a second,
-differently-worded error path), the 405/JSON handling is the one every other route uses, and the
-ORM work of each request runs as one :func:`gateway.db.run_orm` call, side by side with other
-requests' (never queued behind them on one thread).
+Each view is thin: DRF authenticates (the caller's principal, ``gateway.drf``) → a serializer
+validates the body with our rules → a service or selector (filtered by the principal's owner: another
+owner's id is a 404) → a serializer renders. ``gateway.drf.async_view`` serves each view as one
+:func:`gateway.db.run_orm` call, so requests run side by side, never queued on one thread.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
 
-from conversations_app import schemas, selectors, services
-from conversations_app.models import Conversation, Item
-from gateway import errors
+from conversations_app import schemas, selectors, serializers, services
 from gateway.auth import require_stored_state_access
-from gateway.db import run_orm
-from gateway.http import allow_methods, json_response, parse_json_body
-from gateway.principal import request_principal
+from gateway.drf import ListParams, ResourceView, list_body
+from gateway.http import parse_json_body
+from gateway.openapi import ERROR_RESPONSES
+
+TAGS = ["Conversations"]
+INCLUDE = OpenApiParameter(
+    "include",
+    OpenApiTypes.STR,
+    many=True,
+    enum=list(schemas.INCLUDABLE),
+    description="Optional item members to include (``include=a&include=b``; ``include[]=`` too).",
+)
+CONVERSATION_ID = OpenApiParameter(
+    "conversation_id", OpenApiTypes.STR, OpenApiParameter.PATH, pattern=r"^conv_[A-Za-z0-9_\-]*$"
+)
+ITEM_ID = OpenApiParameter("item_id", OpenApiTypes.STR, OpenApiParameter.PATH)
 
 
-def render_conversation(conversation: Conversation) -> dict[str, Any]:
-    return {
-        "id": conversation.id,
-        "object": "conversation",
-        "created_at": int(conversation.created_at.timestamp()),
-        "metadata": conversation.metadata or {},
-    }
+class ConversationsResource(ResourceView):
+    def check_stored_state_access(self, request: Request) -> None:
+        require_stored_state_access(request)  # this module's name for the rule (tests replace it)
 
 
-def render_item_list(items: list[Item], *, has_more: bool, include: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [schemas.render_item(item.data, include) for item in items],
-        "first_id": items[0].id if items else None,
-        "last_id": items[-1].id if items else None,
-        "has_more": has_more,
-    }
+def _include(request: Request) -> tuple[str, ...]:
+    return schemas.validate_include(schemas.query_include(request.query_params))
 
 
-async def _owner(request: HttpRequest) -> str:
-    """The caller's owner key, after the stored-state access check (401 for a wrong API key)."""
-    checked: Any = require_stored_state_access(request)  # type: ignore[func-returns-value]
-    if inspect.isawaitable(checked):  # the auth branch may make the check async
-        await checked
-    return request_principal(request).owner
+class ConversationsView(ConversationsResource):
+    @extend_schema(
+        operation_id="conversations_create",
+        tags=TAGS,
+        request=serializers.ConversationCreateSerializer,
+        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+        examples=[
+            OpenApiExample(
+                "A conversation with a first message",
+                value={"items": [{"role": "user", "content": "Hello!"}], "metadata": {"topic": "demo"}},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        """Create a conversation with up to 20 initial items, atomically."""
+        body = serializers.ConversationCreateSerializer(data=parse_json_body(request))
+        body.is_valid(raise_exception=True)
+        conversation, _ = services.conversation_create(owner=self.owner, **body.validated_data)
+        return Response(serializers.ConversationSerializer(conversation).data)
 
 
-def _body(request: HttpRequest, *, allowed: tuple[str, ...]) -> dict[str, Any]:
-    body: dict[str, Any] = parse_json_body(request)
-    for key in body:
-        if key not in allowed:
-            raise errors.BadRequest(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
-    return body
+class ConversationDetailView(ConversationsResource):
+    @extend_schema(
+        operation_id="conversations_retrieve",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID],
+        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+    )
+    def get(self, request: Request, conversation_id: str) -> Response:
+        conversation = selectors.conversation_get(id=conversation_id, owner=self.owner)
+        return Response(serializers.ConversationSerializer(conversation).data)
 
-
-@allow_methods("POST")
-async def conversations(request: HttpRequest) -> HttpResponse:
-    """``POST /v1/conversations``: create, with up to 20 initial items, atomically."""
-    owner = await _owner(request)
-    body = _body(request, allowed=("items", "metadata"))
-    items = schemas.validate_items(body.get("items"), required=False)
-    metadata = schemas.validate_metadata(body.get("metadata"))
-    conversation, _ = await run_orm(services.conversation_create, owner=owner, metadata=metadata, items=items)
-    return json_response(render_conversation(conversation))
-
-
-@allow_methods("GET", "POST", "DELETE")
-async def conversation_detail(request: HttpRequest, conversation_id: str) -> HttpResponse:
-    """``GET`` / ``POST`` (update metadata) / ``DELETE /v1/conversations/{id}``."""
-    owner = await _owner(request)
-    if request.method == "GET":
-        conversation = await run_orm(selectors.conversation_get, id=conversation_id, owner=owner)
-        return json_response(render_conversation(conversation))
-    if request.method == "POST":
+    @extend_schema(
+        operation_id="conversations_update",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID],
+        request=serializers.ConversationUpdateSerializer,
+        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+    )
+    def post(self, request: Request, conversation_id: str) -> Response:
+        """Replace the conversation's metadata."""
         selectors.check_conversation_id(conversation_id)
-        body = _body(request, allowed=("metadata",))
-        if "metadata" not in body:
-            raise schemas.missing_parameter("metadata")
-        metadata = schemas.validate_metadata(body["metadata"])
-        conversation = await run_orm(
-            services.conversation_update, id=conversation_id, owner=owner, metadata=metadata
+        body = serializers.ConversationUpdateSerializer(data=parse_json_body(request))
+        body.is_valid(raise_exception=True)
+        conversation = services.conversation_update(
+            id=conversation_id, owner=self.owner, **body.validated_data
         )
-        return json_response(render_conversation(conversation))
-    await run_orm(services.conversation_delete, id=conversation_id, owner=owner)
-    return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+        return Response(serializers.ConversationSerializer(conversation).data)
 
-
-def _list_items(conversation_id: str, owner: str, params: schemas.ItemListParams) -> dict[str, Any]:
-    conversation = selectors.conversation_get(id=conversation_id, owner=owner)
-    page = selectors.conversation_items_list(
-        conversation=conversation, after=params.after, limit=params.limit, order=params.order
+    @extend_schema(
+        operation_id="conversations_delete",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID],
+        responses={200: serializers.ConversationDeletedSerializer, **ERROR_RESPONSES},
     )
-    return render_item_list(page.items, has_more=page.has_more, include=params.include)
+    def delete(self, request: Request, conversation_id: str) -> Response:
+        services.conversation_delete(id=conversation_id, owner=self.owner)
+        return Response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
-@allow_methods("GET", "POST")
-async def conversation_items(request: HttpRequest, conversation_id: str) -> HttpResponse:
-    """``GET`` (list, keyset-paginated) / ``POST`` (append a batch) ``/v1/conversations/{id}/items``."""
-    owner = await _owner(request)
-    selectors.check_conversation_id(conversation_id)
-    if request.method == "GET":
-        params = schemas.parse_item_list_params(request.GET)
-        return json_response(await run_orm(_list_items, conversation_id, owner, params))
-    include = schemas.validate_include(schemas.query_include(request.GET))
-    body = _body(request, allowed=("items",))
-    items = schemas.validate_items(body.get("items"), required=True)
-    stored = await run_orm(services.conversation_items_create, id=conversation_id, owner=owner, items=items)
-    return json_response(render_item_list(stored, has_more=False, include=include))
-
-
-def _get_item(conversation_id: str, owner: str, item_id: str) -> Item:
-    conversation = selectors.conversation_get(id=conversation_id, owner=owner)
-    return selectors.conversation_item_get(conversation=conversation, item_id=item_id)
-
-
-@allow_methods("GET", "DELETE")
-async def conversation_item(request: HttpRequest, conversation_id: str, item_id: str) -> HttpResponse:
-    """``GET`` / ``DELETE`` (detach; returns the conversation) ``/v1/conversations/{id}/items/{item_id}``."""
-    owner = await _owner(request)
-    selectors.check_conversation_id(conversation_id)
-    selectors.check_item_id(item_id)
-    if request.method == "GET":
-        include = schemas.validate_include(schemas.query_include(request.GET))
-        item = await run_orm(_get_item, conversation_id, owner, item_id)
-        return json_response(schemas.render_item(item.data, include))
-    conversation = await run_orm(
-        services.conversation_item_delete, id=conversation_id, owner=owner, item_id=item_id
+class ConversationItemsView(ConversationsResource):
+    @extend_schema(
+        operation_id="conversations_items_list",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID, INCLUDE],
+        responses={200: serializers.ItemSerializer(many=True), **ERROR_RESPONSES},
     )
-    return json_response(render_conversation(conversation))
+    def get(self, request: Request, conversation_id: str) -> Response:
+        """One keyset page of the conversation's items (``after`` an item id, ``order``, ``limit``)."""
+        selectors.check_conversation_id(conversation_id)
+
+        def page(params: ListParams) -> tuple[list[dict[str, Any]], bool]:
+            include = _include(request)
+            conversation = selectors.conversation_get(id=conversation_id, owner=self.owner)
+            found = selectors.conversation_items_list(
+                conversation=conversation, after=params.after, limit=params.limit, order=params.order
+            )
+            items = serializers.ItemSerializer(found.items, many=True, context={"include": include})
+            return items.data, found.has_more
+
+        return self.paginate(page)
+
+    @extend_schema(
+        operation_id="conversations_items_create",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID, INCLUDE],
+        request=serializers.ItemsCreateSerializer,
+        responses={200: serializers.ItemListSerializer, **ERROR_RESPONSES},
+        examples=[
+            OpenApiExample(
+                "A user turn and the assistant's reply",
+                value={
+                    "items": [
+                        {"type": "message", "role": "user", "content": "What is 2 + 2?"},
+                        {"type": "message", "role": "assistant", "content": "4"},
+                    ]
+                },
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request, conversation_id: str) -> Response:
+        """Append up to 20 items at the end of the conversation, atomically."""
+        selectors.check_conversation_id(conversation_id)
+        include = _include(request)
+        body = serializers.ItemsCreateSerializer(data=parse_json_body(request))
+        body.is_valid(raise_exception=True)
+        stored = services.conversation_items_create(
+            id=conversation_id, owner=self.owner, **body.validated_data
+        )
+        items = serializers.ItemSerializer(stored, many=True, context={"include": include})
+        return Response(list_body(items.data, has_more=False))
+
+
+class ConversationItemView(ConversationsResource):
+    @extend_schema(
+        operation_id="conversations_items_retrieve",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID, ITEM_ID, INCLUDE],
+        responses={200: serializers.ItemSerializer, **ERROR_RESPONSES},
+    )
+    def get(self, request: Request, conversation_id: str, item_id: str) -> Response:
+        selectors.check_conversation_id(conversation_id)
+        selectors.check_item_id(item_id)
+        include = _include(request)
+        conversation = selectors.conversation_get(id=conversation_id, owner=self.owner)
+        item = selectors.conversation_item_get(conversation=conversation, item_id=item_id)
+        return Response(serializers.ItemSerializer(item, context={"include": include}).data)
+
+    @extend_schema(
+        operation_id="conversations_items_delete",
+        tags=TAGS,
+        parameters=[CONVERSATION_ID, ITEM_ID],
+        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+    )
+    def delete(self, request: Request, conversation_id: str, item_id: str) -> Response:
+        """Detach the item from the conversation; answers the conversation."""
+        selectors.check_conversation_id(conversation_id)
+        selectors.check_item_id(item_id)
+        conversation = services.conversation_item_delete(
+            id=conversation_id, owner=self.owner, item_id=item_id
+        )
+        return Response(serializers.ConversationSerializer(conversation).data)

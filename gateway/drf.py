@@ -1,16 +1,60 @@
-"""DRF glue: DRF's own exceptions rendered through ``gateway.errors``."""
+"""Django REST framework for the resource endpoints, through DRF's documented extension points only.
+
+The resource endpoints (Conversations and their items; retrieve, delete, input items and cancel of
+stored responses) are DRF views built on :class:`ResourceView`:
+
+- :class:`PrincipalAuthentication` makes the principal the auth layer already set
+  (``gateway.auth``) DRF's ``request.user``; views read it as ``self.principal`` and every
+  selector and service they call filters by its owner (another owner's id is a 404).
+- :class:`StoredStateAccess` applies the ``OPENAI_API_KEY`` rule for stored state
+  (``gateway.auth.check_stored_state_access``) as a DRF permission.
+- :func:`exception_handler` renders every refusal through ``gateway.errors`` (the one module that
+  builds envelopes); DRF's own exceptions are mapped to the same errors the lean views raise.
+- :class:`OpenAIListPagination` is the one list shape (``object: "list"``, ``data``, ``first_id``,
+  ``last_id``, ``has_more``) with OpenAI's ``after`` / ``order`` / ``limit`` rules; the page itself
+  comes from the caller's keyset selector.
+- :func:`async_view` serves a DRF view from async Django: the whole synchronous view (parsing, ORM
+  work, rendering) is one :func:`gateway.db.run_orm` call, so DRF views follow the project's one
+  rule for ORM work from async code (the bounded ORM pool, stale connections closed before and
+  after) instead of asgiref's per-request threads, requests run side by side, and the event loop
+  never waits on the database. :func:`on_loop` runs the few things that belong to the event loop (cancelling a
+  local task) from inside such a view.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextvars
+import functools
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-from django.http import HttpResponse
+import orjson
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from rest_framework import exceptions as drf_exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.pagination import BasePagination
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from gateway import errors
+from gateway.auth import require_stored_state_access
+from gateway.db import run_orm
+from gateway.principal import Principal, request_principal
+
+T = TypeVar("T")
+
+# -- errors --------------------------------------------------------------------------------------
 
 
 def to_gateway_error(exc: Exception) -> errors.GatewayError | None:
+    """The gateway error a DRF (or Django) exception stands for; ``None``: not a client error."""
     if isinstance(exc, errors.GatewayError):
         return exc
     if isinstance(exc, drf_exceptions.ParseError):
@@ -24,19 +68,293 @@ def to_gateway_error(exc: Exception) -> errors.GatewayError | None:
         return errors.MethodNotAllowed(str(exc.detail))
     if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
         return errors.AuthenticationFailed(code="missing_bearer_token")
-    if isinstance(exc, drf_exceptions.NotFound):
-        return errors.NotFound(str(exc.detail))
+    if isinstance(exc, drf_exceptions.NotFound | Http404):
+        return errors.NotFound(str(exc))
+    if isinstance(exc, drf_exceptions.PermissionDenied):
+        return errors.PermissionDenied(str(exc.detail))
+    if isinstance(exc, drf_exceptions.Throttled):
+        return errors.RateLimited(str(exc.detail))
     if isinstance(exc, drf_exceptions.APIException):
-        return errors.GatewayError(str(exc.detail), status=exc.status_code, code=exc.default_code)
+        if exc.status_code >= 500:
+            return errors.ServerError(str(exc.detail), status=exc.status_code, code=exc.default_code)
+        return errors.BadRequest(str(exc.detail), status=exc.status_code, code=exc.default_code)
     return None
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
-    """DRF's ``EXCEPTION_HANDLER``: the envelope, already rendered (a plain Django response, which
-    DRF passes on as it is)."""
+    """DRF's ``EXCEPTION_HANDLER``: the envelope ``gateway.errors`` renders for ``exc``.
+
+    ``None`` (DRF re-raises, Django's ``handler500`` answers) for anything that is not a client error.
+    """
     gerr = to_gateway_error(exc)
     if gerr is None:
         return None
-    request = context["request"]  # DRF's Request: attributes it lacks are its HttpRequest's
-    status, body, headers = errors.render(gerr, request.path, errors.request_id_of(request))
-    return HttpResponse(body, status=status, headers=headers)
+    response: HttpResponse = errors.django_response(gerr, context["request"])
+    return response
+
+
+# -- authentication and permission ---------------------------------------------------------------
+
+
+class PrincipalAuthentication(BaseAuthentication):
+    """DRF's ``request.user`` is the caller's :class:`~gateway.principal.Principal`.
+
+    The gateway's auth layer (``gateway.auth``) authenticated the request before Django routed it
+    and refused bad credentials with a 401; this class only hands its principal to DRF.
+    """
+
+    def authenticate(self, request: Request) -> tuple[Principal, None]:
+        return request_principal(request), None
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"  # without it DRF would turn a 401 into a 403
+
+
+class StoredStateAccess(BasePermission):
+    """Stored state on an open gateway with ``OPENAI_API_KEY`` set is for that key's holder only (401)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        view.check_stored_state_access(request)  # raises the 401
+        return True
+
+
+# -- rendering and negotiation -------------------------------------------------------------------
+
+
+class JSONRenderer(BaseRenderer):
+    """``application/json`` by orjson, the serializer every lean route uses."""
+
+    media_type = "application/json"
+    format = "json"
+    charset = None
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        return orjson.dumps(data)
+
+
+class JSONOnly(BaseContentNegotiation):
+    """Every resource endpoint answers JSON whatever ``Accept`` says (as the lean routes do): no 406."""
+
+    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(
+        self, request: Request, renderers: list[Any], format_suffix: str | None = None
+    ) -> tuple[Any, str]:
+        return renderers[0], renderers[0].media_type
+
+
+# -- pagination ----------------------------------------------------------------------------------
+
+LIST_LIMIT_DEFAULT = 20
+LIST_LIMIT_MAX = 100
+
+
+@dataclass(frozen=True)
+class ListParams:
+    after: str | None = None
+    limit: int = LIST_LIMIT_DEFAULT
+    order: Literal["asc", "desc"] = "desc"
+
+
+def _integer(param: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.BadRequest(
+            f"Invalid '{param}': expected an integer, but got '{raw}' instead.",
+            param=param,
+            code="invalid_type",
+        ) from None
+
+
+def parse_list_params(query: Mapping[str, Any]) -> ListParams:
+    """OpenAI's list parameters: ``after`` (an id), ``limit`` (1 to 100, default 20), ``order``
+    (``asc`` or ``desc``, default ``desc``); anything else is a 400 naming the parameter."""
+    limit = LIST_LIMIT_DEFAULT
+    if "limit" in query:
+        limit = _integer("limit", query.get("limit") or "")
+        if limit < 1:
+            raise errors.BadRequest(
+                f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {limit} instead.",
+                param="limit",
+                code="integer_below_min_value",
+            )
+        if limit > LIST_LIMIT_MAX:
+            raise errors.BadRequest(
+                f"Invalid 'limit': integer above maximum value. Expected a value <= {LIST_LIMIT_MAX}, "
+                f"but got {limit} instead.",
+                param="limit",
+                code="integer_above_max_value",
+            )
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise errors.BadRequest(
+            f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.",
+            param="order",
+            code="invalid_value",
+        )
+    after = query.get("after") or None
+    errors.refuse_nul(after, "after")
+    return ListParams(after=after, limit=limit, order=order)
+
+
+PageFetch = Callable[[ListParams], tuple[list[dict[str, Any]], bool]]
+
+
+class OpenAIListPagination(BasePagination):
+    """OpenAI's list: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``.
+
+    A keyset page, never an offset: the view passes the selector that reads one page after the
+    ``after`` anchor (the conversation's (conversation, position) index; a response's stored list
+    of input item ids), and this class owns the parameters, their errors and the shape.
+    """
+
+    def paginate(self, request: Request, fetch: PageFetch) -> list[dict[str, Any]]:
+        self.params = parse_list_params(request.query_params)
+        data, self.has_more = fetch(self.params)
+        return data
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response(list_body(data, has_more=self.has_more))
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        nullable_id = {"type": "string", "nullable": True}
+        return {
+            "type": "object",
+            "required": ["object", "data", "first_id", "last_id", "has_more"],
+            "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": schema,
+                "first_id": nullable_id,
+                "last_id": nullable_id,
+                "has_more": {"type": "boolean"},
+            },
+        }
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": "after",
+                "in": "query",
+                "required": False,
+                "description": "An item id; the page continues past it in the chosen order.",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": "limit",
+                "in": "query",
+                "required": False,
+                "description": "Items per page, 1 to 100.",
+                "schema": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": LIST_LIMIT_MAX,
+                    "default": LIST_LIMIT_DEFAULT,
+                },
+            },
+            {
+                "name": "order",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"},
+            },
+        ]
+
+
+def list_body(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+
+class ResourceView(APIView):
+    """The base of every resource endpoint (see the module docstring)."""
+
+    authentication_classes = [PrincipalAuthentication]
+    permission_classes = [StoredStateAccess]
+    renderer_classes = [JSONRenderer]
+    parser_classes = [JSONParser]  # documents the JSON bodies; bodies are read by parse_body
+    content_negotiation_class = JSONOnly
+    metadata_class = None  # OPTIONS is a 405 like on every other route (CORS preflights never get here)
+    http_method_names = ["get", "post", "delete"]  # HEAD too is a 405
+    pagination_class = OpenAIListPagination
+
+    def check_stored_state_access(self, request: Request) -> None:
+        """The stored-state rule (``gateway.auth``); a view module may name its own entry point."""
+        require_stored_state_access(request)
+
+    @property
+    def principal(self) -> Principal:
+        principal: Principal = self.request.user
+        return principal
+
+    @property
+    def owner(self) -> str:
+        return self.principal.owner
+
+    @property
+    def allowed_methods(self) -> list[str]:
+        return sorted(m.upper() for m in self.http_method_names if hasattr(self, m))
+
+    def http_method_not_allowed(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        raise errors.MethodNotAllowed(
+            f"Method {request.method} is not allowed on {request.path}.",
+            headers={"Allow": ", ".join(self.allowed_methods)},
+        )
+
+    def paginate(self, fetch: PageFetch) -> Response:
+        paginator = self.pagination_class()
+        return paginator.get_paginated_response(paginator.paginate(self.request, fetch))
+
+
+_loop: contextvars.ContextVar[asyncio.AbstractEventLoop] = contextvars.ContextVar("gateway_drf_loop")
+
+
+def on_loop(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``fn()`` on the event loop serving this request (from a view :func:`async_view` runs)."""
+    return asyncio.run_coroutine_threadsafe(fn(), _loop.get()).result()
+
+
+def _respond(view: Callable[..., HttpResponseBase], request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+    response = view(request, *args, **kwargs)
+    if isinstance(response, Response):
+        # Rendered here, on the ORM thread: a DRF Response handed to async Django would cost
+        # another hop to a thread of asgiref's just to be rendered.
+        response.render()
+        plain = HttpResponse(response.content, status=response.status_code)
+        for name, value in response.items():
+            plain[name] = value
+        return plain
+    return response
+
+
+def async_view(
+    view_class: type[APIView], **initkwargs: Any
+) -> Callable[..., Coroutine[Any, Any, HttpResponseBase]]:
+    """``view_class.as_view(**initkwargs)`` served from async Django as one ``run_orm`` call.
+
+    The returned coroutine function carries the attributes ``as_view`` sets (``cls``,
+    ``initkwargs``), so URL inspection (drf-spectacular) still sees a DRF view.
+    """
+    view = view_class.as_view(**initkwargs)
+
+    @functools.wraps(view)
+    async def serve(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        token = _loop.set(asyncio.get_running_loop())
+        try:
+            response: HttpResponseBase = await run_orm(_respond, view, request, *args, **kwargs)
+        finally:
+            _loop.reset(token)
+        return response
+
+    return serve

@@ -42,6 +42,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "corsheaders",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from /static/ (no CDN)
     "mozilla_django_oidc",
     "gateway",
     "inference_app",
@@ -212,6 +214,26 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "gateway.drf.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# The OpenAPI document (gateway/openapi.py): DRF views by drf-spectacular, lean routes by the hook.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agentic API gateway",
+    "DESCRIPTION": "OpenAI Responses, Conversations, pass-through and Anthropic Messages APIs "
+    "in front of vLLM. `POST /v1/responses` also speaks WebSocket on the same path.",
+    "VERSION": "1",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PUBLIC": True,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": [],
+    "SCHEMA_PATH_PREFIX": r"/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["gateway.openapi.add_lean_routes"],  # enums stay inline
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {

@@ -2,8 +2,10 @@
 
 from django.contrib import admin
 from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from gateway import models_catalog, views
+from gateway.drf import async_view
 
 urlpatterns = [
     path("", views.head_root),
@@ -12,6 +14,10 @@ urlpatterns = [
     path("metrics", views.metrics),
     path("admin/", admin.site.urls),
     path("oidc/", include("mozilla_django_oidc.urls")),  # admin single sign-on
+    # The OpenAPI document of /v1 (gateway.openapi) and a Swagger UI with bundled assets; public
+    # like /health (gateway.auth.requires_auth).
+    path("v1/openapi.json", async_view(SpectacularJSONAPIView), name="openapi"),
+    path("docs/", async_view(SpectacularSwaggerView, url_name="openapi"), name="swagger-ui"),
     path("", include("responses_app.urls")),
     path("", include("conversations_app.urls")),
     path("v1/models", models_catalog.models_list),

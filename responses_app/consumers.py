@@ -398,6 +398,13 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if exc.code == "previous_response_not_found":
                 exc.status = 400  # the WebSocket transport answers 400 (spec)
             raise _Refused(exc, evict=True) from None
+        if prepared.agent_tree is not None:  # continuing a multi-agent response (HTTP only)
+            refusal = errors.BadRequest(
+                "Multi-agent responses continue over the HTTP Responses API only, not WebSocket.",
+                param="previous_response_id",
+                code="unsupported_parameter",
+            )
+            raise _Refused(refusal, evict=False)
         checkpoint = [*prepared.history, *prepared.new_items]
         self._check_checkpoint(len(checkpoint), _size(checkpoint))
         prepared_bytes = _size(checkpoint)

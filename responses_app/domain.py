@@ -52,6 +52,8 @@ class Prepared:
     background: bool = False
     # The client tools as the upstream sees them (built, and collisions refused, at preparation).
     tool_map: ToolMap | None = None
+    # The agent tree a multi-agent continuation restores (``responses_app.multi_agent``).
+    agent_tree: dict[str, Any] | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
 from responses_app import async_tools, compaction
+from responses_app.multi_agent_config import multi_agent_config
 from responses_app.tool_decls import check_declared_tool
 
 # Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
@@ -76,7 +77,7 @@ UNRUNNABLE_ITEM_TYPES = frozenset(
     }
 )
 # Top-level request fields the gateway does not implement: refused when set (non-null).
-UNBUILT_FIELDS = ("multi_agent",)
+UNBUILT_FIELDS: tuple[str, ...] = ()
 # OpenAI-only request fields with no meaning in front of vLLM: refused when set (non-null).
 REFUSED_FIELDS = ("access_programs", "background_options", "image", "moderation", "prompt")
 
@@ -87,7 +88,7 @@ def _unsupported(message: str, param: str) -> errors.BadRequest:
 
 def refuse_unsupported(raw: Mapping[str, Any]) -> None:
     """Raise the 400 for the first part of ``raw`` the gateway does not implement."""
-    async_tools.check_multi_agent(raw)  # the one multi-agent rule built before multi-agent itself
+    async_tools.check_multi_agent(raw)  # before multi-agent's own checks: its exact 400 comes first
     compaction.compact_threshold(raw.get("context_management"))  # malformed entries: 400 with param
     for name in UNBUILT_FIELDS:
         if raw.get(name) is not None:
@@ -95,6 +96,7 @@ def refuse_unsupported(raw: Mapping[str, Any]) -> None:
     for name in REFUSED_FIELDS:
         if raw.get(name) is not None:
             raise _unsupported(f"'{name}' is not supported by this gateway.", name)
+    multi_agent_config(raw)  # multi-agent mode (beta): its own refusals
     tools = raw.get("tools")
     if isinstance(tools, list):
         for index, tool in enumerate(tools):

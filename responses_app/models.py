@@ -37,6 +37,11 @@ class Response(models.Model):
     )
     usage = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
+    agent_tree = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Multi-agent responses: the versioned agent tree snapshot a continuation restores.",
+    )
     history_item_ids = models.JSONField(
         default=list, help_text="Ordered ids of every item a continuation starts from (the checkpoint)."
     )

@@ -48,6 +48,7 @@ FINAL_COLUMNS = (
     "snapshot",
     "usage",
     "error",
+    "agent_tree",
     "history_item_ids",
     "input_item_count",
     "completed_at",
@@ -79,8 +80,10 @@ def _sql(vendor: str) -> dict[str, Any]:
     update = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in FINAL_COLUMNS)
     statuses = ", ".join(f"'{status}'" for status in _OPEN)
     return {
-        "status": f"SELECT {q('status')} FROM {responses} {where}",
-        "status_ids": f"SELECT {q('status')}, {q('history_item_ids')} FROM {responses} {where}",
+        "status": f"SELECT {q('status')}, {q('agent_tree')} FROM {responses} {where}",
+        "status_ids": (
+            f"SELECT {q('status')}, {q('agent_tree')}, {q('history_item_ids')} FROM {responses} {where}"
+        ),
         "items": f"INSERT INTO {items} ({', '.join(q(c) for c in item_columns)}) VALUES ",
         "item_row": f"({', '.join(['%s'] * len(item_columns))})",
         "item_columns": item_columns,
@@ -191,12 +194,15 @@ def _items_sql(batch: list[Any], width: int) -> str:
     return f"{sql['items']}{', '.join([sql['item_row']] * (len(batch) // width))} ON CONFLICT DO NOTHING"
 
 
-def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> tuple[str, list[str] | None] | None:
-    """``(status, history_item_ids or None)`` of the owner's response, or None when there is none."""
+def parent_row(
+    response_id: str, owner: str, *, with_item_ids: bool
+) -> tuple[str, list[str] | None, dict[str, Any] | None] | None:
+    """``(status, history_item_ids or None, agent_tree)`` of the owner's response, or None when
+    there is none."""
     sql = _sql(_vendor())["status_ids" if with_item_ids else "status"]
     with connection.cursor() as cursor:
         cursor.execute(sql, [response_id, owner])
         row = cursor.fetchone()
     if row is None:
         return None
-    return row[0], (loads(row[1]) if with_item_ids else None)
+    return row[0], (loads(row[2]) if with_item_ids else None), loads(row[1])

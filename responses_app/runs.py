@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.db import run_orm
 from gateway.lifecycle import Interruptible, interruptible
-from responses_app import services, tasks
+from responses_app import leases, services
 from responses_app.events import Event
 from responses_app.executor import Executor
 
@@ -68,7 +68,7 @@ async def drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]
 
 class _StreamLease:
     """The lease of a stored stream (module docstring): taken by the executor just before
-    ``response.created``, renewed by :func:`tasks.start_heartbeat` until the final store begins. A
+    ``response.created``, renewed by :func:`leases.start_heartbeat` until the final store begins. A
     lost lease (the sweep failed the row) interrupts the run: it ends ``failed``. A run that ends
     without storing (a commit-time refusal, a cancelled task, the database down) fails its row."""
 
@@ -87,10 +87,10 @@ class _StreamLease:
             services.response_create_in_progress,
             prepared=executor.p,
             snapshot=executor.snapshot("in_progress"),
-            lease_owner=tasks.runner_id(),
+            lease_owner=leases.runner_id(),
             lease_s=config.responses.lease_s,
         )
-        self.heartbeat = tasks.start_heartbeat(executor.p.response_id, config, self._lose)
+        self.heartbeat = leases.start_heartbeat(executor.p.response_id, config, self._lose)
 
     def _lose(self) -> None:
         log.warning("response %s: lease lost, ending it failed", self.executor.p.response_id)

@@ -48,7 +48,13 @@ class ConversationParam(BaseModel):
 class ResponseCreateRequest(BaseModel):
     """``POST /v1/responses`` (``openai.types.responses.ResponseCreateParams``)."""
 
-    model_config = ConfigDict(extra="allow")
+    # The example is the OpenAPI document's (gateway/openapi.py).
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "input": "Say hello."}]
+        },
+    )
 
     access_programs: dict[str, Any] | None = None
     background: bool | None = None

@@ -105,12 +105,13 @@ def response_prepare(
     tool_map = translate.ToolMap.build(request.tools, search_available=web_search_available(config))
 
     history: list[dict[str, Any]] = []
+    agent_tree: dict[str, Any] | None = None
     revision = 0
     conversation_id = request.conversation_id
     if request.previous_response_id is not None and cached_history is not None:
         history = list(cached_history)
     elif request.previous_response_id is not None:
-        history = _previous_history(request.previous_response_id, owner)
+        history, agent_tree = _previous_history(request.previous_response_id, owner)
     elif conversation_id is not None:
         conversation_selectors.check_conversation_id(conversation_id, param="conversation")
         try:
@@ -127,6 +128,13 @@ def response_prepare(
         # A stored response continuing an in-memory (possibly unstored) parent: its checkpoint must
         # only reference stored items, so the parent's items are stored with it (duplicates ignored).
         to_insert = [*history, *to_insert]
+    if agent_tree is not None and (not request.stores or request.background):
+        # A multi-agent continuation inherits the tree's configuration, and its rules.
+        raise errors.BadRequest(
+            "Continuing a multi-agent response requires store=true and no background mode.",
+            param="background" if request.background else "store",
+            code="invalid_value",
+        )
     # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again).
     async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
     tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
@@ -147,11 +155,13 @@ def response_prepare(
         prompt_cache_options=cache_options,
         background=bool(request.background),
         tool_map=tool_map,
+        agent_tree=agent_tree,
     )
 
 
-def _previous_history(previous_id: str, owner: str) -> list[dict[str, Any]]:
-    """The checkpoint items of the owner's finished response ``previous_id``.
+def _previous_history(previous_id: str, owner: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The checkpoint items of the owner's finished response ``previous_id``, and its agent tree
+    (multi-agent responses; else None).
 
     The parent's row is always read (existence, owner, status: one indexed query), so deletes on
     any process and other owners' ids are honoured; only the items come from the in-process
@@ -159,7 +169,7 @@ def _previous_history(previous_id: str, owner: str) -> list[dict[str, Any]]:
     """
     cached = history_cache.get(previous_id, owner)
     found = rawsql.parent_row(previous_id, owner, with_item_ids=cached is None)
-    status, item_ids = found if found is not None else (None, None)
+    status, item_ids, agent_tree = found if found is not None else (None, None, None)
     if status is None:
         # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
         if cached is not None:
@@ -177,10 +187,10 @@ def _previous_history(previous_id: str, owner: str) -> list[dict[str, Any]]:
             code="previous_response_in_progress",
         )
     if cached is not None:
-        return cached
+        return cached, agent_tree
     history = [item.data for item in selectors.items_in_order(ids=item_ids or [], owner=owner)]
     history_cache.put(previous_id, owner, history)
-    return history
+    return history, agent_tree
 
 
 def _resolve_input(
@@ -230,6 +240,7 @@ class Outcome:
     # The history a continuation starts from when it is not history + input + output: a response
     # that compacted (responses_app.compaction) continues from its window.
     window: list[dict[str, Any]] | None = None
+    agent_tree: dict[str, Any] | None = None  # a multi-agent response's tree snapshot
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
@@ -308,6 +319,7 @@ def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
         "snapshot": outcome.snapshot,
         "usage": outcome.usage,
         "error": outcome.error,
+        "agent_tree": outcome.agent_tree,
         "history_item_ids": [item["id"] for item in _window(p, outcome)],
         "input_item_count": _input_count(p, outcome),
         "completed_at": timezone.now(),

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
@@ -33,6 +29,7 @@ from gateway.config import Config, get_config
 from gateway.db import run_orm
 from responses_app.domain import Prepared
 from responses_app.executor import Executor
+from responses_app.leases import HOST, lease_owner_alive, runner_id, start_heartbeat
 
 log = logging.getLogger("responses.background")
 
@@ -42,43 +39,11 @@ _running: dict[str, asyncio.Task[None]] = {}
 _FLUSH_EVENTS = 32
 _FLUSH_SECONDS = 0.05
 
-_HOST = socket.gethostname()
-_identity: tuple[int, str] | None = None
-
-
-def runner_id() -> str:
-    """This process's lease owner name, ``host/pid/token`` (a forked child gets its own)."""
-    global _identity
-    pid = os.getpid()
-    if _identity is None or _identity[0] != pid:
-        _identity = (pid, f"{_HOST}/{pid}/{secrets.token_hex(4)}")
-    return _identity[1]
-
-
-def lease_owner_alive(owner: str) -> bool:
-    """Whether the process named by lease owner ``owner`` (of this host) still runs."""
-    try:
-        host, pid_text, _token = owner.split("/", 2)
-        pid = int(pid_text)
-    except ValueError:
-        return True  # not ours to judge
-    if host != _HOST:
-        return True
-    if pid == os.getpid():
-        return owner == runner_id()  # this pid's earlier life: a restarted process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def sweep_once() -> int:
     from responses_app import services
 
-    return services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{_HOST}/")
+    return services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{HOST}/")
 
 
 async def sweep_forever() -> None:
@@ -135,31 +100,6 @@ def cancel_local(response_id: str) -> None:
     task = _running.get(response_id)
     if task is not None:
         task.cancel()
-
-
-def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> asyncio.Task[None]:
-    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until the
-    task is cancelled; ``on_lost()`` once a renewal finds the lease gone (the row was failed by the
-    sweep, cancelled or deleted). Background work and stored streams (``runs.drive``) share it."""
-    return asyncio.get_running_loop().create_task(_heartbeat(response_id, config, on_lost))
-
-
-async def _heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> None:
-    from responses_app import services
-
-    owner, every, lease_s = runner_id(), config.responses.heartbeat_s, config.responses.lease_s
-    while True:
-        await asyncio.sleep(every)
-        try:
-            renewed = await run_orm(
-                services.response_lease_renew, id=response_id, lease_owner=owner, lease_s=lease_s
-            )
-        except Exception:
-            log.exception("response %s: lease renewal failed", response_id)
-            continue  # the database may come back before the lease expires
-        if not renewed:  # failed by the sweep, or cancelled: stop working on it
-            on_lost()
-            return
 
 
 async def run_background(prepared: Prepared, config: Config, *, upstream: Any = None) -> None:

@@ -11,18 +11,18 @@ import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from gateway import errors
-from gateway.auth import require_stored_state_access
 from gateway.config import get_config
 from gateway.db import run_orm
-from gateway.http import allow_methods, json_response
+from gateway.http import allow_methods, json_response, parse_json_body
 from gateway.principal import Principal, credential_consumed, request_principal
 from inference_app.upstream import HOP_BY_HOP, forward_headers, get_upstream
 from responses_app import runs, selectors, services, tasks
 from responses_app.domain import Prepared
 from responses_app.events import Event
 from responses_app.executor import Executor
+from responses_app.multi_agent import Coordinator, is_multi_agent
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
-from responses_app.tool_loop import ToolLoop, history_model_items, public_item
+from responses_app.tool_loop import ToolLoop, history_model_items
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -109,7 +109,7 @@ async def create(call: Call) -> Outcome:
         if parsed.stream:
             return _stream(_tail(prepared.response_id, -1))
         return _json(snapshot)
-    executor = Executor(prepared, config)
+    executor = (Coordinator if is_multi_agent(prepared) else Executor)(prepared, config)
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
         return _stream(_frames(executor))
@@ -197,30 +197,10 @@ async def _direct(call: Call) -> Outcome:
     return Outcome(status=upstream.status, headers=relayed, frames=relay(), close=upstream.aclose)
 
 
-@allow_methods("GET", "DELETE")
-async def response_detail(request: HttpRequest, response_id: str) -> HttpResponse:
-    require_stored_state_access(request)
-    errors.refuse_nul(response_id, "response_id")
-    owner = request_principal(request).owner
-    if request.method == "DELETE":
-        await run_orm(services.response_delete, id=response_id, owner=owner)
-        return json_response({"id": response_id, "object": "response", "deleted": True})
-    response = await run_orm(selectors.response_get, id=response_id, owner=owner)
-    if request.GET.get("stream") in ("true", "1", "True"):
-        if not response.background:
-            raise errors.BadRequest(
-                "This response cannot be streamed because it was not created with background=true.",
-                param="stream",
-                code="invalid_request",
-            )
-        starting_after = _int_param(request, "starting_after", default=-1, minimum=-1)
-        return _sse(_tail(response.id, starting_after))
-    if response.snapshot is None:
-        raise errors.Conflict(
-            f"Response with id '{response_id}' has no stored snapshot to return.",
-            code="response_snapshot_unavailable",
-        )
-    return json_response(response.snapshot)
+def sse_tail(response_id: str, starting_after: int) -> HttpResponse:
+    """A background response's stored events after ``starting_after`` as server-sent events,
+    following the response to its end (``GET /v1/responses/{id}?stream=true``)."""
+    return _sse(_tail(response_id, starting_after))
 
 
 async def _tail(response_id: str, starting_after: int) -> AsyncIterator[bytes]:
@@ -244,80 +224,6 @@ async def _tail(response_id: str, starting_after: int) -> AsyncIterator[bytes]:
             if finished_checks > 2:  # terminal and nothing more arrives (e.g. cancelled)
                 return
         await asyncio.sleep(_TAIL_POLL_S)
-
-
-def _int_param(
-    request: HttpRequest, name: str, *, default: int, minimum: int, maximum: int | None = None
-) -> int:
-    raw = request.GET.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.BadRequest(
-            f"Invalid type for '{name}': expected an integer, but got a string instead.",
-            param=name,
-            code="invalid_type",
-        ) from None
-    if value < minimum:
-        raise errors.BadRequest(
-            f"Invalid '{name}': integer below minimum value. Expected a value >= {minimum}, "
-            f"but got {value} instead.",
-            param=name,
-            code="integer_below_min_value",
-        )
-    if maximum is not None and value > maximum:
-        raise errors.BadRequest(
-            f"Invalid '{name}': integer above maximum value. Expected a value <= {maximum}, "
-            f"but got {value} instead.",
-            param=name,
-            code="integer_above_max_value",
-        )
-    return value
-
-
-@allow_methods("GET")
-async def response_input_items(request: HttpRequest, response_id: str) -> HttpResponse:
-    require_stored_state_access(request)
-    errors.refuse_nul(response_id, "response_id")
-    owner = request_principal(request).owner
-    limit = _int_param(request, "limit", default=20, minimum=1, maximum=100)
-    order = request.GET.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise errors.BadRequest(
-            f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.",
-            param="order",
-            code="invalid_value",
-        )
-    after = request.GET.get("after")
-    errors.refuse_nul(after, "after")
-
-    def page() -> tuple[list[dict[str, Any]], bool]:
-        response = selectors.response_get(id=response_id, owner=owner)
-        return selectors.response_input_items(response=response, after=after, limit=limit, order=order)
-
-    data, has_more = await run_orm(page)
-    data = [public_item(item) for item in data]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": has_more,
-        }
-    )
-
-
-@allow_methods("POST")
-async def response_cancel(request: HttpRequest, response_id: str) -> HttpResponse:
-    require_stored_state_access(request)
-    errors.refuse_nul(response_id, "response_id")
-    owner = request_principal(request).owner
-    snapshot = await run_orm(services.response_cancel, id=response_id, owner=owner)
-    tasks.cancel_local(response_id)
-    return json_response(snapshot)
 
 
 # ``POST /v1/responses/compact``: what the summary uses, and what is accepted but unused.
@@ -405,9 +311,8 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
     from responses_app import translate
 
     _check_json(request.content_type or "")
-    raw = orjson.loads(request.body) if request.body else {}
-    if not isinstance(raw, dict):
-        raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
+    # Malformed JSON (not UTF-8 included) is the 400 every JSON route gives (was: a 500; schema fuzzing).
+    raw = parse_json_body(request) if request.body else {}
     raw.setdefault("model", "")
     parsed, raw = parse_create_request(orjson.dumps(raw))
     config = get_config()

@@ -49,10 +49,14 @@ UPSTREAM_KEY_PRINCIPAL = Principal(owner=DEFAULT_PRINCIPAL.owner, kind="upstream
 _UPSTREAM_KEY_RESULT = AuthResult(UPSTREAM_KEY_PRINCIPAL, False)
 
 
+PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})  # the API's description, never stored data
+
+
 def requires_auth(path: str) -> bool:
-    """``/v1/*`` is protected (and ``/metrics`` when not public); ``/health`` and ``/ready`` stay public."""
+    """``/v1/*`` is protected (and ``/metrics`` when not public); ``/health``, ``/ready``, the OpenAPI
+    document and its Swagger UI (``/docs/``) stay public."""
     if path.startswith("/v1/"):
-        return True
+        return path not in PUBLIC_API_PATHS
     return path == "/metrics" and not get_config().server.metrics_public
 
 

@@ -21,7 +21,7 @@ from gateway import errors
 from gateway.config import get_config
 from inference_app.tools.base import ToolCall
 from inference_app.tools.dispatch import run_gateway_calls
-from responses_app import services, tasks
+from responses_app import leases, services, tasks
 from responses_app.models import Response, ResponseEvent
 from responses_app.schemas import ResponseCreateRequest
 from tests.servers import ROOT
@@ -58,8 +58,8 @@ def _dead_pid() -> int:
 def test_the_sweep_fails_expired_leases_and_dead_local_runners_only() -> None:
     expired = _row("in_progress", lease_owner="elsewhere/12/ab", expires_in=-1)
     live = _row("in_progress", lease_owner="elsewhere/13/ab", expires_in=60)
-    orphan = _row("queued", lease_owner=f"{tasks._HOST}/{_dead_pid()}/cd", expires_in=60)
-    mine = _row("in_progress", lease_owner=tasks.runner_id(), expires_in=60)
+    orphan = _row("queued", lease_owner=f"{leases.HOST}/{_dead_pid()}/cd", expires_in=60)
+    mine = _row("in_progress", lease_owner=leases.runner_id(), expires_in=60)
     finished = _row("completed", lease_owner="elsewhere/14/ab", expires_in=-1)
 
     assert tasks.sweep_once() == 2
@@ -85,12 +85,12 @@ def test_the_sweep_fails_expired_leases_and_dead_local_runners_only() -> None:
 
 
 def test_a_heartbeat_keeps_the_lease_and_a_lost_lease_is_reported() -> None:
-    row = _row("in_progress", lease_owner=tasks.runner_id(), expires_in=-1)
-    assert services.response_lease_renew(id=row.id, lease_owner=tasks.runner_id(), lease_s=30)
+    row = _row("in_progress", lease_owner=leases.runner_id(), expires_in=-1)
+    assert services.response_lease_renew(id=row.id, lease_owner=leases.runner_id(), lease_s=30)
     assert tasks.sweep_once() == 0
     assert not services.response_lease_renew(id=row.id, lease_owner="someone/else/x", lease_s=30)
     Response.objects.filter(id=row.id).update(status="cancelled")
-    assert not services.response_lease_renew(id=row.id, lease_owner=tasks.runner_id(), lease_s=30)
+    assert not services.response_lease_renew(id=row.id, lease_owner=leases.runner_id(), lease_s=30)
 
 
 def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None:
@@ -196,7 +196,7 @@ def test_a_stored_stream_whose_lease_is_lost_ends_failed() -> None:
             events.append(event.data)
             if event.data["type"] == "response.created":
                 row = await run_orm(lambda: Response.objects.get(id=rid))
-                assert (row.status, row.lease_owner) == ("in_progress", tasks.runner_id())
+                assert (row.status, row.lease_owner) == ("in_progress", leases.runner_id())
                 swept.append(
                     await run_orm(
                         services.response_fail_unfinished, id=rid, message=services.LEASE_EXPIRED_MESSAGE
@@ -225,7 +225,7 @@ def test_a_stored_stream_refused_at_commit_is_stored_failed_with_the_refusal() -
     prepared = _stored_stream(conversation=conversation.id)
     Conversation.objects.filter(id=conversation.id).update(revision=7)  # another writer appended
     events, rows = _drive(Executor(prepared, get_config(), upstream=_Exploding()))
-    assert rows[0] == ("in_progress", tasks.runner_id())  # written before response.created
+    assert rows[0] == ("in_progress", leases.runner_id())  # written before response.created
     assert events[0]["type"] == "response.created" and events[-1]["type"] == "error"
     assert events[-1]["code"] == "conversation_locked"
     row = Response.objects.get(id=prepared.response_id)
@@ -251,7 +251,7 @@ def test_an_exception_in_background_work_stores_failed_with_an_error() -> None:
         headers={},
         config=config,
     )
-    services.response_create_queued(prepared=prepared, lease_owner=tasks.runner_id(), lease_s=30)
+    services.response_create_queued(prepared=prepared, lease_owner=leases.runner_id(), lease_s=30)
     asyncio.run(tasks.run_background(prepared, config, upstream=_Exploding()))
     row = Response.objects.get(id=prepared.response_id)
     assert row.status == "failed"

@@ -18,7 +18,6 @@ FN = {"type": "function", "name": "get_weather", "parameters": {"type": "object"
 
 # (request fields, code, param): each is refused before anything happens.
 REFUSALS: list[tuple[dict[str, Any], str, str]] = [
-    ({"multi_agent": {"enabled": True}}, "unsupported_parameter", "multi_agent"),
     # async is accepted on function and custom tools (and namespace members) only (issue 22).
     (
         {"tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [FN], "async": True}]},
@@ -68,12 +67,6 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
             ],
         },
         "unsupported_value",
-        "multi_agent",
-    ),
-    # parallel_tool_calls defaults to false: no conflict, only the (unbuilt) multi-agent refusal.
-    (
-        {"multi_agent": {"enabled": True}, "tools": [{**FN, "async": True}]},
-        "unsupported_parameter",
         "multi_agent",
     ),
     # Tool search runs in the client only: server execution (the SDK's default) is refused.

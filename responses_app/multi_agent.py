@@ -1,0 +1,774 @@
+"""Multi-agent responses (beta): a coordinator that runs subagents for one response.
+
+With ``multi_agent: {"enabled": true}`` (validated in ``responses_app.multi_agent_config``) the root
+agent (``/root``) gets six collaboration tools the gateway executes itself: ``spawn_agent``,
+``send_message``, ``followup_task``, ``wait_agent``, ``interrupt_agent`` and ``list_agents``.
+
+The shape of a run:
+
+* :class:`Coordinator` is the response's executor. Its one task (the generator the transport
+  drives) owns every piece of mutable multi-agent state: the agent registry, the mailboxes, the
+  concurrency slots and the public output.
+* Each agent is an :class:`AgentExecutor`: its own history, tools (the request's client and gateway
+  tools; the root adds the collaboration tools), emitter and event sink, and its own round budget
+  (``max_rounds`` per turn). A *segment* of an agent's turn runs as its own asyncio task
+  (:func:`_segment`); it touches only that agent's executor and talks to the coordinator through a
+  queue. The coordinator touches an agent's executor only while no segment of it runs.
+* Agents' events are renumbered by the coordinator: one ``sequence_number`` and one
+  ``output_index`` space for the whole stream. Every item and event carries
+  ``agent: {"agent_name": "/root" | "/root/<task>"}``.
+* Mail (``agent_message`` items) is delivered into an agent's history between its segments.
+* A client tool call (function, custom, …) by any agent ends the response; the continuation
+  routes each output to the agent that made the call (by the stored attribution).
+* The tree (configuration and each agent's state) is stored with the response as a versioned
+  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it.
+
+Automatic compaction per agent (at :data:`COMPACT_AT_TOKENS` estimated tokens) hooks into
+:meth:`AgentExecutor.before_segment_round`; it is not built yet (the compaction issue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway import errors
+from gateway.config import Config
+from gateway.ids import new_id
+from responses_app import compaction
+from responses_app.domain import Prepared, RoundState, Usage
+from responses_app.events import Event, EventTooLarge, StreamFailure
+from responses_app.executor import Executor
+from responses_app.multi_agent_config import MultiAgentConfig, multi_agent_config
+from responses_app.tool_loop import PRIVATE_KEY, ROUND_CAP_REASON, ToolLoop
+
+ROOT = "/root"
+TREE_VERSION = 1
+COMPACT_AT_TOKENS = 100_000  # per-agent automatic compaction threshold (seam: before_segment_round)
+DEFAULT_WAIT_MS = 30_000
+MAX_WAIT_MS = 300_000
+ACTIONS = ("spawn_agent", "send_message", "followup_task", "wait_agent", "interrupt_agent", "list_agents")
+
+_STR = {"type": "string"}
+_TARGET = {"target": _STR}
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        parameters["required"] = required
+    return {"name": name, "description": description, "parameters": parameters}
+
+
+# Short on purpose: every root round carries them (a small model's context is small).
+COLLAB_FUNCTIONS: list[dict[str, Any]] = [
+    _fn(
+        "spawn_agent",
+        "Start a subagent on a task; it reports back by mail.",
+        {
+            "task_name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+            "message": _STR,
+            "fork_turns": {"type": "string", "enum": ["all", "none"]},
+        },
+        ["task_name", "message"],
+    ),
+    _fn("send_message", "Mail a subagent.", {**_TARGET, "message": _STR}, ["target", "message"]),
+    _fn("followup_task", "Give a subagent a new task.", {**_TARGET, "message": _STR}, ["target", "message"]),
+    _fn("wait_agent", "Wait for subagent mail.", {"timeout_ms": {"type": "integer"}}, []),
+    _fn("interrupt_agent", "Stop a subagent.", dict(_TARGET), ["target"]),
+    _fn("list_agents", "List subagents.", {}, []),
+]
+
+
+def tag(name: str) -> dict[str, Any]:
+    return {"agent": {"agent_name": name}}
+
+
+def agent_of(item: dict[str, Any]) -> str:
+    agent = item.get("agent")
+    if isinstance(agent, dict) and isinstance(agent.get("agent_name"), str):
+        return agent["agent_name"]
+    return ROOT
+
+
+def belongs_to(item: dict[str, Any], name: str) -> bool:
+    """Whether ``item`` is part of ``name``'s own history: what it produced, and mail to it."""
+    if item.get("type") == "agent_message":
+        return item.get("recipient") == name
+    return agent_of(item) == name
+
+
+def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Agent ``name``'s part of a stored history; after its latest compaction, the retained user
+    messages, the compaction item and what followed (what its model read when it compacted)."""
+    own = [i for i in items if belongs_to(i, name)]
+    latest = max((n for n, i in enumerate(own) if i.get("type") == compaction.COMPACTION), default=None)
+    if latest is None:
+        return own
+    return [*compaction.retained_messages(own[:latest]), *own[latest:]]
+
+
+def _text(value: Any) -> list[dict[str, Any]]:
+    return [{"type": "output_text", "text": value, "annotations": []}]
+
+
+def model_item(item: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """A multi-agent history item as the model of agent ``name`` sees it (``None``: not at all)."""
+    kind = item.get("type")
+    if kind == "multi_agent_call":
+        return {
+            "type": "function_call",
+            "call_id": item["call_id"],
+            "name": item["action"],
+            "arguments": item.get("arguments") or "{}",
+        }
+    if kind == "multi_agent_call_output":
+        text = "".join(p.get("text", "") for p in item.get("output") or () if isinstance(p, dict))
+        return {"type": "function_call_output", "call_id": item["call_id"], "output": text}
+    if kind == "agent_message":
+        if item.get("recipient") != name:
+            return None  # mail this agent sent: its own answer is already in its history
+        text = "".join(p.get("text", "") for p in item.get("content") or () if isinstance(p, dict))
+        return {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": f"[message from {item.get('author')}]\n{text}"}],
+        }
+    out = {k: v for k, v in item.items() if k != "agent"}
+    return out
+
+
+class CollabTools:
+    """An agent's gateway tools as the emitter and the wire see them: the request's gateway tools
+    (a :class:`ToolLoop`) plus, for the root, the collaboration tools, which are recorded for the
+    coordinator and shown as ``multi_agent_call`` items."""
+
+    def __init__(self, loop: ToolLoop, collaborates: bool) -> None:
+        self.loop = loop
+        self.collaborates = collaborates
+        self.calls: list[dict[str, Any]] = []  # this segment's collaboration calls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
+
+    def is_gateway(self, name: str) -> bool:
+        return (self.collaborates and name in ACTIONS) or self.loop.is_gateway(name)
+
+    def on_gateway_call(self, ex: Any, call_id: str, name: str, arguments: str) -> list[Event]:
+        if not (self.collaborates and name in ACTIONS):
+            return self.loop.on_gateway_call(ex, call_id, name, arguments)
+        item = {
+            "id": new_id("mac"),
+            "type": "multi_agent_call",
+            "action": name,
+            "arguments": arguments,
+            "call_id": call_id,
+        }
+        events = ex.whole(item)
+        self.calls.append(ex.output[-1])
+        return events
+
+    def responses_tools(self, declared: Any) -> list[dict[str, Any]]:
+        out = self.loop.responses_tools(declared)
+        if self.collaborates:
+            out += [{"type": "function", **f} for f in COLLAB_FUNCTIONS]
+        return out
+
+    def tool_choice(self, choice: Any) -> Any:
+        """A ``tool_choice`` naming a collaboration tool binds the root; a subagent lacks the tool."""
+        if isinstance(choice, dict) and choice.get("name") in ACTIONS and not self.collaborates:
+            return "auto"
+        return self.loop.tool_choice(choice)
+
+    def chat_tools(self) -> list[dict[str, Any]]:
+        out = self.loop.chat_tools()
+        if self.collaborates:
+            out += [{"type": "function", "function": f} for f in COLLAB_FUNCTIONS]
+        return out
+
+
+class AgentExecutor(Executor):
+    """One agent: its own history, tools, emitter and sink; rounds run by :func:`_segment`."""
+
+    def __init__(self, name: str, prepared: Prepared, config: Config, upstream: Any, loop: ToolLoop) -> None:
+        super().__init__(prepared, config, upstream=upstream, event_fields=tag(name))
+        self.name = name
+        self.emitter.item_fields = tag(name)
+        self.collab = CollabTools(loop, collaborates=name == ROOT)
+        self.loop = loop
+        self.tools = self.collab  # type: ignore[assignment]  # the wire and the emitter see the proxy
+        self.emitter.tools = self.collab
+        self.rounds_run = 0
+        self.turn_rounds = 0
+        # Each agent compacts itself: at the request's context_management threshold, else at
+        # COMPACT_AT_TOKENS estimated tokens (a compaction_trigger is refused in multi-agent mode).
+        threshold = self.compactor.threshold
+        self.compactor.threshold = (
+            COMPACT_AT_TOKENS if threshold is None else min(threshold, COMPACT_AT_TOKENS)
+        )
+        self.compactor.trigger = False
+
+    def model_items(self) -> list[dict[str, Any]]:
+        prior = [*self.p.history, *self.p.new_items]
+        items = self.compactor.window(self.loop.model_items(prior, self.output))
+        out = []
+        for item in items:
+            seen = model_item(item, self.name)
+            if seen is not None:
+                out.append(self.client_tools.upstream_item(seen))
+        return out
+
+    def run_round(self, state: RoundState) -> AsyncIterator[Event]:
+        """One inference round of this agent (the executor's round, over this agent's history)."""
+        return self._run_round(state)
+
+    def receive(self, item: dict[str, Any]) -> None:
+        """Mail (or a client's tool output) joins this agent's history (no segment runs now)."""
+        self.emitter.output.append(item)
+
+    async def before_segment_round(self) -> AsyncIterator[Event]:
+        """Before every inference round of this agent: its automatic compaction (the compaction
+        item is this agent's, attributed to it)."""
+        async for event in self.compactor.before_round(self):
+            yield event
+
+
+@dataclass
+class Agent:
+    name: str
+    ex: AgentExecutor
+    task_message: str = ""
+    status: str = "idle"  # idle | queued | running | completed | interrupted | failed
+    answer: str = ""
+    segment: asyncio.Task[None] | None = None
+    mailbox: list[dict[str, Any]] = field(default_factory=list)
+    pending_calls: list[str] = field(default_factory=list)  # client call ids awaiting output
+
+
+@dataclass
+class SegmentEnd:
+    """How a segment of an agent's turn ended (sent to the coordinator)."""
+
+    kind: str  # answer | collab | client | incomplete | failed | rounds
+    answer: str = ""
+    tier: str | None = None
+    tier_reported: bool = False
+    message: str = ""
+    code: str = "server_error"
+    status: int | None = None
+
+
+async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
+    """Run ``agent``'s rounds until its turn ends or it has collaboration calls; report every event
+    and the end to ``queue``. Touches only ``agent``."""
+    end = SegmentEnd("rounds")
+    try:
+        while agent.turn_rounds < agent.config.responses.max_rounds:
+            agent.turn_rounds += 1  # the round budget is per turn, across its segments
+            async for event in agent.before_segment_round():
+                await queue.put(("event", agent.name, event))
+            agent.rounds_run += 1  # round numbers key the parsers' items: unique per agent
+            state = RoundState(agent.rounds_run)
+            agent.round = state
+            agent.emitter.client_calls = 0
+            agent.loop.start_round()
+            agent.collab.calls = []
+            async for event in agent.run_round(state):
+                await queue.put(("event", agent.name, event))
+            for event in agent.emitter.close():
+                await queue.put(("event", agent.name, event))
+            end.tier, end.tier_reported = state.tier, True
+            if agent.loop.round_calls:
+                async for event in agent.loop.execute_round(agent.emitter):
+                    await queue.put(("event", agent.name, event))
+            if state.status != "completed":
+                end.kind = "incomplete"
+                break
+            if agent.emitter.client_calls or agent.loop.ends_response:
+                end.kind = "client"
+                break
+            if agent.collab.calls:
+                end.kind = "collab"
+                break
+            if not agent.loop.round_calls:
+                end.kind = "answer"
+                end.answer = _last_answer(agent.output)
+                break
+    except StreamFailure as failure:
+        agent.emitter.drop_open()
+        end = SegmentEnd("failed", message=failure.message, code=failure.code, status=failure.status)
+    except EventTooLarge as exc:
+        agent.emitter.drop_open()
+        end = SegmentEnd("failed", message=exc.message)
+    await queue.put(("end", agent.name, end))
+
+
+def _last_answer(output: list[dict[str, Any]]) -> str:
+    for item in reversed(output):
+        if item.get("type") == "message" and item.get("role") == "assistant":
+            return "".join(p.get("text", "") for p in item.get("content") or () if isinstance(p, dict))
+    return ""
+
+
+def _arguments(item: dict[str, Any]) -> dict[str, Any]:
+    try:
+        value = orjson.loads(item.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class Coordinator(Executor):
+    """The executor of a multi-agent response (see the module docstring)."""
+
+    def __init__(self, prepared: Prepared, config: Config, *, upstream: Any = None) -> None:
+        super().__init__(prepared, config, upstream=upstream)
+        ma = multi_agent_config(prepared.raw)
+        tree = prepared_tree(prepared)
+        if ma is None:  # a continuation inherits the tree's configuration
+            ma = MultiAgentConfig(int(tree["config"]["max_concurrent_subagents"]))
+        self.ma = ma
+        self.tree_in = tree
+        self.sink.extra = tag(ROOT)
+        self.agents: dict[str, Agent] = {}
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.slots: dict[int, dict[str, Any]] = {}  # global output index -> finished item
+        self.index_map: dict[tuple[str, int], int] = {}
+        self.next_index = 0
+        self.waiting: list[tuple[dict[str, Any], float]] = []  # root's wait_agent calls and deadlines
+        self.root_mail_seen = 0
+        self.root_tier: str | None = None
+        self.agent_tree: dict[str, Any] | None = None  # the terminal snapshot, once built
+        self._end_status = "completed"
+
+    # --- the public output ----------------------------------------------------------------------
+
+    @property
+    def output(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [self.slots[i] for i in sorted(self.slots)]
+
+    def _forward(self, event: Event, name: str) -> Event:
+        """An agent's event renumbered into the response's one stream."""
+        data = dict(event.data)
+        local = data.get("output_index")
+        if isinstance(local, int):
+            key = (name, local)
+            if key not in self.index_map:
+                self.index_map[key] = self.next_index
+                self.next_index += 1
+            data["output_index"] = self.index_map[key]
+            if data["type"] == "response.output_item.done":
+                self.slots[data["output_index"]] = data["item"]
+        data["sequence_number"] = self.sink.sequence_number
+        body = orjson.dumps(data)
+        if len(body) > self.sink.max_event_bytes:
+            raise EventTooLarge(len(body), self.sink.max_event_bytes)
+        self.sink.sequence_number += 1
+        return Event(data["type"], data, b"event: " + data["type"].encode() + b"\ndata: " + body + b"\n\n")
+
+    # --- agents ---------------------------------------------------------------------------------
+
+    async def _new_agent(self, name: str, history: list[dict[str, Any]]) -> Agent:
+        p = dataclasses.replace(
+            self.p, history=history, new_items=[], items_to_insert=[], store=False, tool_map=self.client_tools
+        )
+        assert self.tools is not None
+        loop = self.tools if name == ROOT else await ToolLoop.prepare(p, self.config)
+        agent = Agent(name, AgentExecutor(name, p, self.config, self.upstream, loop))
+        self.agents[name] = agent
+        return agent
+
+    def _running(self) -> int:
+        return sum(1 for a in self.agents.values() if a.name != ROOT and a.status == "running")
+
+    def _start(self, agent: Agent, *, new_turn: bool = True) -> None:
+        """Start (or queue, when every slot is taken) a turn of ``agent`` (or the next segment of
+        the root's turn after its collaboration calls); its mail is delivered."""
+        if new_turn:
+            agent.ex.turn_rounds = 0
+        if agent.name != ROOT and self._running() >= self.ma.max_concurrent_subagents:
+            agent.status = "queued"
+            return
+        for item in agent.mailbox:
+            agent.ex.receive(item)
+        agent.mailbox.clear()
+        agent.status = "running"
+        agent.segment = asyncio.get_running_loop().create_task(_segment(agent.ex, self.queue))
+
+    def _busy(self) -> bool:
+        return any(a.status in ("running", "queued") for a in self.agents.values() if a.name != ROOT)
+
+    def _start_queued(self) -> None:
+        for agent in self.agents.values():
+            if agent.status == "queued" and self._running() < self.ma.max_concurrent_subagents:
+                self._start(agent)
+
+    def _mail(self, author: str, recipient: str, text: str) -> list[Event]:
+        """An ``agent_message`` from ``author`` (its item, streamed now) into ``recipient``'s mailbox."""
+        sender = self.agents[author]
+        item = {
+            "id": new_id("amsg"),
+            "type": "agent_message",
+            "author": author,
+            "recipient": recipient,
+            "content": [{"type": "text", "text": text}],
+        }
+        events = [self._forward(e, author) for e in sender.ex.emitter.whole(item)]
+        self.agents[recipient].mailbox.append(sender.ex.output[-1])
+        return events
+
+    async def _stop(self, agent: Agent, status: str) -> None:
+        if agent.segment is not None and not agent.segment.done():
+            agent.segment.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await agent.segment
+        agent.segment = None
+        agent.ex.emitter.drop_open()
+        agent.status = status
+
+    # --- the run --------------------------------------------------------------------------------
+
+    async def _run(self) -> AsyncIterator[Event]:
+        if self.tools is None:
+            try:
+                await self.prepare_tools()
+            except errors.GatewayError as exc:
+                from responses_app.events import error_frame
+
+                self.failure_event = error_frame(
+                    code=exc.code, message=exc.message, param=exc.param, sequence_number=0
+                )
+                yield self.failure_event
+                return
+        if self.before_start is not None:
+            await self.before_start()
+        status = "completed"
+        try:
+            yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
+            yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
+            await self._restore()
+            async for event in self._coordinate():
+                yield event
+            status = self._end_status
+        except StreamFailure as failure:
+            status = "failed"
+            self._fail(failure.message, failure.code, failure.status)
+        except EventTooLarge as exc:
+            await self._stop_all("interrupted")
+            async for event in self._end_with_error("event_too_large", exc.message):
+                yield event
+            return
+        finally:
+            await self._stop_all("interrupted")
+        self.service_tier = self.root_tier
+        self._sum_usage()
+        self.agent_tree = self._tree()
+        async for event in self._finish(status):
+            yield event
+
+    async def _stop_all(self, status: str) -> None:
+        for agent in self.agents.values():
+            if agent.status in ("running", "queued"):
+                await self._stop(agent, status)
+
+    async def _restore(self) -> None:
+        """The agents of this response: a fresh root, or the stored tree with each client output
+        routed to the agent whose call it answers."""
+        history = [*self.p.history]
+        root = await self._new_agent(ROOT, own_history(history, ROOT))
+        owners: dict[str, str] = {}
+        for entry in self.tree_in.get("agents", []):
+            name = entry["name"]
+            if name == ROOT:
+                continue
+            agent = await self._new_agent(name, own_history(history, name))
+            status = entry["status"]
+            agent.status = "idle" if status == "awaiting_client" else status
+            if status in ("running", "queued"):
+                agent.status = "interrupted"
+            agent.task_message = entry.get("task", "")
+            agent.answer = entry.get("answer", "")
+            for call_id in entry.get("pending_calls", []):
+                owners[call_id] = name
+        woken: list[Agent] = []
+        for item in self.p.new_items:
+            owner = (
+                owners.get(item.get("call_id", "")) if str(item.get("type", "")).endswith("_output") else None
+            )
+            if owner is not None:
+                item.update(tag(owner))  # stored attributed: a later continuation routes it again
+                target = self.agents[owner]
+                target.mailbox.append(item)
+                if target not in woken:
+                    woken.append(target)
+            else:
+                root.ex.p.new_items.append(item)
+        for agent in woken:
+            self._start(agent)
+        self._start(root)
+
+    async def _coordinate(self) -> AsyncIterator[Event]:
+        root = self.agents[ROOT]
+        while True:
+            timeout = None
+            if self.waiting:
+                timeout = max(0.0, min(deadline for _, deadline in self.waiting) - time.monotonic())
+            try:
+                kind, name, payload = await asyncio.wait_for(self.queue.get(), timeout)
+            except TimeoutError:
+                async for event in self._answer_waits():
+                    yield event
+                continue
+            if kind == "event":
+                if self.agents[name].status == "running":  # drop stragglers of a stopped agent
+                    yield self._forward(payload, name)
+                continue
+            agent = self.agents[name]
+            end: SegmentEnd = payload
+            agent.segment = None
+            if agent.status != "running":
+                continue
+            if name == ROOT and end.tier_reported:
+                self.root_tier = end.tier
+            if end.kind == "failed":
+                if name == ROOT:
+                    self.http_error = agent.ex.http_error  # a 4xx upstream answer is relayed
+                    raise StreamFailure(end.message, code=end.code, status=end.status)
+                agent.status = "failed"
+                for event in self._mail(name, ROOT, f"Subagent failed: {end.message}"):
+                    yield event
+            elif end.kind == "client" or (end.kind == "incomplete" and name == ROOT):
+                agent.status = "awaiting_client" if end.kind == "client" else "interrupted"
+                agent.pending_calls = _open_calls(agent.ex.output)
+                for call, _ in self.waiting:  # the root's waits end with the response
+                    for event in self._call_output(call, "The response ended for client tool calls."):
+                        yield event
+                self.waiting = []
+                if end.kind == "incomplete":
+                    self._end_status = "incomplete"
+                    self.incomplete_details = agent.ex.incomplete_details
+                return  # a client call (or an incomplete root round) ends the response
+            elif end.kind == "collab":
+                async for event in self._collaborate(agent):
+                    yield event
+                continue
+            elif name == ROOT:
+                if end.kind == "rounds":
+                    self._end_status = "incomplete"
+                    self.incomplete_details = {"reason": ROUND_CAP_REASON}
+                root.status = "completed"
+                # The root's turn is over: subagents still at work finish their turn first (their
+                # mail waits in the tree for the root's next turn), then the response ends.
+                if not self._busy():
+                    return
+                continue
+            else:
+                agent.status = "completed" if end.kind == "answer" else "failed"
+                agent.answer = end.answer
+                text = end.answer if end.kind == "answer" else f"Subagent stopped: {end.kind}."
+                for event in self._mail(name, ROOT, text):
+                    yield event
+            self._start_queued()
+            if root.status == "completed" and not self._busy():
+                return
+            async for event in self._answer_waits():
+                yield event
+
+    async def _collaborate(self, root: Agent) -> AsyncIterator[Event]:
+        """Execute the root's collaboration calls; ``wait_agent`` is answered once mail arrives."""
+        calls = list(root.ex.collab.calls)
+        root.ex.collab.calls = []
+        waits = []
+        for call in calls:
+            if call["action"] == "wait_agent":
+                waits.append(call)
+                continue
+            text, events = await self._execute(call)
+            for event in [*events, *self._call_output(call, text)]:
+                yield event
+        if not waits:
+            self._start(root, new_turn=False)
+            return
+        root.status = "waiting"
+        for call in waits:
+            timeout_ms = _arguments(call).get("timeout_ms", DEFAULT_WAIT_MS)
+            if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+                timeout_ms = DEFAULT_WAIT_MS
+            self.waiting.append((call, time.monotonic() + min(timeout_ms, MAX_WAIT_MS) / 1000))
+        async for event in self._answer_waits():
+            yield event
+
+    async def _answer_waits(self) -> AsyncIterator[Event]:
+        """Answer the root's waits when it has mail, nothing runs, or their time is up."""
+        root = self.agents[ROOT]
+        if not self.waiting:
+            return
+        busy = any(a.status in ("running", "queued") for a in self.agents.values() if a.name != ROOT)
+        expired = min(deadline for _, deadline in self.waiting) <= time.monotonic()
+        if not (root.mailbox or not busy or expired):
+            return
+        mail = root.mailbox[:]
+        lines = [f"{m['author']}: {''.join(p.get('text', '') for p in m['content'])}" for m in mail]
+        text = "\n".join(lines) if lines else ("Timed out waiting." if busy else "No subagent is running.")
+        text += "\n" + self._listing()
+        for call, _ in self.waiting:
+            for event in self._call_output(call, text):
+                yield event
+        self.waiting = []
+        root.status = "running"
+        self._start(root, new_turn=False)
+
+    def _call_output(self, call: dict[str, Any], text: str) -> list[Event]:
+        root = self.agents[ROOT]
+        item = {
+            "id": new_id("maco"),
+            "type": "multi_agent_call_output",
+            "action": call["action"],
+            "call_id": call["call_id"],
+            "output": _text(text),
+        }
+        return [self._forward(e, ROOT) for e in root.ex.emitter.whole(item)]
+
+    def _listing(self) -> str:
+        subs = [a for a in self.agents.values() if a.name != ROOT]
+        if not subs:
+            return "Agents: none."
+        return "Agents: " + ", ".join(f"{a.name} ({a.status})" for a in subs)
+
+    def _target(self, args: dict[str, Any]) -> Agent | str:
+        target = args.get("target")
+        if not isinstance(target, str):
+            return "Error: 'target' is required."
+        name = target if target.startswith(ROOT + "/") else f"{ROOT}/{target}"
+        agent = self.agents.get(name)
+        return agent if agent is not None and name != ROOT else f"Error: no subagent named {target!r}."
+
+    async def _execute(self, call: dict[str, Any]) -> tuple[str, list[Event]]:
+        """One collaboration call: its output text, and the events it streamed (mail)."""
+        args = _arguments(call)
+        action = call["action"]
+        if action == "list_agents":
+            return self._listing(), []
+        if action == "spawn_agent":
+            return await self._spawn(args)
+        target = self._target(args)
+        if isinstance(target, str):
+            return target, []
+        if action == "interrupt_agent":
+            if target.status not in ("running", "queued"):
+                return f"{target.name} is not running ({target.status}).", []
+            await self._stop(target, "interrupted")
+            self._start_queued()
+            return f"Interrupted {target.name}.", []
+        message = args.get("message")
+        if not isinstance(message, str) or not message:
+            return "Error: 'message' is required.", []
+        events = self._mail(ROOT, target.name, message)
+        if action == "followup_task" and target.status not in ("running", "queued"):
+            self._start(target)
+        return f"Sent to {target.name} ({target.status}).", events
+
+    async def _spawn(self, args: dict[str, Any]) -> tuple[str, list[Event]]:
+        task, message = args.get("task_name"), args.get("message")
+        if not isinstance(task, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", task):
+            return "Error: task_name must be letters, digits, '_' or '-'.", []
+        if not isinstance(message, str) or not message:
+            return "Error: 'message' is required.", []
+        name = f"{ROOT}/{task}"
+        if name in self.agents:
+            return f"Error: {name} exists; use followup_task or send_message.", []
+        fork = args.get("fork_turns", "all")
+        if fork not in ("all", "none"):
+            return "Error: fork_turns must be 'all' or 'none'.", []
+        root = self.agents[ROOT]
+        base = [*root.ex.p.history, *root.ex.p.new_items] if fork == "all" else []
+        # The child's history is its fork of the root's conversation (its messages only).
+        forked = [{**i, **tag(name)} for i in base if i.get("type", "message") == "message"]
+        agent = await self._new_agent(name, forked)
+        agent.task_message = message
+        events = self._mail(ROOT, name, message)
+        self._start(agent)
+        return f"Spawned {name} ({agent.status}).", events
+
+    # --- storage ----------------------------------------------------------------------------------
+
+    def _tree(self) -> dict[str, Any]:
+        return {
+            "version": TREE_VERSION,
+            "config": self.ma.as_dict(),
+            "agents": [
+                {
+                    "name": a.name,
+                    "status": a.status,
+                    "task": a.task_message,
+                    "answer": a.answer,
+                    "pending_calls": a.pending_calls,
+                }
+                for a in self.agents.values()
+            ],
+        }
+
+    async def _store(
+        self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
+    ) -> None:
+        from gateway.db import run_orm
+        from responses_app import services
+
+        views: dict[str, Any] = {}
+        for agent in self.agents.values():
+            views.update(agent.ex.loop.model_calls)
+        items = [{**i, PRIVATE_KEY: views[i["id"]]} if i.get("id") in views else i for i in self.output]
+        outcome = services.Outcome(
+            status,
+            snapshot,
+            items,
+            self.usage.as_dict(),
+            self.error,
+            terminal_event=terminal,
+            agent_tree=self.agent_tree or self._tree(),
+        )
+        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
+
+    def _sum_usage(self) -> None:
+        """The response's usage: every agent's rounds (each agent counted its own)."""
+        total = Usage()
+        for agent in self.agents.values():
+            u = agent.ex.usage
+            if u.reported:
+                total.add(
+                    input_tokens=u.input_tokens,
+                    output_tokens=u.output_tokens,
+                    total=u.total_tokens,
+                    input_details=u.input_details,
+                    output_details=u.output_details,
+                )
+        self.usage = total
+
+
+CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "shell_call", "tool_search_call"})
+
+
+def _open_calls(output: list[dict[str, Any]]) -> list[str]:
+    answered = {i.get("call_id") for i in output if str(i.get("type", "")).endswith("_output")}
+    return [
+        i["call_id"]
+        for i in output
+        if i.get("type") in CLIENT_CALL_TYPES and i.get("call_id") not in answered
+    ]
+
+
+def prepared_tree(prepared: Prepared) -> dict[str, Any]:
+    """The tree a continuation restores (set by ``services.response_prepare``), or a fresh one."""
+    return prepared.agent_tree or {"version": TREE_VERSION, "config": {}, "agents": []}
+
+
+def is_multi_agent(prepared: Prepared) -> bool:
+    return multi_agent_config(prepared.raw) is not None or prepared.agent_tree is not None

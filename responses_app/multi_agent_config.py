@@ -1,0 +1,96 @@
+"""The ``multi_agent`` request field (beta): its validation and the refusals that go with it.
+
+``multi_agent: {"enabled": true, "max_concurrent_subagents": N}`` (N defaults to 3, a positive
+integer) asks the gateway to coordinate subagents for one response (``responses_app.multi_agent``).
+It requires ``store: true`` and refuses ``max_tool_calls`` and reasoning summaries, each with a 400
+naming its ``param``. The WebSocket transport refuses it (``responses_app.consumers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import errors
+
+DEFAULT_MAX_CONCURRENT = 3
+
+
+@dataclass(frozen=True)
+class MultiAgentConfig:
+    max_concurrent_subagents: int = DEFAULT_MAX_CONCURRENT
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"enabled": True, "max_concurrent_subagents": self.max_concurrent_subagents}
+
+
+def multi_agent_config(raw: Mapping[str, Any]) -> MultiAgentConfig | None:
+    """The validated configuration, or ``None`` when multi-agent mode is not asked for."""
+    value = raw.get("multi_agent")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise errors.invalid_type("multi_agent", "an object", value)
+    unknown = sorted(set(value) - {"enabled", "max_concurrent_subagents"})
+    if unknown:
+        raise errors.BadRequest(
+            f"Unknown parameter: 'multi_agent.{unknown[0]}'.",
+            param=f"multi_agent.{unknown[0]}",
+            code="unknown_parameter",
+        )
+    enabled = value.get("enabled")
+    if not isinstance(enabled, bool):
+        if enabled is None:
+            raise errors.BadRequest(
+                "Missing required parameter: 'multi_agent.enabled'.",
+                param="multi_agent.enabled",
+                code="missing_required_parameter",
+            )
+        raise errors.invalid_type("multi_agent.enabled", "a boolean", enabled)
+    limit = value.get("max_concurrent_subagents", DEFAULT_MAX_CONCURRENT)
+    if limit is None:
+        limit = DEFAULT_MAX_CONCURRENT
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise errors.BadRequest(
+            f"Invalid 'multi_agent.max_concurrent_subagents': expected a positive integer, got {limit!r}.",
+            param="multi_agent.max_concurrent_subagents",
+            code="invalid_value",
+        )
+    if not enabled:
+        return None
+    if raw.get("store") is False:
+        raise errors.BadRequest(
+            "Multi-agent responses require store=true.", param="store", code="invalid_value"
+        )
+    if raw.get("background"):
+        raise errors.BadRequest(
+            "Multi-agent responses run over HTTP JSON and SSE only, not in background mode.",
+            param="background",
+            code="unsupported_parameter",
+        )
+    if raw.get("max_tool_calls") is not None:
+        raise errors.BadRequest(
+            "max_tool_calls is not supported with multi_agent.",
+            param="max_tool_calls",
+            code="unsupported_parameter",
+        )
+    reasoning = raw.get("reasoning")
+    if isinstance(reasoning, Mapping):
+        for key in ("summary", "generate_summary"):
+            if reasoning.get(key) is not None:
+                raise errors.BadRequest(
+                    "Reasoning summaries are not supported with multi_agent.",
+                    param=f"reasoning.{key}",
+                    code="unsupported_parameter",
+                )
+    items = raw.get("input")
+    if isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping) and item.get("type") == "compaction_trigger":
+                raise errors.BadRequest(
+                    "compaction_trigger is not supported with multi_agent; agents compact automatically.",
+                    param=f"input[{index}]",
+                    code="unsupported_parameter",
+                )
+    return MultiAgentConfig(limit)

@@ -1,0 +1,528 @@
+"""Multi-agent responses (beta) against the scripted upstream: the refusals, the coordinator's
+collaboration tools, attribution on every item and event (checked against the SDK's beta types),
+the concurrency limit, client calls from a subagent, and the stored agent tree."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from openai.types.beta.beta_response_output_item import BetaResponseOutputItem
+from openai.types.beta.beta_response_stream_event import BetaResponseStreamEvent
+from pydantic import TypeAdapter
+
+from responses_app.models import Response
+from tests.responses.conftest import Gateway, _sdk_view, sse_events
+from tests.responses.scripts import Script, call, handler, path_for, text
+from tests.responses.wsutil import Client, connect, create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVENTS: TypeAdapter[Any] = TypeAdapter(BetaResponseStreamEvent)
+ITEMS: TypeAdapter[Any] = TypeAdapter(BetaResponseOutputItem)
+MA = {"enabled": True}
+FN = {
+    "type": "function",
+    "name": "lookup",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+}
+
+
+def _args(**kw: Any) -> str:
+    return orjson.dumps(kw).decode()
+
+
+def tool_names(body: dict[str, Any]) -> set[str]:
+    names = set()
+    for tool in body.get("tools") or ():
+        names.add(tool.get("name") or (tool.get("function") or {}).get("name"))
+    return names
+
+
+def body_text(body: dict[str, Any]) -> str:
+    return orjson.dumps(body.get("input") or body.get("messages")).decode()
+
+
+def task_of(body: dict[str, Any]) -> str | None:
+    """The task a subagent's request carries (the root's spawn message), or None for the root."""
+    if "spawn_agent" in tool_names(body):
+        return None
+    found = re.findall(r"\[message from /root\]\\n([A-Za-z0-9 _-]+)", body_text(body))
+    return found[-1] if found else "?"
+
+
+Router = Callable[[dict[str, Any]], Script]
+
+
+def route(gw: Gateway, router: Router, count: int, wrap: Callable[[Any], Any] | None = None) -> None:
+    """Queue ``count`` upstream answers, each chosen by ``router`` from the request body."""
+
+    async def answer(request: Any, rec: Any) -> Any:
+        script = router(rec.json())
+        return await handler(script, gw.wire)(request, rec)
+
+    gw.upstream.scripts[path_for(gw.wire)].clear()  # leftovers of an earlier response
+    for _ in range(count):
+        gw.upstream.script(path_for(gw.wire), wrap(answer) if wrap else answer)
+
+
+def two_subagents(body: dict[str, Any]) -> Script:
+    task = task_of(body)
+    if task is not None:
+        return Script([text(f"answer to {task}")])
+    seen = body_text(body)
+    if "Spawned" not in seen:
+        return Script(
+            [
+                call("spawn_agent", _args(task_name="a", message="task A")),
+                call("spawn_agent", _args(task_name="b", message="task B", fork_turns="none")),
+                call("wait_agent", _args(timeout_ms=20000)),
+            ],
+            service_tier="default",
+        )
+    if "answer to task A" in seen and "answer to task B" in seen:
+        return Script([text("both done")], service_tier="priority")
+    return Script([call("wait_agent", _args(timeout_ms=20000))], service_tier="flex")
+
+
+def check_attribution(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every event carries an agent and parses as the SDK's beta event; numbering is one stream."""
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added: dict[int, str] = {}
+    for event in events:
+        assert re.fullmatch(r"/root(/[A-Za-z0-9_-]+)?", event["agent"]["agent_name"]), event
+        parsed = EVENTS.validate_python(_sdk_view(event))
+        assert parsed.agent is not None and parsed.agent.agent_name == event["agent"]["agent_name"]
+        if event["type"] == "response.output_item.added":
+            assert event["output_index"] not in added
+            added[event["output_index"]] = event["item"]["id"]
+            assert event["item"]["agent"] == event["agent"]
+        elif "output_index" in event:
+            assert event["output_index"] in added, event
+            if "item_id" in event:
+                assert added[event["output_index"]] == event["item_id"]
+    final = events[-1]["response"]
+    assert [item["id"] for item in final["output"]] == [added[i] for i in sorted(added)]
+    for item in final["output"]:
+        parsed = ITEMS.validate_python(item)
+        assert parsed.agent is not None and parsed.agent.agent_name == item["agent"]["agent_name"]
+    return final
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+REFUSALS: list[tuple[dict[str, Any], str, str]] = [
+    ({"multi_agent": {"enabled": True}, "store": False}, "invalid_value", "store"),
+    ({"multi_agent": {"enabled": True}, "max_tool_calls": 3}, "unsupported_parameter", "max_tool_calls"),
+    (
+        {"multi_agent": {"enabled": True}, "reasoning": {"summary": "auto"}},
+        "unsupported_parameter",
+        "reasoning.summary",
+    ),
+    ({"multi_agent": {"enabled": True}, "background": True}, "unsupported_parameter", "background"),
+    (
+        {"multi_agent": {"enabled": True, "max_concurrent_subagents": 0}},
+        "invalid_value",
+        "multi_agent.max_concurrent_subagents",
+    ),
+    (
+        {"multi_agent": {"enabled": True, "max_concurrent_subagents": "2"}},
+        "invalid_value",
+        "multi_agent.max_concurrent_subagents",
+    ),
+    ({"multi_agent": {"max_concurrent_subagents": 2}}, "missing_required_parameter", "multi_agent.enabled"),
+    ({"multi_agent": {"enabled": True, "x": 1}}, "unknown_parameter", "multi_agent.x"),
+    ({"multi_agent": True}, "invalid_type", "multi_agent"),
+]
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+@pytest.mark.parametrize(("fields", "code", "param"), REFUSALS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_refusals(gw: Gateway, fields: dict[str, Any], code: str, param: str, stream: bool) -> None:
+    before = Response.objects.count()
+    r = gw.post({"model": "m", "input": "hi", "stream": stream, **fields})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code
+    assert r.json()["error"]["param"] == param
+    assert gw.upstream_bodies() == []
+    assert Response.objects.count() == before
+
+
+# The WebSocket refusal: tests/responses/test_websocket.py ("ma", multi_agent).
+
+
+# --- the coordinator -----------------------------------------------------------------------------
+
+
+def test_root_spawns_two_subagents_then_answers(gw: Gateway) -> None:
+    route(gw, two_subagents, 8)
+    events = sse_events(
+        httpx.post(
+            f"{gw.url}/v1/responses",
+            json={"model": "m", "input": "do two things", "multi_agent": MA, "stream": True},
+            headers={"OpenAI-Beta": "responses_multi_agent=v1"},
+            timeout=30,
+        )
+    )
+    final = check_attribution(events)
+    assert final["status"] == "completed"
+    assert final["service_tier"] == "priority"  # the last root round's tier, not a child's
+    by_agent: dict[str, list[str]] = {}
+    for item in final["output"]:
+        by_agent.setdefault(item["agent"]["agent_name"], []).append(item["type"])
+    assert set(by_agent) == {"/root", "/root/a", "/root/b"}
+    assert by_agent["/root/a"] == ["message", "agent_message"]
+    assert by_agent["/root/b"] == ["message", "agent_message"]
+    calls = [i for i in final["output"] if i["type"] == "multi_agent_call"]
+    outputs = [i for i in final["output"] if i["type"] == "multi_agent_call_output"]
+    assert [c["action"] for c in calls][:3] == ["spawn_agent", "spawn_agent", "wait_agent"]
+    assert {o["call_id"] for o in outputs} == {c["call_id"] for c in calls}
+    assert all(c["id"].startswith("mac_") for c in calls)
+    assert all(o["id"].startswith("maco_") for o in outputs)
+    mail = [i for i in final["output"] if i["type"] == "agent_message"]
+    assert all(m["id"].startswith("amsg_") for m in mail)
+    assert {(m["author"], m["recipient"]) for m in mail} == {
+        ("/root", "/root/a"),
+        ("/root", "/root/b"),
+        ("/root/a", "/root"),
+        ("/root/b", "/root"),
+    }
+    assert final["output"][-1]["type"] == "message"
+    assert final["output"][-1]["agent"] == {"agent_name": "/root"}
+    # The collaboration tools are the root's alone, and never reach the client as function calls.
+    bodies = gw.upstream_bodies()
+    subagent_bodies = [b for b in bodies if task_of(b) is not None]
+    assert len(subagent_bodies) == 2
+    assert all(not (tool_names(b) & {"spawn_agent", "wait_agent"}) for b in subagent_bodies)
+    forked = next(b for b in subagent_bodies if task_of(b) == "task A")
+    assert "do two things" in body_text(forked)  # fork_turns "all" (the default)
+    unforked = next(b for b in subagent_bodies if task_of(b) == "task B")
+    assert "do two things" not in body_text(unforked)
+    assert not any(i["type"] == "function_call" for i in final["output"])
+    # GET returns the terminal snapshot; the tree is stored with it.
+    got = httpx.get(f"{gw.url}/v1/responses/{final['id']}", timeout=10).json()
+    assert got["output"] == final["output"]
+    tree = Response.objects.get(id=final["id"]).agent_tree
+    assert tree["version"] == 1 and tree["config"] == {"enabled": True, "max_concurrent_subagents": 3}
+    assert {a["name"]: a["status"] for a in tree["agents"]} == {
+        "/root": "completed",
+        "/root/a": "completed",
+        "/root/b": "completed",
+    }
+
+
+def test_json_response_carries_the_same_attributed_output(gw: Gateway) -> None:
+    route(gw, two_subagents, 8)
+    r = gw.client.beta.responses.create(
+        model="m", input="do two things", multi_agent={"enabled": True}, betas=["responses_multi_agent=v1"]
+    )
+    assert gw.upstream.requests[-1].headers.get("openai-beta") is None  # the gateway's, not upstream's
+    assert r.status == "completed"
+    assert {i.agent.agent_name for i in r.output} == {"/root", "/root/a", "/root/b"}
+    assert r.output[-1].type == "message"
+
+
+def wait_and_interrupt(body: dict[str, Any]) -> Script:
+    task = task_of(body)
+    if task == "slow":
+        return Script([text("slow answer")], delay_s=60)  # interrupted long before
+    if task is not None:
+        return Script([text(f"answer to {task}")])
+    seen = body_text(body)
+    if "Spawned" not in seen:
+        return Script(
+            [
+                call("spawn_agent", _args(task_name="slow", message="slow", fork_turns="none")),
+                call("spawn_agent", _args(task_name="quick", message="quick", fork_turns="none")),
+                call("wait_agent", _args()),
+            ]
+        )
+    if "Interrupted" not in seen:
+        return Script([call("interrupt_agent", _args(target="slow")), call("list_agents", _args())])
+    return Script([text("done")])
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_wait_agent_then_interrupt_agent(gw: Gateway) -> None:
+    route(gw, wait_and_interrupt, 6)
+    events = gw.stream({"model": "m", "input": "go", "multi_agent": MA})
+    final = check_attribution(events)
+    assert final["status"] == "completed"
+    outputs = {
+        o["action"]: o["output"][0]["text"] for o in final["output"] if o["type"] == "multi_agent_call_output"
+    }
+    assert "/root/quick: answer to quick" in outputs["wait_agent"]  # the wait ended with the mail
+    assert outputs["interrupt_agent"] == "Interrupted /root/slow."
+    assert "/root/slow (interrupted)" in outputs["list_agents"]
+    assert "/root/quick (completed)" in outputs["list_agents"]
+    assert not any(
+        i["agent"]["agent_name"] == "/root/slow" and i["type"] == "message" for i in final["output"]
+    )
+    tree = Response.objects.get(id=final["id"]).agent_tree
+    assert {a["name"]: a["status"] for a in tree["agents"]}["/root/slow"] == "interrupted"
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_max_concurrent_subagents_is_respected(gw: Gateway) -> None:
+    def router(body: dict[str, Any]) -> Script:
+        task = task_of(body)
+        if task is not None:
+            return Script([text(f"answer to {task}")])
+        seen = body_text(body)
+        if "Spawned" not in seen:
+            spawns = [
+                call("spawn_agent", _args(task_name=f"t{n}", message=f"t{n}", fork_turns="none"))
+                for n in range(4)
+            ]
+            return Script([*spawns, call("wait_agent", _args())])
+        if all(f"answer to t{n}" in seen for n in range(4)):
+            return Script([text("all four")])
+        return Script([call("wait_agent", _args())])
+
+    # Each subagent request holds until 3 subagent requests are in flight (or 1.5 s): with a limit
+    # of 2, at most 2 ever overlap; without the limit, all 4 would.
+    flight = {"now": 0, "peak": 0}
+
+    def hold(inner: Any) -> Any:
+        async def held(request: Any, rec: Any) -> Any:
+            if task_of(rec.json()) is None:
+                return await inner(request, rec)
+            flight["now"] += 1
+            flight["peak"] = max(flight["peak"], flight["now"])
+            try:
+                deadline = time.monotonic() + 1.5
+                while flight["now"] < 3 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+                return await inner(request, rec)
+            finally:
+                flight["now"] -= 1
+
+        return held
+
+    route(gw, router, 12, wrap=hold)
+    events = gw.stream(
+        {"model": "m", "input": "go", "multi_agent": {"enabled": True, "max_concurrent_subagents": 2}}
+    )
+    final = check_attribution(events)
+    assert final["status"] == "completed" and final["output"][-1]["content"][0]["text"] == "all four"
+    assert flight["peak"] == 2
+    spawned = [
+        o["output"][0]["text"]
+        for o in final["output"]
+        if o["action" if "action" in o else "type"] == "spawn_agent"
+        and o["type"] == "multi_agent_call_output"
+    ]
+    assert spawned[2:] == ["Spawned /root/t2 (queued).", "Spawned /root/t3 (queued)."]
+
+
+# --- client calls, continuation, storage ---------------------------------------------------------
+
+
+def subagent_calls_client(body: dict[str, Any]) -> Script:
+    task = task_of(body)
+    seen = body_text(body)
+    if task is not None:
+        if "sunny" in seen:
+            return Script([text("it is sunny")])
+        return Script([call("lookup", _args(q="weather"), call_id="call_sub1")])
+    if "Spawned" not in seen:
+        return Script(
+            [
+                call("spawn_agent", _args(task_name="w", message="weather", fork_turns="none")),
+                call("wait_agent", _args()),
+            ]
+        )
+    if "it is sunny" in seen:
+        return Script([text("the subagent says sunny")])
+    return Script([call("wait_agent", _args())])
+
+
+def test_client_call_from_subagent_is_answered_in_a_continuation(gw: Gateway) -> None:
+    route(gw, subagent_calls_client, 8)
+    first = gw.post({"model": "m", "input": "weather?", "tools": [FN], "multi_agent": MA}).json()
+    assert first["status"] == "completed", first
+    fc = [i for i in first["output"] if i["type"] == "function_call"]
+    assert len(fc) == 1 and fc[0]["agent"] == {"agent_name": "/root/w"} and fc[0]["call_id"] == "call_sub1"
+    tree = Response.objects.get(id=first["id"]).agent_tree
+    entry = next(a for a in tree["agents"] if a["name"] == "/root/w")
+    assert entry["status"] == "awaiting_client" and entry["pending_calls"] == ["call_sub1"]
+
+    # The continuation names no multi_agent: it inherits the stored tree's configuration.
+    count = len(gw.upstream_bodies())
+    second = gw.post(
+        {
+            "model": "m",
+            "previous_response_id": first["id"],
+            "tools": [FN],
+            "input": [{"type": "function_call_output", "call_id": "call_sub1", "output": "sunny"}],
+        }
+    ).json()
+    assert second["status"] == "completed", second
+    assert second["output"][-1]["content"][0]["text"] == "the subagent says sunny"
+    later = gw.upstream_bodies()[count:]
+    sub = [b for b in later if task_of(b) is not None]
+    # The output went to the subagent that made the call (its restored history), not the root.
+    assert sub and "call_sub1" in body_text(sub[0]) and "sunny" in body_text(sub[0])
+    roots = [b for b in later if task_of(b) is None]
+    assert all('"output":"sunny"' not in body_text(b) for b in roots)
+    assert Response.objects.get(id=second["id"]).agent_tree["config"]["max_concurrent_subagents"] == 3
+    # Owner isolation: the tree is another owner's once the row is; it is "not found" to us.
+    Response.objects.filter(id=second["id"]).update(owner="oidc:someone-else")
+    other = gw.post({"model": "m", "previous_response_id": second["id"], "input": "hi"})
+    assert other.status_code == 400, other.text
+    assert other.json()["error"]["code"] == "previous_response_not_found"
+    assert httpx.get(f"{gw.url}/v1/responses/{second['id']}", timeout=10).status_code == 404
+
+
+def test_continuation_restores_the_tree(gw: Gateway) -> None:
+    route(gw, two_subagents, 8)
+    first = gw.post(
+        {
+            "model": "m",
+            "input": "do two things",
+            "multi_agent": {"enabled": True, "max_concurrent_subagents": 1},
+        }
+    ).json()
+    assert first["status"] == "completed"
+
+    def followup(body: dict[str, Any]) -> Script:
+        task = task_of(body)
+        if task is not None:
+            return Script([text(f"again {task}")])
+        seen = body_text(body)
+        if "followup_task" not in seen:
+            return Script(
+                [call("followup_task", _args(target="a", message="more")), call("wait_agent", _args())]
+            )
+        return Script([text("followed up")])
+
+    count = len(gw.upstream_bodies())
+    route(gw, followup, 4)
+    second = gw.post({"model": "m", "previous_response_id": first["id"], "input": "again"}).json()
+    assert second["status"] == "completed", second
+    later = gw.upstream_bodies()[count:]
+    sub = [b for b in later if task_of(b) is not None]
+    # /root/a continues its own history: its earlier task and answer, then the follow-up.
+    assert len(sub) == 1 and "answer to task A" in body_text(sub[0]) and "more" in body_text(sub[0])
+    assert "answer to task B" not in body_text(sub[0])
+    tree = Response.objects.get(id=second["id"]).agent_tree
+    assert tree["config"]["max_concurrent_subagents"] == 1
+    assert {a["name"] for a in tree["agents"]} == {"/root", "/root/a", "/root/b"}
+
+
+# --- per-agent compaction ------------------------------------------------------------------------
+
+LONG = [
+    {"role": "user", "content": "A" * 400},
+    {"role": "assistant", "content": "B" * 400},
+    {"role": "user", "content": "C" * 40},
+]
+
+
+def compacting(body: dict[str, Any]) -> Script:
+    if body.get("stream") is False:  # a summary round
+        return Script([text("SUMMARY of " + ("sub" if "task X" in body_text(body) else "root"))])
+    task = task_of(body)
+    if task is not None:
+        return Script([text(f"answer to {task}")])
+    seen = body_text(body)
+    if "Spawned" not in seen:
+        return Script(
+            [call("spawn_agent", _args(task_name="x", message="task X")), call("wait_agent", _args())]
+        )
+    return Script([text("done")])
+
+
+def test_each_agent_compacts_itself_over_the_threshold(gw: Gateway) -> None:
+    route(gw, compacting, 8)
+    events = gw.stream(
+        {
+            "model": "m",
+            "input": LONG,
+            "multi_agent": MA,
+            # Over the history's estimate for the root and its forked subagent, not after compacting.
+            "context_management": [{"type": "compaction", "compact_threshold": 200}],
+        }
+    )
+    final = check_attribution(events)
+    assert final["status"] == "completed", final
+    compactions = [i for i in final["output"] if i["type"] == "compaction"]
+    assert {i["agent"]["agent_name"]: i["encrypted_content"] for i in compactions} == {
+        "/root": "SUMMARY of root",
+        "/root/x": "SUMMARY of sub",
+    }
+    bodies = [b for b in gw.upstream_bodies() if b.get("stream") is not False]
+    sub = next(b for b in bodies if task_of(b) is not None)
+    assert "SUMMARY of sub" in body_text(sub) and "B" * 400 not in body_text(sub)
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_subagent_at_work_finishes_its_turn_after_the_root_answers(gw: Gateway) -> None:
+    answered = {"root": False}
+
+    def router(body: dict[str, Any]) -> Script:
+        task = task_of(body)
+        if task is not None:
+            return Script([text("late answer")])
+        if "Spawned" not in body_text(body):
+            return Script([call("spawn_agent", _args(task_name="late", message="late", fork_turns="none"))])
+        answered["root"] = True
+        return Script([text("root done")])
+
+    def hold(inner: Any) -> Any:
+        async def held(request: Any, rec: Any) -> Any:
+            if task_of(rec.json()) is not None:  # the subagent answers only after the root did
+                deadline = time.monotonic() + 10
+                while not answered["root"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+            return await inner(request, rec)
+
+        return held
+
+    route(gw, router, 4, wrap=hold)
+    final = check_attribution(gw.stream({"model": "m", "input": "go", "multi_agent": MA}))
+    assert final["status"] == "completed"
+    kinds = [(i["type"], i["agent"]["agent_name"]) for i in final["output"]]
+    assert kinds.index(("message", "/root")) < kinds.index(("message", "/root/late"))
+    assert kinds[-1] == ("agent_message", "/root/late")  # mail for the root's next turn
+    tree = Response.objects.get(id=final["id"]).agent_tree
+    assert {a["name"]: a["status"] for a in tree["agents"]} == {
+        "/root": "completed",
+        "/root/late": "completed",
+    }
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_websocket_refuses_to_continue_a_multi_agent_response(gw: Gateway) -> None:
+    route(gw, two_subagents, 8)
+    first = gw.post({"model": "m", "input": "do two things", "multi_agent": MA}).json()
+    count = len(gw.upstream_bodies())
+
+    async def scenario() -> dict[str, Any]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(previous_response_id=first["id"], input="more"))
+            answer: dict[str, Any] = await c.recv()
+            return answer
+
+    error = asyncio.run(scenario())
+    assert error["type"] == "error" and error["status"] == 400
+    assert error["error"]["param"] == "previous_response_id"
+    assert error["error"]["code"] == "unsupported_parameter"
+    assert len(gw.upstream_bodies()) == count
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_failed_root_round_fails_the_response_and_stores_it_failed(gw: Gateway) -> None:
+    gw.script(error_status=400, error_message="bad prompt")
+    r = gw.post({"model": "m", "input": "go", "multi_agent": MA})
+    assert r.status_code == 400 and "bad prompt" in r.json()["error"]["message"]
+    row = Response.objects.get()
+    assert row.status == "failed" and row.agent_tree["agents"][0]["name"] == "/root"
