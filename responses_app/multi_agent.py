@@ -497,7 +497,9 @@ class Coordinator(Executor):
         owners: dict[str, str] = {
             i["call_id"]: agent_of(i)
             for i in history
-            if i.get("type") in CLIENT_CALL_TYPES and isinstance(i.get("call_id"), str) and agent_of(i) != ROOT
+            if i.get("type") in CLIENT_CALL_TYPES
+            and isinstance(i.get("call_id"), str)
+            and agent_of(i) != ROOT
         }
         for entry in self.tree_in.get("agents", []):
             name = entry["name"]

@@ -612,7 +612,10 @@ def test_a_late_async_output_wakes_its_agent_in_a_continuation(gw: Gateway) -> N
     assert "sunny-42" in body_text(later[0]) and PENDING not in body_text(later[0])
     assert "sunny-42" not in body_text(later[1]) and "it is sunny" in body_text(later[1])
     stored = Response.objects.get(id=second["id"]).agent_tree
-    assert {a["name"]: a["status"] for a in stored["agents"]} == {"/root": "completed", "/root/w": "completed"}
+    assert {a["name"]: a["status"] for a in stored["agents"]} == {
+        "/root": "completed",
+        "/root/w": "completed",
+    }
 
     # The root's own call: a new root turn reads the output; the subagent does not run.
     count = len(gw.upstream_bodies())
