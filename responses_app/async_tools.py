@@ -174,6 +174,30 @@ def check_tool_outputs(
             raise errors.BadRequest(f"No tool output found for function call {call_id}.", param="input")
 
 
+def check_multi_agent_outputs(history: list[dict[str, Any]], new_items: list[dict[str, Any]]) -> None:
+    """Multi-agent mode: an async call the client supplied in its own input (a call item in this
+    request's input, or a stored one without an agent's attribution: every call the gateway emits
+    in multi-agent mode carries one) accepts one output; a further output is refused (spec)."""
+    supplied: set[Any] = set()
+    for item in history:
+        if call_is_async(item) and "agent" not in item:
+            supplied.add(item.get("call_id"))
+    supplied |= {item.get("call_id") for item in new_items if call_is_async(item)}
+    answered = {item.get("call_id") for item in history if item.get("type") in _OUTPUT_OF.values()}
+    for item in new_items:
+        call_id = item.get("call_id")
+        if item.get("type") not in _OUTPUT_OF.values() or call_id not in supplied:
+            continue
+        if call_id in answered:
+            raise errors.BadRequest(
+                f"In multi-agent mode an async call supplied in the request input accepts one "
+                f"output; call_id {call_id} already has one.",
+                param="input",
+                code="invalid_value",
+            )
+        answered.add(call_id)
+
+
 def pending_calls(items: Iterable[Mapping[str, Any]]) -> set[str]:
     """call_ids of the async calls in ``items`` whose output is not among ``items``."""
     calls: set[str] = set()

@@ -137,6 +137,9 @@ def response_prepare(
         )
     # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again).
     async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
+    multi_agent = raw.get("multi_agent")
+    if agent_tree is not None or (isinstance(multi_agent, dict) and multi_agent.get("enabled") is True):
+        async_tools.check_multi_agent_outputs(history, new_items)
     tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
     return Prepared(
         request=request,

@@ -632,3 +632,38 @@ def test_a_late_async_output_wakes_its_agent_in_a_continuation(gw: Gateway) -> N
     assert third["output"][-1]["content"][0]["text"] == "root got rootval"
     later = gw.upstream_bodies()[count:]
     assert len(later) == 1 and task_of(later[0]) is None and "rootval" in body_text(later[0])
+
+
+def test_a_further_output_for_a_client_supplied_async_call_is_refused(gw: Gateway) -> None:
+    supplied = {
+        "type": "function_call",
+        "call_id": "call_c1",
+        "name": "lookup",
+        "arguments": "{}",
+        "async": True,
+    }
+    answer = {"type": "function_call_output", "call_id": "call_c1", "output": "one"}
+    again = {**answer, "output": "two"}
+    route(gw, lambda body: Script([text("noted")]), 2)
+    base = {"model": "m", "tools": [ASYNC_FN], "multi_agent": MA}
+    rows = Response.objects.count()
+    # Two outputs in the request that supplies the call: refused, nothing stored.
+    r = gw.post({**base, "input": [{"role": "user", "content": "hi"}, supplied, answer, again]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_value" and r.json()["error"]["param"] == "input"
+    assert Response.objects.count() == rows
+    first = gw.post({**base, "input": [{"role": "user", "content": "hi"}, supplied, answer]}).json()
+    assert first["status"] == "completed", first
+    rows = Response.objects.count()
+    r = gw.post({"model": "m", "tools": [ASYNC_FN], "previous_response_id": first["id"], "input": [again]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "input" and "call_c1" in error["message"]
+    assert Response.objects.count() == rows
+    # Outside multi-agent mode the same further output is accepted (the async rule).
+    route(gw, lambda body: Script([text("noted")]), 2)
+    single = gw.post(
+        {"model": "m", "tools": [ASYNC_FN], "input": [{"role": "user", "content": "hi"}, supplied, answer]}
+    ).json()
+    ok = gw.post({"model": "m", "tools": [ASYNC_FN], "previous_response_id": single["id"], "input": [again]})
+    assert ok.status_code == 200, ok.text
