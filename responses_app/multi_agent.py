@@ -18,7 +18,8 @@ The shape of a run:
   ``output_index`` space for the whole stream. Every item and event carries
   ``agent: {"agent_name": "/root" | "/root/<task>"}``.
 * Mail (``agent_message`` items) is delivered into an agent's history between its segments.
-* A client tool call (function, custom, …) by any agent ends the response; the continuation
+* A synchronous client tool call (function, custom, …) by any agent ends the response (an agent's
+  async-only round goes on, as in single-agent mode); the continuation
   routes each output to the agent that made the call (by the stored attribution).
 * The tree (configuration and each agent's state) is stored with the response as a versioned
   snapshot (``Response.agent_tree``); ``previous_response_id`` restores it.
