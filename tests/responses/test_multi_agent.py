@@ -667,3 +667,21 @@ def test_a_further_output_for_a_client_supplied_async_call_is_refused(gw: Gatewa
     ).json()
     ok = gw.post({"model": "m", "tools": [ASYNC_FN], "previous_response_id": single["id"], "input": [again]})
     assert ok.status_code == 200, ok.text
+
+
+def test_a_further_output_for_a_gateway_emitted_async_call_reaches_its_agent(gw: Gateway) -> None:
+    first = _async_first(gw)
+    route(gw, async_agents, 4)
+    output = {"type": "function_call_output", "call_id": "call_s1", "output": "sunny-42"}
+    base = {"model": "m", "tools": [ASYNC_FN]}
+    second = gw.post({**base, "previous_response_id": first["id"], "input": [output]}).json()
+    assert second["status"] == "completed", second
+    count = len(gw.upstream_bodies())
+    route(gw, async_agents, 4)
+    again = {**output, "output": "sunny-43"}
+    third = gw.post({**base, "previous_response_id": second["id"], "input": [again]}).json()
+    assert third["status"] == "completed", third
+    later = gw.upstream_bodies()[count:]
+    sub = [b for b in later if task_of(b) is not None]
+    assert len(sub) == 1 and "sunny-42" in body_text(sub[0]) and "sunny-43" in body_text(sub[0])
+    assert body_text(sub[0]).index("sunny-42") < body_text(sub[0]).index("sunny-43")
