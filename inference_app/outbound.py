@@ -12,13 +12,17 @@ designed for the pass-through's speed) and the clients that libraries bring (moz
 
 from __future__ import annotations
 
+import ipaddress
 import json as jsonlib
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 from asgiref.sync import async_to_sync
 from multidict import CIMultiDictProxy
 
@@ -36,11 +40,30 @@ class OutboundTimeout(OutboundError):
 
 
 class OutboundUnreachable(OutboundError):
-    """No answer at all: DNS, connection refused or reset, TLS, a broken response."""
+    """No answer at all: DNS, connection refused or reset, TLS, a broken response; ``reason`` names
+    the kind of failure (the library's exception type)."""
+
+    def __init__(self, message: str, url: str, reason: str) -> None:
+        super().__init__(message, url)
+        self.reason = reason
 
 
 class OutboundTooLarge(OutboundError):
-    """The answer's body is over the call's ``max_bytes``."""
+    """The answer's body is over the call's ``max_bytes``; ``declared`` is its Content-Length when
+    that alone was over."""
+
+    def __init__(self, message: str, url: str, limit: int, declared: int | None = None) -> None:
+        super().__init__(message, url)
+        self.limit = limit
+        self.declared = declared
+
+
+class OutboundRefused(OutboundError):
+    """The client's ``connect_check`` refused the addresses ``host`` resolves to."""
+
+    def __init__(self, message: str, url: str, host: str) -> None:
+        super().__init__(message, url)
+        self.host = host
 
 
 class OutboundStatus(OutboundError):
@@ -64,24 +87,82 @@ class Fetched:
     status: int
     headers: CIMultiDictProxy[str]
     body: bytes
+    charset: str | None = None
 
     @property
     def content_type(self) -> str:
         return self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
 
 
+ConnectCheck = Callable[[str, Sequence[str]], bool]
+"""``(host, addresses) -> allowed``: whether the client may connect to ``host`` at ``addresses``."""
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_MAX_REDIRECTS = 10
+
+
+class _Refused(OSError):
+    def __init__(self, host: str) -> None:
+        super().__init__(f"host {host!r} resolves to a refused address")
+        self.host = host
+
+
+class _CheckingResolver(AbstractResolver):
+    """aiohttp's threaded resolver, with ``connect_check`` applied to the answers the connection uses."""
+
+    def __init__(self, check: ConnectCheck) -> None:
+        self._inner: aiohttp.ThreadedResolver | None = None
+        self._check = check
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if self._inner is None:
+            self._inner = aiohttp.ThreadedResolver()
+        answers = await self._inner.resolve(host, port, family)
+        name = host.rstrip(".")
+        if not self._check(name, [a["host"] for a in answers]):
+            raise _Refused(name)
+        return answers
+
+    async def close(self) -> None:
+        if self._inner is not None:
+            await self._inner.close()
+
+
+def _refused_cause(exc: BaseException) -> _Refused | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, _Refused):
+            return seen
+        seen = getattr(seen, "os_error", None) or seen.__cause__
+    return None
+
+
 class Client:
     """One session for several calls (``async with Client(timeout_s=…) as client``); every call is
-    bounded by ``timeout_s`` as a whole."""
+    bounded by ``timeout_s`` as a whole. ``connect_check``: see the module's docstring."""
 
-    def __init__(self, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+        connect_check: ConnectCheck | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
+        self.connect_check = connect_check
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
+        connector = None
+        if self.connect_check is not None:
+            connector = aiohttp.TCPConnector(
+                resolver=_CheckingResolver(self.connect_check), use_dns_cache=False
+            )
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers
         )
         return self
 
@@ -101,28 +182,84 @@ class Client:
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
         allow_redirects: bool = False,
+        read_body: Callable[[int], bool] | None = None,
     ) -> Fetched:
-        """One request and its whole body; redirects are answers unless ``allow_redirects``."""
+        """One request and its whole body; redirects are answers unless ``allow_redirects``. With
+        ``read_body``, an answer whose status it rejects comes back with an empty body, unread."""
         if self._session is None:
             raise RuntimeError("Client.fetch outside `async with Client(...)`")
         try:
-            async with self._session.request(
-                method, url, params=params, headers=headers, data=data, allow_redirects=allow_redirects
-            ) as resp:
-                if resp.content_length is not None and resp.content_length > max_bytes:
-                    raise OutboundTooLarge(
-                        f"{url} answered {resp.content_length} bytes (limit {max_bytes})", url
-                    )
-                body = bytearray()
-                while chunk := await resp.content.readany():
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise OutboundTooLarge(f"{url} answered more than {max_bytes} bytes", url)
-                return Fetched(str(resp.url), resp.status, resp.headers, bytes(body))
+            if self.connect_check is None:
+                return await self._once(
+                    method, url, max_bytes, params, headers, data, allow_redirects, read_body
+                )
+
+            # Followed by hand, so that every hop's IP-literal host meets the check too.
+            def read_hop(status: int) -> bool:
+                if allow_redirects and status in _REDIRECTS:
+                    return False
+                return read_body is None or read_body(status)
+
+            for _hop in range(_MAX_REDIRECTS + 1):
+                self._check_literal(url)
+                fetched = await self._once(method, url, max_bytes, params, headers, data, False, read_hop)
+                location = fetched.headers.get("Location")
+                if not allow_redirects or fetched.status not in _REDIRECTS or not location:
+                    return fetched
+                url, params = urljoin(fetched.url, location), None
+                if fetched.status == 303 or (fetched.status in (301, 302) and method == "POST"):
+                    method, data = "GET", None
+            raise OutboundUnreachable(f"{url}: more than {_MAX_REDIRECTS} redirects", url, "TooManyRedirects")
         except TimeoutError:
             raise OutboundTimeout(f"{url} did not answer within {self.timeout_s:g}s", url) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise OutboundUnreachable(f"could not fetch {url}: {type(exc).__name__}: {exc}", url) from None
+            refused = _refused_cause(exc)
+            if refused is not None:
+                raise OutboundRefused(f"could not fetch {url}: {refused}", url, refused.host) from None
+            raise OutboundUnreachable(
+                f"could not fetch {url}: {type(exc).__name__}: {exc}", url, type(exc).__name__
+            ) from None
+
+    def _check_literal(self, url: str) -> None:
+        assert self.connect_check is not None
+        host = (urlsplit(url).hostname or "").strip("[]")
+        try:
+            address = ipaddress.ip_address(host).compressed
+        except ValueError:
+            return  # a name: the resolver checks its answers
+        if not self.connect_check(host, [address]):
+            raise _Refused(host)
+
+    async def _once(
+        self,
+        method: str,
+        url: str,
+        max_bytes: int,
+        params: Mapping[str, str] | None,
+        headers: Mapping[str, str] | None,
+        data: bytes | None,
+        allow_redirects: bool,
+        read_body: Callable[[int], bool] | None,
+    ) -> Fetched:
+        assert self._session is not None
+        async with self._session.request(
+            method, url, params=params, headers=headers, data=data, allow_redirects=allow_redirects
+        ) as resp:
+            if read_body is not None and not read_body(resp.status):
+                return Fetched(str(resp.url), resp.status, resp.headers, b"", resp.charset)
+            if resp.content_length is not None and resp.content_length > max_bytes:
+                raise OutboundTooLarge(
+                    f"{url} answered {resp.content_length} bytes (limit {max_bytes})",
+                    url,
+                    max_bytes,
+                    resp.content_length,
+                )
+            body = bytearray()
+            while chunk := await resp.content.readany():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise OutboundTooLarge(f"{url} answered more than {max_bytes} bytes", url, max_bytes)
+            return Fetched(str(resp.url), resp.status, resp.headers, bytes(body), resp.charset)
 
     async def get_json(
         self,

@@ -30,6 +30,7 @@ import orjson
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
+from responses_app import async_tools
 
 COMPACTION = "compaction"
 TRIGGER = "compaction_trigger"
@@ -190,11 +191,15 @@ def over_threshold(
 
 
 def summarizable(items: Iterable[dict[str, Any]]) -> bool:
-    """Whether ``items`` hold anything besides user messages and compaction state."""
+    """Whether ``items`` hold anything besides user messages, compaction state and the async calls
+    a window keeps (:func:`retained_messages`)."""
+    items = list(items)
+    kept_async = {id(item) for item in async_tools.retained_async_items(items)}
     return any(
         not (item.get("type", "message") == "message" and item.get("role") == "user")
         and item.get("type") not in (COMPACTION, TRIGGER)
         and not str(item.get("id", "")).startswith("cmp_")  # a summary, as the model reads it
+        and id(item) not in kept_async
         for item in items
     )
 
@@ -243,9 +248,19 @@ def compaction_item(summary: str) -> dict[str, Any]:
 
 def retained_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The user's messages of ``items``, in order, in their stored (normalized) form; stored
-    items keep their ids, so a checkpoint references them instead of storing copies."""
+    items keep their ids, so a checkpoint references them instead of storing copies.
+
+    Async client calls and their outputs are kept too, as they are (spec, "Async client tools"): a
+    call whose output has not arrived stays in the model's context, so its output can still
+    arrive; an output delivered before the compaction stays with its call, so the call is no longer
+    pending, and a further output still finds its call."""
+    items = list(items)
+    kept_async = {id(item) for item in async_tools.retained_async_items(items)}
     out = []
     for item in items:
+        if id(item) in kept_async:
+            out.append(item)
+            continue
         if item.get("type", "message") != "message" or item.get("role") != "user":
             continue
         message = {

@@ -112,6 +112,7 @@ class OpenItem:
     parts: list[str] = field(default_factory=list)
     buffered: bool = False  # custom tool over chat: the JSON arguments are decoded at the end
     hidden: bool = False  # a gateway tool call: nothing streams; the tool loop emits its public item
+    deferred: bool = False  # an async call after a gateway call: held until the round's tools ran
 
 
 @dataclass

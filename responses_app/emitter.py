@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from gateway.ids import new_id
-from responses_app import translate
+from responses_app import async_tools, translate
 from responses_app.domain import GatewayCalls, OpenItem
 from responses_app.events import Event, EventSink, StreamFailure
 
@@ -59,7 +59,12 @@ class Emitter:
         self.open: OpenItem | None = None
         self.closed_keys: set[Any] = set()
         self.retained = 0
-        self.client_calls = 0  # client tool calls closed (the round loop resets it per round)
+        # This round's client tool calls (all, and the async ones), and the gateway calls closed so far.
+        self.client_calls = 0
+        self.async_calls = 0
+        self.gateway_calls = 0
+        # Async calls held back this round (they followed a gateway call): (kind, call_id, name, text).
+        self.deferred: list[tuple[str, str, str, str]] = []
         self.item_fields: dict[str, Any] = {}  # added to every item opened or appended whole
 
     def retain(self, size: int) -> None:
@@ -71,6 +76,31 @@ class Emitter:
                 f"The response exceeded max_retained_bytes ({limit} bytes) of retained state."
             )
 
+    def start_round(self) -> None:
+        """A new inference round: the per-round counts start again."""
+        self.client_calls = self.async_calls = self.gateway_calls = 0
+        self.deferred = []
+
+    @property
+    def sync_calls(self) -> int:
+        """This round's synchronous client calls (each one ends the response)."""
+        return self.client_calls - self.async_calls
+
+    def flush_deferred(self) -> list[Event]:
+        """Stream the async calls held back this round, now that its gateway calls finished, so
+        output indexes stay in order (they were counted when they closed)."""
+        out: list[Event] = []
+        deferred, self.deferred = self.deferred, []
+        counts = self.client_calls, self.async_calls
+        for kind, call_id, name, text in deferred:
+            key = ("deferred", len(self.closed_keys))  # unique: every closed item adds a key
+            out += self.ensure(key, kind, call_id=call_id, name=name, hold=False)
+            if text:
+                out += self.call_delta(key, text)
+            out += self.close()
+        self.client_calls, self.async_calls = counts
+        return out
+
     def drop_open(self) -> None:
         """Forget the unfinished item (it is not part of a failed response)."""
         self.open = None
@@ -78,8 +108,12 @@ class Emitter:
     def is_open(self, key: Any) -> bool:
         return self.open is not None and self.open.key == key
 
-    def ensure(self, key: Any, kind: str, *, call_id: Any = None, name: Any = None) -> list[Event]:
-        """Open the item ``key`` of ``kind`` (closing the open one), unless it is open already."""
+    def ensure(
+        self, key: Any, kind: str, *, call_id: Any = None, name: Any = None, hold: bool = True
+    ) -> list[Event]:
+        """Open the item ``key`` of ``kind`` (closing the open one), unless it is open already.
+        An async call that follows a gateway call of the round is held (``hold``) until
+        :meth:`flush_deferred`."""
         if self.open is not None and self.open.key == key:
             return []
         out = self.close()
@@ -101,6 +135,12 @@ class Emitter:
             # A shell or tool_search call: buffered whole, then streamed as its public item.
             public = translate.WHOLE_CALLS[restored.kind][0]
             self.open = OpenItem(key, public, {"call_id": as_str(call_id)}, -1, buffered=True)
+            return out
+        is_async = restored is not None and async_tools.declares_async(restored.declaration)
+        if is_async and hold and self.gateway_calls:
+            self.open = OpenItem(
+                key, kind, {"call_id": as_str(call_id), "name": as_str(name)}, -1, deferred=True
+            )
             return out
         if restored is not None:
             name, namespace = restored.name, restored.namespace
@@ -140,6 +180,8 @@ class Emitter:
             }
             if namespace is not None:
                 item["namespace"] = namespace
+        if is_async:
+            item["async"] = True
         if self.item_fields:
             item.update(self.item_fields)
         self.open = OpenItem(key, kind, item, index)
@@ -204,7 +246,7 @@ class Emitter:
         assert self.open is not None
         self.retain(len(delta))
         self.open.parts.append(delta)
-        if self.open.buffered or self.open.hidden:
+        if self.open.buffered or self.open.hidden or self.open.deferred:
             return out
         type_ = (
             "response.custom_tool_call_input.delta"
@@ -258,13 +300,20 @@ class Emitter:
         text = "".join(current.parts)
         if current.hidden:
             assert self.tools is not None
+            self.gateway_calls += 1
             return self.tools.on_gateway_call(self, item["call_id"], item["name"], text)
+        if current.deferred:
+            self.client_calls += 1
+            self.async_calls += 1
+            self.deferred.append((current.kind, item["call_id"], item["name"], text))
+            return []
         whole = WHOLE_ITEMS.get(current.kind)
         if whole is not None:
             self.client_calls += 1
             return self.whole(whole(translate.mint_item_id(current.kind), item["call_id"], text))
         if current.kind in ("function_call", "custom_tool_call"):
             self.client_calls += 1
+            self.async_calls += item.get(async_tools.ASYNC) is True
         item_id, index = item["id"], current.index
         out: list[Event] = []
         self.open = current  # part_event reads the open item

@@ -36,7 +36,7 @@ from gateway import errors
 from gateway.config import Config
 from gateway.db import run_orm
 from gateway.logging import request_id_var
-from responses_app import compaction, parsers, services, translate, wire
+from responses_app import async_tools, compaction, parsers, services, translate, wire
 from responses_app.domain import TERMINAL_EVENT, Prepared, RoundState, Usage, base_snapshot
 from responses_app.echo import tool_usage
 from responses_app.emitter import Emitter
@@ -93,6 +93,7 @@ class Executor:
         # steering waits; when it does, the response ends ``incomplete`` / ``steered`` there.
         self.steer_requested: Callable[[], bool] | None = None
         self._base: dict[str, Any] | None = None
+        self.async_rounds = async_tools.AsyncRounds()  # async-only rounds in a row (the stop rule)
 
     @property
     def output(self) -> list[dict[str, Any]]:
@@ -198,7 +199,7 @@ class Executor:
                 if self.compactor.ends_response:
                     break  # a compaction_trigger response is its compaction item
                 self.round = RoundState(number)
-                self.emitter.client_calls = 0
+                self.emitter.start_round()
                 tools.start_round()
                 async for event in self._run_round(self.round):
                     yield event
@@ -206,11 +207,11 @@ class Executor:
                     yield event
                 status = self.round.status
                 self.service_tier = self.round.tier
-                if not tools.round_calls and not self.round.steered:
-                    break  # a final answer or client calls only: nothing for the gateway to run
                 # Gateway calls run even when the round also ends the response (client calls,
                 # approval requests, an incomplete round, steering): they are recorded either way.
                 async for event in tools.execute_round(self.emitter):
+                    yield event
+                for event in self.emitter.flush_deferred():  # async calls held behind them
                     yield event
                 if self.round.steered:
                     status = self._steered()
@@ -240,10 +241,22 @@ class Executor:
             yield event
 
     def _continues(self, status: str) -> bool:
-        """After a round whose gateway calls ran: whether another round follows (only a completed
-        round without client calls and without a call that ends the response, e.g. an approval)."""
+        """Whether another round follows this one: only after a completed round without synchronous
+        client calls and without a call that ends the response (e.g. an approval), when it ran
+        gateway calls or its only client calls were async (at most two such rounds in a row)."""
         assert self.tools is not None
-        return status == "completed" and not self.emitter.client_calls and not self.tools.ends_response
+        emitter = self.emitter
+        async_more = self.async_rounds.after_round(
+            async_calls=emitter.async_calls, sync_calls=emitter.sync_calls
+        )
+        if (
+            status != "completed"
+            or emitter.sync_calls
+            or self.tools.ends_response
+            or self.async_rounds.exhausted
+        ):
+            return False
+        return bool(self.tools.round_calls) or async_more
 
     def _steer_waiting(self) -> bool:
         return self.steer_requested is not None and self.steer_requested()

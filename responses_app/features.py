@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
-from responses_app import compaction
+from responses_app import async_tools, compaction
 from responses_app.multi_agent_config import multi_agent_config
 from responses_app.tool_decls import check_declared_tool
 
@@ -88,6 +88,7 @@ def _unsupported(message: str, param: str) -> errors.BadRequest:
 
 def refuse_unsupported(raw: Mapping[str, Any]) -> None:
     """Raise the 400 for the first part of ``raw`` the gateway does not implement."""
+    async_tools.check_multi_agent(raw)  # before multi-agent's own checks: its exact 400 comes first
     compaction.compact_threshold(raw.get("context_management"))  # malformed entries: 400 with param
     for name in UNBUILT_FIELDS:
         if raw.get(name) is not None:
@@ -123,6 +124,7 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
         raise errors.BadRequest(
             f"Invalid value: '{kind}'. Unknown tool type.", param=f"{param}.type", code="invalid_value"
         )
+    async_tools.check_tool_declaration(tool, param)
     if kind == "tool_search":
         _check_execution(tool.get("execution"), f"{param}.execution")
     if kind == "tool_search" and tool.get("execution") != "client":
@@ -137,18 +139,6 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
             value = tool.get(field)
             if value is not None and not isinstance(value, types):
                 raise errors.invalid_type(f"{param}.{field}", expected, value)
-    if tool.get("async"):
-        raise _unsupported(
-            "Async tools ('async': true) are not supported by this gateway yet.", f"{param}.async"
-        )
-    members = tool.get("tools") if kind == "namespace" else None
-    if isinstance(members, list):
-        for index, member in enumerate(members):
-            if isinstance(member, Mapping) and member.get("async"):
-                raise _unsupported(
-                    "Async tools ('async': true) are not supported by this gateway yet.",
-                    f"{param}.tools[{index}].async",
-                )
 
 
 def _check_item(item: Mapping[str, Any], param: str) -> None:
@@ -165,8 +155,7 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
         raise errors.BadRequest(
             f"Invalid value: '{kind}'. Unknown input item type.", param=param, code="invalid_value"
         )
-    if item.get("async"):
-        raise _unsupported("Async tool calls are not supported by this gateway yet.", f"{param}.async")
+    async_tools.check_item(item, kind, param)
     if kind in ("tool_search_call", "tool_search_output"):
         _check_tool_search_item(item, param)
     if kind == "compaction":

@@ -18,7 +18,8 @@ The shape of a run:
   ``output_index`` space for the whole stream. Every item and event carries
   ``agent: {"agent_name": "/root" | "/root/<task>"}``.
 * Mail (``agent_message`` items) is delivered into an agent's history between its segments.
-* A client tool call (function, custom, …) by any agent ends the response; the continuation
+* A synchronous client tool call (function, custom, …) by any agent ends the response (an agent's
+  async-only round goes on, as in single-agent mode); the continuation
   routes each output to the agent that made the call (by the stored attribution).
 * The tree (configuration and each agent's state) is stored with the response as a versioned
   snapshot (``Response.agent_tree``); ``previous_response_id`` restores it.
@@ -278,7 +279,7 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
             agent.rounds_run += 1  # round numbers key the parsers' items: unique per agent
             state = RoundState(agent.rounds_run)
             agent.round = state
-            agent.emitter.client_calls = 0
+            agent.emitter.start_round()
             agent.loop.start_round()
             agent.collab.calls = []
             async for event in agent.run_round(state):
@@ -289,16 +290,23 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
             if agent.loop.round_calls:
                 async for event in agent.loop.execute_round(agent.emitter):
                     await queue.put(("event", agent.name, event))
+            for event in agent.emitter.flush_deferred():  # async calls held behind gateway calls
+                await queue.put(("event", agent.name, event))
+            # The executor's async rule, per agent: a round whose only client calls are async goes
+            # on (the call pending); two such rounds in a row end this agent's turn.
+            async_more = agent.async_rounds.after_round(
+                async_calls=agent.emitter.async_calls, sync_calls=agent.emitter.sync_calls
+            )
             if state.status != "completed":
                 end.kind = "incomplete"
                 break
-            if agent.emitter.client_calls or agent.loop.ends_response:
+            if agent.emitter.sync_calls or agent.loop.ends_response:
                 end.kind = "client"
                 break
             if agent.collab.calls:
                 end.kind = "collab"
                 break
-            if not agent.loop.round_calls:
+            if agent.async_rounds.exhausted or not (agent.loop.round_calls or async_more):
                 end.kind = "answer"
                 end.answer = _last_answer(agent.output)
                 break
@@ -348,6 +356,7 @@ class Coordinator(Executor):
         self.root_tier: str | None = None
         self.agent_tree: dict[str, Any] | None = None  # the terminal snapshot, once built
         self._end_status = "completed"
+        self.root_deferred = False  # the root's turn waits for subagents woken by late outputs
 
     # --- the public output ----------------------------------------------------------------------
 
@@ -484,7 +493,15 @@ class Coordinator(Executor):
         routed to the agent whose call it answers."""
         history = [*self.p.history]
         root = await self._new_agent(ROOT, own_history(history, ROOT))
-        owners: dict[str, str] = {}
+        # A client output goes to the agent whose call it answers: the call's attribution (an async
+        # call accepts further outputs), and the tree's record of calls awaiting the client.
+        owners: dict[str, str] = {
+            i["call_id"]: agent_of(i)
+            for i in history
+            if i.get("type") in CLIENT_CALL_TYPES
+            and isinstance(i.get("call_id"), str)
+            and agent_of(i) != ROOT
+        }
         for entry in self.tree_in.get("agents", []):
             name = entry["name"]
             if name == ROOT:
@@ -511,8 +528,18 @@ class Coordinator(Executor):
                     woken.append(target)
             else:
                 root.ex.p.new_items.append(item)
+        started = False
         for agent in woken:
-            self._start(agent)
+            # A subagent that finished its turn starts a new one on a late output; one that was
+            # interrupted or failed reads it at its next turn (its mailbox is delivered then).
+            if agent.status in ("idle", "completed"):
+                self._start(agent)
+                started = True
+        if started and not root.ex.p.new_items:
+            # Nothing new for the root itself: its new turn starts once the woken subagents have
+            # finished theirs, so it reads their answers (their mail).
+            self.root_deferred = True
+            return
         self._start(root)
 
     async def _coordinate(self) -> AsyncIterator[Event]:
@@ -577,6 +604,9 @@ class Coordinator(Executor):
                 for event in self._mail(name, ROOT, text):
                     yield event
             self._start_queued()
+            if self.root_deferred and not self._busy():
+                self.root_deferred = False
+                self._start(root)
             if root.status == "completed" and not self._busy():
                 return
             async for event in self._answer_waits():

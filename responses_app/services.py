@@ -21,7 +21,7 @@ from conversations_app.models import Item
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
-from responses_app import rawsql, selectors, translate
+from responses_app import async_tools, rawsql, selectors, translate
 from responses_app.domain import Prepared, base_snapshot, strip_credentials
 from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
@@ -44,12 +44,14 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
         return True
     if raw.get("context_management"):
         return True
-    if any(tool.get("type") != "function" or tool.get("async") for tool in request.tools or ()):
+    if any(tool.get("type") != "function" for tool in request.tools or ()):
+        return True
+    if async_tools.needs_executor(request.tools, request.input):
         return True
     if isinstance(raw.get("multi_agent"), dict) and raw["multi_agent"].get("enabled"):
         return True
     return isinstance(request.input, list) and any(
-        item.get("type") in EXECUTOR_ITEM_TYPES or bool(item.get("async")) for item in request.input
+        item.get("type") in EXECUTOR_ITEM_TYPES for item in request.input
     )
 
 
@@ -133,7 +135,11 @@ def response_prepare(
             param="background" if request.background else "store",
             code="invalid_value",
         )
-    _check_tool_outputs(history, new_items)
+    # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again).
+    async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
+    multi_agent = raw.get("multi_agent")
+    if agent_tree is not None or (isinstance(multi_agent, dict) and multi_agent.get("enabled") is True):
+        async_tools.check_multi_agent_outputs(history, new_items)
     tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
     return Prepared(
         request=request,
@@ -221,27 +227,6 @@ def _resolve_input(
         resolved.append(item)
         to_insert.append(item)
     return resolved, to_insert
-
-
-def _check_tool_outputs(history: list[dict[str, Any]], new_items: list[dict[str, Any]]) -> None:
-    """OpenAI's rules: every call needs an output; every new output needs its call."""
-    calls: dict[str, str] = {}
-    outputs: set[str] = set()
-    for item in (*history, *new_items):
-        kind = item.get("type")
-        if kind in translate.CALL_TYPES and isinstance(item.get("call_id"), str):
-            calls.setdefault(item["call_id"], kind)
-        elif kind in translate.OUTPUT_TYPES and isinstance(item.get("call_id"), str):
-            outputs.add(item["call_id"])
-    for item in new_items:
-        if item.get("type") in translate.OUTPUT_TYPES and item.get("call_id") not in calls:
-            raise errors.BadRequest(
-                f"No tool call found for function call output with call_id {item.get('call_id')}.",
-                param="input",
-            )
-    for call_id in calls:
-        if call_id not in outputs:
-            raise errors.BadRequest(f"No tool output found for function call {call_id}.", param="input")
 
 
 @dataclass(frozen=True)

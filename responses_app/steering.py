@@ -33,6 +33,7 @@ import orjson
 
 from gateway import errors
 from gateway.ids import new_id
+from responses_app import async_tools
 
 # The fields a ``response.steer`` event may carry (the SDK's ``BetaResponseSteerEvent``).
 STEER_FIELDS = frozenset({"type", "previous_response_id", "input"})
@@ -263,8 +264,8 @@ def required_inputs(output: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
             unsupported.append(str(kind))
             continue
         stub_type = _REQUIRED.get(str(kind))
-        if stub_type is None:
-            continue
+        if stub_type is None or async_tools.call_is_async(item):
+            continue  # an async call may stay pending: its output can come in any later request
         if kind == "tool_search_call" and item.get("execution", "client") != "client":
             continue
         stub: dict[str, Any] = {"type": stub_type, "call_id": item.get("call_id")}

@@ -15,7 +15,7 @@ import orjson
 
 from gateway import errors
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
-from responses_app import translate
+from responses_app import async_tools, translate
 from responses_app.domain import Prepared
 from responses_app.schemas import NOT_FORWARDED
 
@@ -63,11 +63,14 @@ def responses_body(
 ) -> dict[str, Any]:
     """The ``/v1/responses`` body of one round over ``items`` (the history as the model sees it)."""
     body = common_forward(p)
+    items = async_tools.model_view(items, chat=False)
     body["input"] = [translate.output_to_input(item) for item in items]
     if p.request.instructions is None:
         body.pop("instructions", None)
     # Client tools (mapped) plus, while max_tool_calls allows, one function per gateway tool.
-    declared = client_tools.responses_tools()
+    declared = async_tools.hint_responses_tools(
+        client_tools.responses_tools(), async_tools.async_upstream_names(client_tools.client)
+    )
     if tools is not None:
         declared = [t for t in declared if t.get("type") not in GATEWAY_TOOL_TYPES]
         declared += tools.responses_tools(())
@@ -98,8 +101,10 @@ def chat_body(
     r = p.request
     forwarded = common_forward(p)
     body: dict[str, Any] = {"model": r.model}
-    body["messages"] = translate.items_to_messages(r.instructions, items)
-    declared = client_tools.chat_tools()
+    body["messages"] = translate.items_to_messages(r.instructions, async_tools.model_view(items, chat=True))
+    declared = async_tools.hint_chat_tools(
+        client_tools.chat_tools(), async_tools.async_upstream_names(client_tools.client)
+    )
     tool_choice = client_tools.tool_choice(r.tool_choice)
     if tools is not None:
         declared += tools.chat_tools()

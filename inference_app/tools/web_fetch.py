@@ -21,18 +21,15 @@ Failures carry Anthropic's ``web_fetch_tool_result_error`` code in ``details["er
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-
 from gateway.config import Config
+from inference_app import outbound
 from inference_app.tools.base import ToolCall, ToolResult
 from inference_app.tools.hosts import HostRefused, check_public_host, host_listed, is_public_address
 from inference_app.tools.web_search import DomainFilter, normalize_domain
@@ -60,29 +57,14 @@ class Page:
     charset: str | None
 
 
-class _PublicOnlyResolver(AbstractResolver):
-    """Resolves like aiohttp's default resolver and refuses non-public answers for hosts the
-    operator has not listed: the check applies to the addresses the connection really uses."""
+def _public_only(exempt: tuple[str, ...]) -> outbound.ConnectCheck:
+    """The connection's own check (``outbound.Client(connect_check=…)``): the addresses it really
+    uses must be public, unless the operator listed the host exactly."""
 
-    def __init__(self, exempt: tuple[str, ...]) -> None:
-        self._inner: aiohttp.ThreadedResolver | None = None
-        self._exempt = exempt
-        self.refused: str | None = None
+    def check(host: str, addresses: Sequence[str]) -> bool:
+        return host_listed(host, exempt)[1] or all(is_public_address(a) for a in addresses)
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if self._inner is None:
-            self._inner = aiohttp.ThreadedResolver()
-        answers = await self._inner.resolve(host, port, family)
-        if not host_listed(host, self._exempt)[1] and not all(is_public_address(a["host"]) for a in answers):
-            self.refused = host
-            raise OSError(f"host {host!r} resolves to a loopback, private or link-local address")
-        return answers
-
-    async def close(self) -> None:
-        if self._inner is not None:
-            await self._inner.close()
+    return check
 
 
 def domain_filter(tool: Mapping[str, Any]) -> DomainFilter:
@@ -112,35 +94,39 @@ async def _check_target(url: str, flt: DomainFilter, config: Config) -> None:
         raise FetchError(code, f"{exc}; the gateway does not fetch from its own network") from None
 
 
-async def _get(session: aiohttp.ClientSession, url: str, max_bytes: int) -> tuple[int, str | None, Page]:
-    """One GET, redirects not followed: (status, Location, page). The only place the HTTP client is
-    used, so it can be swapped for the project's general-purpose one."""
-    async with session.get(url, allow_redirects=False) as resp:
-        location = resp.headers.get("Location")
-        if resp.status in _REDIRECTS or resp.status >= 400:
-            return resp.status, location, Page(url, "", b"", None)
-        declared = resp.content_length
-        if declared is not None and declared > max_bytes:
-            raise FetchError("content_too_large", f"the page is {declared} bytes; the limit is {max_bytes}")
-        body = await resp.content.read(max_bytes + 1)
-        if len(body) > max_bytes:
-            raise FetchError("content_too_large", f"the page is over the limit of {max_bytes} bytes")
-        return resp.status, location, Page(url, resp.content_type.lower(), body, resp.charset)
+def _wanted(status: int) -> bool:
+    return status not in _REDIRECTS and status < 400
+
+
+async def _get(client: outbound.Client, url: str, max_bytes: int) -> tuple[int, str | None, Page]:
+    """One GET, redirects not followed: (status, Location, page)."""
+    try:
+        fetched = await client.fetch("GET", url, max_bytes=max_bytes, read_body=_wanted)
+    except outbound.OutboundTooLarge as exc:
+        if exc.declared is not None:
+            raise FetchError(
+                "content_too_large", f"the page is {exc.declared} bytes; the limit is {max_bytes}"
+            ) from None
+        raise FetchError("content_too_large", f"the page is over the limit of {max_bytes} bytes") from None
+    location = fetched.headers.get("Location")
+    if not _wanted(fetched.status):
+        return fetched.status, location, Page(url, "", b"", None)
+    media_type = fetched.content_type or "application/octet-stream"  # as aiohttp reads a missing type
+    return fetched.status, location, Page(url, media_type, fetched.body, fetched.charset)
 
 
 async def fetch_page(url: str, flt: DomainFilter, config: Config) -> Page:
     """The page at ``url``, following redirects with every hop checked."""
     wf = config.web_fetch
-    resolver = _PublicOnlyResolver(wf.allowed_hosts)
-    connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
-    timeout = aiohttp.ClientTimeout(total=config.tools.call_timeout_s)
     try:
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers={"User-Agent": USER_AGENT}
-        ) as session:
+        async with outbound.Client(
+            timeout_s=config.tools.call_timeout_s,
+            headers={"User-Agent": USER_AGENT},
+            connect_check=_public_only(wf.allowed_hosts),
+        ) as client:
             for _hop in range(wf.max_redirects + 1):
                 await _check_target(url, flt, config)
-                status, location, page = await _get(session, url, wf.max_bytes)
+                status, location, page = await _get(client, url, wf.max_bytes)
                 if status in _REDIRECTS:
                     if not location:
                         raise FetchError("url_not_accessible", f"{url} answered {status} without a Location")
@@ -150,17 +136,15 @@ async def fetch_page(url: str, flt: DomainFilter, config: Config) -> Page:
                     raise FetchError("url_not_accessible", f"{url} answered HTTP {status}")
                 return page
             raise FetchError("url_not_accessible", f"more than {wf.max_redirects} redirects")
-    except aiohttp.ClientError as exc:
-        if resolver.refused is not None:
-            raise FetchError(
-                "url_not_allowed",
-                f"host {resolver.refused!r} resolves to a loopback, private or link-local address; "
-                "the gateway does not fetch from its own network",
-            ) from None
+    except outbound.OutboundRefused as exc:
         raise FetchError(
-            "url_not_accessible", f"{url} could not be fetched: {exc.__class__.__name__}"
+            "url_not_allowed",
+            f"host {exc.host!r} resolves to a loopback, private or link-local address; "
+            "the gateway does not fetch from its own network",
         ) from None
-    except TimeoutError:
+    except outbound.OutboundUnreachable as exc:
+        raise FetchError("url_not_accessible", f"{url} could not be fetched: {exc.reason}") from None
+    except outbound.OutboundTimeout:
         raise FetchError(
             "url_not_accessible", f"{url} did not answer within {config.tools.call_timeout_s:g} s"
         ) from None

@@ -433,27 +433,42 @@ def test_fetch_refuses_a_redirect_into_the_gateways_network(
     assert site.paths == [f"/redirect?to={target}"]
 
 
-def test_fetch_checks_the_addresses_the_connection_resolves(gateway_config: Any) -> None:
-    """A name whose DNS answer is loopback is refused at connection time too (the resolver checks
-    what aiohttp really connects to, not only the pre-check)."""
+def test_fetch_checks_the_addresses_the_connection_resolves(
+    gateway_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name whose DNS answer is loopback is refused at connection time too (the outbound client's
+    ``connect_check`` sees what the connection really resolves, not only the pre-check)."""
     import asyncio
 
     from gateway.config import get_config
-    from inference_app.tools.web_fetch import FetchError, _PublicOnlyResolver
+    from inference_app import outbound
+    from inference_app.tools import web_fetch
+    from inference_app.tools.web_fetch import FetchError
 
     gateway_config()
-    resolver = _PublicOnlyResolver(())
+    # The pre-check passes here, as it would for a name whose answer changed since it was checked.
+    monkeypatch.setattr(web_fetch, "_check_target", _no_check)
 
     async def go() -> None:
-        with pytest.raises(OSError):
-            await resolver.resolve("localhost", 80)
-        assert resolver.refused == "localhost"
-        allowed = _PublicOnlyResolver(("localhost",))
-        assert await allowed.resolve("localhost", 80)
+        with pytest.raises(FetchError) as refused:
+            await web_fetch.fetch_page("http://localhost:9/page", web_fetch.domain_filter({}), get_config())
+        assert refused.value.code == "url_not_allowed"
+        assert str(refused.value) == (
+            "host 'localhost' resolves to a loopback, private or link-local address; "
+            "the gateway does not fetch from its own network"
+        )
+        async with outbound.Client(timeout_s=5, connect_check=web_fetch._public_only(())) as client:
+            with pytest.raises(outbound.OutboundRefused):
+                await client.fetch("GET", "http://localhost:9/", max_bytes=10)
+        assert web_fetch._public_only(("localhost",))("localhost", ["127.0.0.1"])
+        assert not web_fetch._public_only(("*.localhost",))("localhost", ["127.0.0.1"])
+        assert web_fetch._public_only(())("example.com", ["93.184.216.34"])
 
     asyncio.run(go())
-    assert get_config()
-    assert FetchError("url_not_allowed", "x").code == "url_not_allowed"
+
+
+async def _no_check(*args: Any) -> None:
+    return None
 
 
 # --- mixed tools, stop_reason, tool_choice -------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 from aiohttp import web
@@ -54,6 +54,12 @@ class Site:
         async def redirect(request: web.Request) -> web.Response:
             raise web.HTTPFound("/json")
 
+        async def to_name(request: web.Request) -> web.Response:
+            raise web.HTTPFound(f"http://localhost:{self.port}/json")
+
+        async def to_literal(request: web.Request) -> web.Response:
+            raise web.HTTPFound(f"http://127.0.0.1:{self.port}/json")
+
         app = web.Application()
         for path, handler in [
             ("/json", json_ok),
@@ -63,6 +69,8 @@ class Site:
             ("/not-json", not_json),
             ("/slow", slow),
             ("/redirect", redirect),
+            ("/to-name", to_name),
+            ("/to-literal", to_literal),
         ]:
             app.router.add_get(path, handler)
         return app
@@ -147,3 +155,48 @@ def test_get_json_from_sync_code(site: Site) -> None:
     )
     with pytest.raises(outbound.OutboundStatus):
         outbound.get_json_sync(f"{site.url}/status", timeout_s=5, max_bytes=1000)
+
+
+async def test_connect_check_refuses_at_connect_time_on_every_hop(site: Site) -> None:
+    seen: list[tuple[str, list[str]]] = []
+
+    def only(allowed_host: str) -> outbound.ConnectCheck:
+        def check(host: str, addresses: Sequence[str]) -> bool:
+            seen.append((host, list(addresses)))
+            return host == allowed_host
+
+        return check
+
+    by_name = f"http://localhost:{site.port}"
+    # A name: the resolver's own answers meet the check, so the connection is never made.
+    async with outbound.Client(timeout_s=5, connect_check=only("127.0.0.1")) as client:
+        with pytest.raises(outbound.OutboundRefused) as refused:
+            await client.fetch("GET", f"{by_name}/json", max_bytes=1000)
+        assert refused.value.host == "localhost" and refused.value.url == f"{by_name}/json"
+        assert any(host == "localhost" and "127.0.0.1" in addrs for host, addrs in seen)
+        # Allowed first hop; its redirect to the name is refused when it is followed ...
+        with pytest.raises(outbound.OutboundRefused) as refused:
+            await client.fetch("GET", f"{site.url}/to-name", max_bytes=1000, allow_redirects=True)
+        assert refused.value.host == "localhost"
+        # ... and is only an answer when it is not.
+        hop = await client.fetch("GET", f"{site.url}/to-name", max_bytes=1000)
+        assert hop.status == 302
+    # An IP literal is checked as its own address, on the first hop and after a redirect.
+    async with outbound.Client(timeout_s=5, connect_check=only("localhost")) as client:
+        with pytest.raises(outbound.OutboundRefused) as refused:
+            await client.fetch("GET", f"{site.url}/json", max_bytes=1000)
+        assert refused.value.host == "127.0.0.1"
+        with pytest.raises(outbound.OutboundRefused) as refused:
+            await client.fetch("GET", f"{by_name}/to-literal", max_bytes=1000, allow_redirects=True)
+        assert refused.value.host == "127.0.0.1"
+        followed = await client.fetch("GET", f"{by_name}/redirect", max_bytes=1000, allow_redirects=True)
+        assert (followed.status, followed.url) == (200, f"{by_name}/json")
+    assert ("127.0.0.1", ["127.0.0.1"]) in seen
+    assert issubclass(outbound.OutboundRefused, outbound.OutboundError)
+
+
+async def test_read_body_leaves_rejected_answers_unread(site: Site) -> None:
+    async with outbound.Client(timeout_s=5) as client:
+        # /big is over max_bytes, but its body is not wanted, so it is not read (no OutboundTooLarge).
+        skipped = await client.fetch("GET", f"{site.url}/big", max_bytes=1000, read_body=lambda s: s != 200)
+        assert (skipped.status, skipped.body) == (200, b"")

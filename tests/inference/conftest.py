@@ -194,7 +194,8 @@ def embedded_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
 
 
 def embedded_gateway_for(tiny_model_dir: Path, **env: str) -> Iterator[Gateway]:
-    """``env`` overrides engine settings (e.g. a longer GATEWAY_INFERENCE_MAX_MODEL_LEN)."""
+    """The embedded gateway; ``env`` adds settings (``UPSTREAM_API=chat_completions``, a longer
+    ``GATEWAY_INFERENCE_MAX_MODEL_LEN``)."""
     from inference_app.engine import shutdown_engine_host
 
     config = engine_config(tiny_model_dir, **env)

@@ -526,3 +526,162 @@ def test_a_failed_root_round_fails_the_response_and_stores_it_failed(gw: Gateway
     assert r.status_code == 400 and "bad prompt" in r.json()["error"]["message"]
     row = Response.objects.get()
     assert row.status == "failed" and row.agent_tree["agents"][0]["name"] == "/root"
+
+
+# --- async client tools in multi-agent mode ------------------------------------------------------
+
+ASYNC_FN = {**FN, "async": True}
+PENDING = "is running in the background"  # the pending-call note the model reads
+
+
+def async_agents(body: dict[str, Any]) -> Script:
+    """The root calls the async tool, then spawns /root/w, which calls it too; neither waits."""
+    task = task_of(body)
+    seen = body_text(body)
+    if task is not None:
+        if "sunny" in seen:
+            return Script([text("it is sunny")])
+        if "call_s1" in seen:
+            return Script([text("lookup started")])
+        return Script([call("lookup", _args(q="sub"), call_id="call_s1")])
+    if "rootval" in seen:
+        return Script([text("root got rootval")])
+    if "it is sunny" in seen:
+        return Script([text("root knows sunny")])
+    if "lookup started" in seen:
+        return Script([text("root done")])
+    if "Spawned" in seen:
+        return Script([call("wait_agent", _args(timeout_ms=20000))])
+    if "call_r1" in seen:
+        return Script(
+            [
+                call("spawn_agent", _args(task_name="w", message="weather", fork_turns="none")),
+                call("wait_agent", _args(timeout_ms=20000)),
+            ]
+        )
+    return Script([call("lookup", _args(q="root"), call_id="call_r1")])
+
+
+def _async_first(gw: Gateway) -> dict[str, Any]:
+    route(gw, async_agents, 8)
+    return check_attribution(
+        gw.stream({"model": "m", "input": "weather?", "tools": [ASYNC_FN], "multi_agent": MA})
+    )
+
+
+def test_async_calls_in_multi_agent_mode_continue_with_the_call_pending(gw: Gateway) -> None:
+    final = _async_first(gw)
+    assert final["status"] == "completed", final
+    calls = {i["call_id"]: i for i in final["output"] if i["type"] == "function_call"}
+    assert set(calls) == {"call_r1", "call_s1"}
+    assert calls["call_r1"]["async"] is True and calls["call_r1"]["agent"] == {"agent_name": "/root"}
+    assert calls["call_s1"]["async"] is True and calls["call_s1"]["agent"] == {"agent_name": "/root/w"}
+    assert final["output"][-1]["content"][0]["text"] == "root done"
+    # Each agent's model read the note for its own pending call (and only its own).
+    bodies = gw.upstream_bodies()
+    sub = [b for b in bodies if task_of(b) is not None]
+    assert len(sub) == 2 and PENDING in body_text(sub[1]) and "call_s1" in body_text(sub[1])
+    assert "call_r1" not in body_text(sub[1])
+    roots = [b for b in bodies if task_of(b) is None]
+    assert PENDING in body_text(roots[1]) and "call_r1" in body_text(roots[1])
+    assert all("call_s1" not in body_text(b) for b in roots)
+    tree = Response.objects.get(id=final["id"]).agent_tree
+    assert {a["name"]: a["status"] for a in tree["agents"]} == {"/root": "completed", "/root/w": "completed"}
+
+
+def test_a_late_async_output_wakes_its_agent_in_a_continuation(gw: Gateway) -> None:
+    first = _async_first(gw)
+    # The subagent's call: /root/w (which finished its turn) runs a new turn with the output; its
+    # answer reaches the root as mail, and the root's new turn reads it.
+    count = len(gw.upstream_bodies())
+    route(gw, async_agents, 4)
+    output = {"type": "function_call_output", "call_id": "call_s1", "output": "sunny-42"}
+    second = check_attribution(
+        gw.stream({"model": "m", "previous_response_id": first["id"], "tools": [ASYNC_FN], "input": [output]})
+    )
+    assert second["status"] == "completed", second
+    kinds = [(i["type"], i["agent"]["agent_name"]) for i in second["output"]]
+    assert kinds == [
+        ("message", "/root/w"),
+        ("agent_message", "/root/w"),
+        ("message", "/root"),
+    ], kinds
+    assert second["output"][-1]["content"][0]["text"] == "root knows sunny"
+    later = gw.upstream_bodies()[count:]
+    assert [task_of(b) is not None for b in later] == [True, False]
+    assert "sunny-42" in body_text(later[0]) and PENDING not in body_text(later[0])
+    assert "sunny-42" not in body_text(later[1]) and "it is sunny" in body_text(later[1])
+    stored = Response.objects.get(id=second["id"]).agent_tree
+    assert {a["name"]: a["status"] for a in stored["agents"]} == {
+        "/root": "completed",
+        "/root/w": "completed",
+    }
+
+    # The root's own call: a new root turn reads the output; the subagent does not run.
+    count = len(gw.upstream_bodies())
+    route(gw, async_agents, 2)
+    third = gw.post(
+        {
+            "model": "m",
+            "previous_response_id": second["id"],
+            "tools": [ASYNC_FN],
+            "input": [{"type": "function_call_output", "call_id": "call_r1", "output": "rootval"}],
+        }
+    ).json()
+    assert third["status"] == "completed", third
+    assert third["output"][-1]["content"][0]["text"] == "root got rootval"
+    later = gw.upstream_bodies()[count:]
+    assert len(later) == 1 and task_of(later[0]) is None and "rootval" in body_text(later[0])
+
+
+def test_a_further_output_for_a_client_supplied_async_call_is_refused(gw: Gateway) -> None:
+    supplied = {
+        "type": "function_call",
+        "call_id": "call_c1",
+        "name": "lookup",
+        "arguments": "{}",
+        "async": True,
+    }
+    answer = {"type": "function_call_output", "call_id": "call_c1", "output": "one"}
+    again = {**answer, "output": "two"}
+    route(gw, lambda body: Script([text("noted")]), 2)
+    base = {"model": "m", "tools": [ASYNC_FN], "multi_agent": MA}
+    rows = Response.objects.count()
+    # Two outputs in the request that supplies the call: refused, nothing stored.
+    r = gw.post({**base, "input": [{"role": "user", "content": "hi"}, supplied, answer, again]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_value" and r.json()["error"]["param"] == "input"
+    assert Response.objects.count() == rows
+    first = gw.post({**base, "input": [{"role": "user", "content": "hi"}, supplied, answer]}).json()
+    assert first["status"] == "completed", first
+    rows = Response.objects.count()
+    r = gw.post({"model": "m", "tools": [ASYNC_FN], "previous_response_id": first["id"], "input": [again]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "input" and "call_c1" in error["message"]
+    assert Response.objects.count() == rows
+    # Outside multi-agent mode the same further output is accepted (the async rule).
+    route(gw, lambda body: Script([text("noted")]), 2)
+    single = gw.post(
+        {"model": "m", "tools": [ASYNC_FN], "input": [{"role": "user", "content": "hi"}, supplied, answer]}
+    ).json()
+    ok = gw.post({"model": "m", "tools": [ASYNC_FN], "previous_response_id": single["id"], "input": [again]})
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_further_output_for_a_gateway_emitted_async_call_reaches_its_agent(gw: Gateway) -> None:
+    first = _async_first(gw)
+    route(gw, async_agents, 4)
+    output = {"type": "function_call_output", "call_id": "call_s1", "output": "sunny-42"}
+    base = {"model": "m", "tools": [ASYNC_FN]}
+    second = gw.post({**base, "previous_response_id": first["id"], "input": [output]}).json()
+    assert second["status"] == "completed", second
+    count = len(gw.upstream_bodies())
+    route(gw, async_agents, 4)
+    again = {**output, "output": "sunny-43"}
+    third = gw.post({**base, "previous_response_id": second["id"], "input": [again]}).json()
+    assert third["status"] == "completed", third
+    later = gw.upstream_bodies()[count:]
+    sub = [b for b in later if task_of(b) is not None]
+    assert len(sub) == 1 and "sunny-42" in body_text(sub[0]) and "sunny-43" in body_text(sub[0])
+    assert body_text(sub[0]).index("sunny-42") < body_text(sub[0]).index("sunny-43")

@@ -368,10 +368,10 @@ TOOL_SEARCH_REFUSALS: list[tuple[dict[str, Any], str, str, str]] = [
         "Invalid type for 'input[1].tools[0].parameters': expected an object, but got an integer instead.",
     ),
     (
-        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{**LOADED[0], "async": True}]}]},
-        "unsupported_parameter",
+        {"input": [_SEARCH_CALL, {**_tool_search_output("c1"), "tools": [{**LOADED[1], "async": True}]}]},
+        "unknown_parameter",  # async is a member's flag, never the namespace's (issue 22)
         "input[1].tools[0].async",
-        "Async tools ('async': true) are not supported by this gateway yet.",
+        "Unknown parameter: 'input[1].tools[0].async'.",
     ),
     (
         {"input": [_SEARCH_CALL]},

@@ -18,25 +18,56 @@ FN = {"type": "function", "name": "get_weather", "parameters": {"type": "object"
 
 # (request fields, code, param): each is refused before anything happens.
 REFUSALS: list[tuple[dict[str, Any], str, str]] = [
-    ({"tools": [FN, {**FN, "name": "later", "async": True}]}, "unsupported_parameter", "tools[1].async"),
-    ({"tools": [{"type": "custom", "name": "c", "async": True}]}, "unsupported_parameter", "tools[0].async"),
+    # async is accepted on function and custom tools (and namespace members) only (issue 22).
     (
-        {
-            "tools": [
-                {"type": "namespace", "name": "ns", "description": "d", "tools": [{**FN, "async": True}]}
-            ]
-        },
-        "unsupported_parameter",
-        "tools[0].tools[0].async",
+        {"tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [FN], "async": True}]},
+        "unknown_parameter",
+        "tools[0].async",
+    ),
+    ({"tools": [FN, {"type": "shell", "async": True}]}, "unknown_parameter", "tools[1].async"),
+    (
+        {"tools": [{"type": "tool_search", "execution": "client", "async": True}]},
+        "unknown_parameter",
+        "tools[0].async",
+    ),
+    ({"tools": [{"type": "web_search", "async": True}]}, "unknown_parameter", "tools[0].async"),
+    (
+        {"tools": [{"type": "code_interpreter", "container": {"type": "auto"}, "async": False}]},
+        "unknown_parameter",
+        "tools[0].async",
     ),
     (
         {
-            "input": [
-                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "async": True}
+            "tools": [
+                {"type": "mcp", "server_label": "s", "server_url": "http://127.0.0.1:9/mcp", "async": True}
             ]
         },
-        "unsupported_parameter",
+        "unknown_parameter",
+        "tools[0].async",
+    ),
+    ({"tools": [{**FN, "async": "yes"}]}, "invalid_type", "tools[0].async"),
+    (
+        {"input": [{"type": "function_call_output", "call_id": "c1", "output": "x", "async": True}]},
+        "unknown_parameter",
         "input[0].async",
+    ),
+    # Multi-agent with an explicit parallel_tool_calls: true and an async tool (multi-agent itself
+    # is refused below).
+    (
+        {"multi_agent": {"enabled": True}, "parallel_tool_calls": True, "tools": [{**FN, "async": True}]},
+        "unsupported_value",
+        "multi_agent",
+    ),
+    (
+        {
+            "multi_agent": {"enabled": True},
+            "parallel_tool_calls": True,
+            "tools": [
+                {"type": "namespace", "name": "ns", "description": "d", "tools": [{**FN, "async": True}]}
+            ],
+        },
+        "unsupported_value",
+        "multi_agent",
     ),
     # Tool search runs in the client only: server execution (the SDK's default) is refused.
     ({"tools": [{"type": "tool_search"}]}, "unsupported_value", "tools[0].execution"),
