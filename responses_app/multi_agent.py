@@ -478,7 +478,7 @@ class Coordinator(Executor):
         finally:
             await self._stop_all("interrupted")
         self.service_tier = self.root_tier
-        self._sum_usage()
+        self._total_usage()
         self.agent_tree = self._tree()
         async for event in self._finish(status):
             yield event
@@ -767,7 +767,7 @@ class Coordinator(Executor):
         )
         self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
 
-    def _sum_usage(self) -> None:
+    def _total_usage(self) -> None:
         """The response's usage: every agent's rounds (each agent counted its own)."""
         total = Usage()
         for agent in self.agents.values():
