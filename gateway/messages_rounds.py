@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from inference_app.upstream import UpstreamResponse
+from responses_app.events import StreamFailure, read_sse
 
 
 class RoundError(Exception):
@@ -177,40 +178,20 @@ class StreamRound:
 
 
 async def sse_events(response: UpstreamResponse, max_line: int) -> Any:
-    """``(event name, parsed data)`` for each event of an upstream SSE body; ``[DONE]`` and
-    malformed JSON raise :class:`RoundError`."""
-    buffer = b""
-    name = ""
-    data: list[bytes] = []
-    async for chunk in response:
-        buffer += chunk
-        while True:
-            end = buffer.find(b"\n")
-            if end < 0:
-                if len(buffer) > max_line:
-                    raise RoundError("an event line over the size limit")
-                break
-            line, buffer = buffer[:end].rstrip(b"\r"), buffer[end + 1 :]
-            if not line:
-                if data:
-                    payload = b"\n".join(data)
-                    if payload.strip() == b"[DONE]":
-                        raise RoundError("[DONE] before message_stop")
-                    try:
-                        parsed = orjson.loads(payload)
-                    except orjson.JSONDecodeError:
-                        raise RoundError("an event whose data is not valid JSON") from None
-                    yield name, parsed
-                name, data = "", []
-                continue
-            if line.startswith(b":"):
-                continue
-            field_name, _, value = line.partition(b":")
-            value = value.removeprefix(b" ")
-            if field_name == b"event":
-                name = value.decode("utf-8", "replace")
-            elif field_name == b"data":
-                data.append(value)
+    """``(event name, parsed data)`` for each event of an upstream SSE body (the executor's SSE
+    reader, ``responses_app.events.read_sse``); ``[DONE]``, malformed JSON and an over-long line
+    raise :class:`RoundError`."""
+    try:
+        async for name, payload in read_sse(response, max_line):
+            if payload.strip() == b"[DONE]":
+                raise RoundError("[DONE] before message_stop")
+            try:
+                parsed = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise RoundError("an event whose data is not valid JSON") from None
+            yield name or "", parsed
+    except StreamFailure:
+        raise RoundError("an event line over the size limit") from None
 
 
 def sse_event(name: str, data: Any) -> bytes:
