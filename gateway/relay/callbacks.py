@@ -271,6 +271,9 @@ class Relay:
         tasks = self.protocol.tasks  # uvicorn's shutdown waits for these
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+        # A task cancelled before it first ran (the connection closed) never awaited ``step``:
+        # closing it is a no-op once it ran, and spares the "never awaited" warning otherwise.
+        task.add_done_callback(lambda _task: step.close())
 
     async def _step(self, step: Coroutine[Any, Any, None]) -> None:
         try:
