@@ -503,14 +503,7 @@ class Compactor:
                 ex.http_error = exc
             raise StreamFailure(exc.message, status=exc.status) from None
         if summary.usage is not None:
-            usage = summary.usage
-            ex.usage.add(
-                input_tokens=usage["input_tokens"],
-                output_tokens=usage["output_tokens"],
-                total=usage["total_tokens"],
-                input_details=usage["input_tokens_details"],
-                output_details=usage["output_tokens_details"],
-            )
+            ex.usage.add_reported(summary.usage)
         prior = [*ex.p.history, *ex.p.new_items]
         current = self.checkpoint(prior, ex.output)
         self.retained = retained_messages(current)

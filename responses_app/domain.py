@@ -14,6 +14,7 @@ each other, so that none of them imports another for a type.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -85,6 +86,31 @@ class Usage:
             self.total_tokens = (self.total_tokens or 0) + total
         self._add_details(self.input_details, input_details)
         self._add_details(self.output_details, output_details)
+
+    def add_reported(self, usage: dict[str, Any]) -> None:
+        """Add a usage object in the Responses shape (``input_tokens``, ``…_details``, …)."""
+        self.add(
+            input_tokens=usage.get("input_tokens"),
+            output_tokens=usage.get("output_tokens"),
+            total=usage.get("total_tokens"),
+            input_details=usage.get("input_tokens_details"),
+            output_details=usage.get("output_tokens_details"),
+        )
+
+    @classmethod
+    def total(cls, parts: Iterable[Usage]) -> Usage:
+        """The sum of ``parts`` (each counted its own rounds); those that reported nothing add nothing."""
+        total = cls()
+        for u in parts:
+            if u.reported:
+                total.add(
+                    input_tokens=u.input_tokens,
+                    output_tokens=u.output_tokens,
+                    total=u.total_tokens,
+                    input_details=u.input_details,
+                    output_details=u.output_details,
+                )
+        return total
 
     def as_dict(self) -> dict[str, Any] | None:
         if not self.reported:

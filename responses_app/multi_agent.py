@@ -478,7 +478,7 @@ class Coordinator(Executor):
         finally:
             await self._stop_all("interrupted")
         self.service_tier = self.root_tier
-        self._total_usage()
+        self.usage = Usage.total(agent.ex.usage for agent in self.agents.values())  # each counted its own
         self.agent_tree = self._tree()
         async for event in self._finish(status):
             yield event
@@ -766,21 +766,6 @@ class Coordinator(Executor):
             agent_tree=self.agent_tree or self._tree(),
         )
         self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
-
-    def _total_usage(self) -> None:
-        """The response's usage: every agent's rounds (each agent counted its own)."""
-        total = Usage()
-        for agent in self.agents.values():
-            u = agent.ex.usage
-            if u.reported:
-                total.add(
-                    input_tokens=u.input_tokens,
-                    output_tokens=u.output_tokens,
-                    total=u.total_tokens,
-                    input_details=u.input_details,
-                    output_details=u.output_details,
-                )
-        self.usage = total
 
 
 CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "shell_call", "tool_search_call"})

@@ -11,8 +11,6 @@ reports back (status, served tier, incomplete details) is written to its
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.ids import new_id
 from responses_app import upstream_events
 from responses_app.domain import RoundState, Usage
@@ -61,7 +59,9 @@ class ResponsesParser:
                 for position, item in enumerate(response.get("output") or ()):
                     out += em.item_done(("r", state.number, "terminal", position), item)
                 out += em.close()
-            self._take_usage(response.get("usage"))
+            usage = response.get("usage")
+            if isinstance(usage, dict):
+                self.usage.add_reported(usage)
             tier = response.get("service_tier")
             state.tier = tier if isinstance(tier, str) else None
             # vLLM ends a length-capped response with ``response.completed`` whose status says
@@ -78,17 +78,6 @@ class ResponsesParser:
         elif kind == "error":
             raise StreamFailure(as_str(event.get("message")) or "The upstream stream reported an error.")
         return out, False
-
-    def _take_usage(self, usage: Any) -> None:
-        if not isinstance(usage, dict):
-            return
-        self.usage.add(
-            input_tokens=usage.get("input_tokens"),
-            output_tokens=usage.get("output_tokens"),
-            total=usage.get("total_tokens"),
-            input_details=usage.get("input_tokens_details"),
-            output_details=usage.get("output_tokens_details"),
-        )
 
 
 class ChatParser:
