@@ -334,6 +334,17 @@ class AsyncRounds:
         self.streak += 1
         return not self.exhausted
 
+    def next_round(
+        self, *, completed: bool, sync_calls: int, async_calls: int, gateway_calls: bool, ends_response: bool
+    ) -> bool:
+        """The round loop's stop rule: another round follows only a completed round without
+        synchronous client calls and without a call that ends the response (an approval request),
+        when it ran gateway calls or its only client calls were async (:meth:`after_round`)."""
+        async_more = self.after_round(async_calls=async_calls, sync_calls=sync_calls)
+        if not completed or sync_calls or ends_response or self.exhausted:
+            return False
+        return gateway_calls or async_more
+
     @property
     def exhausted(self) -> bool:
         """:data:`MAX_ASYNC_ROUNDS` async rounds in a row: the response ends after this round, even

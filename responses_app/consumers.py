@@ -450,7 +450,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         executor = Executor(prepared, self.config, event_fields=self._tag(job))
         registered: list[Target] = []
         # The executor stops at its next safe boundary while its target holds accepted steering.
-        executor.steer_requested = lambda: bool(registered and registered[0].batch)
+        executor.steer.requested = lambda: bool(registered and registered[0].batch)
 
         async def on_event(event: Event) -> None:
             if event is executor.failure_event:

@@ -26,6 +26,18 @@ class StreamFailure(Exception):
         self.code = code
         self.status = status
 
+    def response_error(self) -> dict[str, Any]:
+        """The failed response's ``error``: an upstream 429 is ``rate_limit_exceeded``, another 4xx
+        ``invalid_prompt``; any other code than those and ``server_error`` is ``server_error``."""
+        code = self.code
+        if self.status == 429:
+            code = "rate_limit_exceeded"
+        elif self.status is not None and 400 <= self.status < 500:
+            code = "invalid_prompt"
+        elif code not in ("server_error", "rate_limit_exceeded", "invalid_prompt"):
+            code = "server_error"
+        return {"code": code, "message": self.message}
+
 
 class EventTooLarge(Exception):
     def __init__(self, size: int, limit: int) -> None:

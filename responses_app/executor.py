@@ -6,16 +6,20 @@ with our own item ids. When the model calls client tools (function, custom) the 
 with those calls for the client to run; gateway-executed tools (web search, code interpreter, MCP)
 run between rounds and the loop goes on, at most ``max_rounds`` times (``responses_app.tool_loop``).
 
-The jobs around the loop live beside it:
+The jobs around the loop live in their own modules, each with a public interface:
 
-* ``responses_app.wire``: the request body of a round in either upstream format, the upstream's
-  error answer;
+* ``responses_app.wire``: the request body of a round in either upstream format, sending it, the
+  upstream's error answer;
 * ``responses_app.parsers``: the two upstream stream formats, read into emitter calls;
 * ``responses_app.emitter``: our public output items and their events, under the retained budget;
+* ``responses_app.compaction`` (the hook before every round), ``responses_app.async_tools`` (the
+  stop rule), ``responses_app.steering`` (the safe boundaries);
 * ``responses_app.domain``: the types they share (``Prepared``, ``Usage``, ``RoundState``, …).
 
-The seams of the loop (:meth:`Executor._run`): :meth:`Executor._before_round` runs before every
-inference round, :meth:`Executor._continues` decides whether another round follows.
+Extension seams (``responses_app.multi_agent.Coordinator`` uses them): :meth:`Executor.rounds` is
+the work between ``response.in_progress`` and the terminal event (it sets ``end_status``),
+:meth:`Executor.settle` runs before the terminal snapshot, :meth:`Executor.store` writes the
+outcome, and :meth:`Executor.run_round` runs one inference round over :meth:`Executor.model_items`.
 
 Nothing fake is ever sent: a truncated or malformed upstream stream, an oversize SSE line or an
 upstream error ends the response ``failed`` (stored as failed when ``store``), and the terminal
@@ -25,22 +29,19 @@ snapshot is written *before* the terminal event, so a write failure reaches the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
-
-import orjson
 
 from gateway import errors
 from gateway.config import Config
 from gateway.db import run_orm
 from gateway.logging import request_id_var
-from responses_app import async_tools, compaction, parsers, services, translate, wire
-from responses_app.domain import TERMINAL_EVENT, Prepared, RoundState, Usage, base_snapshot
-from responses_app.echo import tool_usage
+from responses_app import async_tools, compaction, parsers, services, steering, translate, wire
+from responses_app.domain import TERMINAL_EVENT, Prepared, RoundState, Usage, base_snapshot, snapshot
 from responses_app.emitter import Emitter
-from responses_app.events import Event, EventSink, EventTooLarge, StreamFailure, error_frame, read_sse
+from responses_app.events import Event, EventSink, EventTooLarge, StreamFailure, error_frame
 from responses_app.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
 
 log = logging.getLogger("responses.executor")
@@ -89,11 +90,11 @@ class Executor:
         self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
         # Automatic compaction and the compaction_trigger (responses_app.compaction).
         self.compactor = compaction.Compactor(prepared)
-        # WebSocket steering (responses_app.steering): asked at each safe boundary whether accepted
-        # steering waits; when it does, the response ends ``incomplete`` / ``steered`` there.
-        self.steer_requested: Callable[[], bool] | None = None
+        # WebSocket steering: the consumer sets ``steer.requested``; the response stops at a boundary.
+        self.steer = steering.Boundary()
         self._base: dict[str, Any] | None = None
         self.async_rounds = async_tools.AsyncRounds()  # async-only rounds in a row (the stop rule)
+        self.end_status = "completed"  # how the rounds ended (set by ``rounds``)
 
     @property
     def output(self) -> list[dict[str, Any]]:
@@ -109,22 +110,18 @@ class Executor:
     # --- the response object -------------------------------------------------------------------
 
     def snapshot(self, status: str) -> dict[str, Any]:
-        # The request's part of the object is built once per response (each snapshot is a fresh
-        # top-level dict; the nested request values are shared, and nothing mutates them).
-        if self._base is None:
+        """The response object now, with ``status``."""
+        if self._base is None:  # the request's part, built once per response
             self._base = base_snapshot(self.p, status)
-        snap = dict(self._base)
-        snap["status"] = status
-        snap["output"] = list(self.output)
-        snap["usage"] = self.usage.as_dict()
-        snap["tool_usage"] = tool_usage(self.output)
-        if self.service_tier is not None:
-            snap["service_tier"] = self.service_tier
-        snap["error"] = self.error
-        snap["incomplete_details"] = self.incomplete_details
-        if status in ("completed", "incomplete", "failed", "cancelled"):
-            snap["completed_at"] = int(time.time()) if status == "completed" else None
-        return snap
+        return snapshot(
+            self._base,
+            status,
+            self.output,
+            self.usage,
+            service_tier=self.service_tier,
+            error=self.error,
+            incomplete_details=self.incomplete_details,
+        )
 
     # --- the run -------------------------------------------------------------------------------
 
@@ -140,7 +137,7 @@ class Executor:
             async for event in self._run():
                 yield event
         except Exception:
-            if self.final is not None or self.failure_event is not None:
+            if self.ended:
                 log.exception("response %s failed after its terminal event", self.p.response_id)
                 return
             log.exception(
@@ -148,141 +145,121 @@ class Executor:
                 self.p.response_id,
                 request_id_var.get(),
             )
-            async for event in self._end_unexpected():
+            async for event in self.interrupt("The gateway failed while generating this response."):
                 yield event
 
-    async def _end_unexpected(
-        self, message: str = "The gateway failed while generating this response."
-    ) -> AsyncIterator[Event]:
+    @property
+    def ended(self) -> bool:
+        """Whether the terminal event (or the error event that replaced it) was made."""
+        return self.final is not None or self.failure_event is not None
+
+    async def interrupt(self, message: str) -> AsyncIterator[Event]:
+        """End a run that stopped unexpectedly or from outside (the shutdown deadline) as ``failed``:
+        the terminal event, and the stored row when it stores. Nothing when it had already ended."""
+        if self.ended:
+            return
         if self.sink.sequence_number and not self._finishing:
-            self._fail(message, "server_error", None)
+            self._fail(StreamFailure(message))
             try:
                 async for event in self._finish("failed"):
                     yield event
                 return
             except Exception:
                 log.exception("ending response %s failed", self.p.response_id)
-                if self.final is not None or self.failure_event is not None:
+                if self.ended:
                     return
         async for event in self._end_with_error("server_error", message):
             yield event
 
     async def _run(self) -> AsyncIterator[Event]:
-        status = "completed"
         if self.tools is None:
             try:
                 await self.prepare_tools()
             except errors.GatewayError as exc:  # callers that did not prepare (WebSocket, background)
                 if self.p.background:  # its row exists: it must not stay in progress
                     self.error = {"code": exc.code or "server_error", "message": exc.message}
-                    await self._store("failed", self.snapshot("failed"))
+                    await self.store("failed", self.snapshot("failed"))
                 self.failure_event = error_frame(
                     code=exc.code, message=exc.message, param=exc.param, sequence_number=0
                 )
                 yield self.failure_event
                 return
-        tools = self.tools
-        assert tools is not None
-        self.emitter.tools = tools
+        self.emitter.tools = self.tools
         if self.before_start is not None:
             await self.before_start()
         try:
             yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
             yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
-            for event in tools.listing_events(self.emitter):
-                yield event
-            async for event in tools.run_approvals(self.emitter):
-                yield event
-            for number in range(1, self.config.responses.max_rounds + 1):
-                async for event in self._before_round():
+            async with contextlib.aclosing(self.rounds()) as events:
+                async for event in events:
                     yield event
-                if self.compactor.ends_response:
-                    break  # a compaction_trigger response is its compaction item
-                self.round = RoundState(number)
-                self.emitter.start_round()
-                tools.start_round()
-                async for event in self._run_round(self.round):
-                    yield event
-                for event in self.emitter.close():
-                    yield event
-                status = self.round.status
-                self.service_tier = self.round.tier
-                # Gateway calls run even when the round also ends the response (client calls,
-                # approval requests, an incomplete round, steering): they are recorded either way.
-                async for event in tools.execute_round(self.emitter):
-                    yield event
-                for event in self.emitter.flush_deferred():  # async calls held behind them
-                    yield event
-                if self.round.steered:
-                    status = self._steered()
-                    break
-                if not self._continues(status):
-                    break
-                if self._steer_waiting():  # a round boundary: the round's gateway calls settled
-                    status = self._steered()
-                    break
-            else:
-                status = "incomplete"  # every round ended in gateway calls
-                self.incomplete_details = {"reason": ROUND_CAP_REASON}
+            status = self.end_status
         except StreamFailure as failure:
             status = "failed"
-            self._fail(failure.message, failure.code, failure.status)
+            self._fail(failure)
         except EventTooLarge as exc:
             async for event in self._end_with_error("event_too_large", exc.message):
                 yield event
             return
+        self.settle()
         async for event in self._finish(status):
             yield event
 
-    async def _before_round(self) -> AsyncIterator[Event]:
-        """The hook before every inference round (the history is final for the round here):
-        compaction, when the request's threshold or its compaction_trigger asks for it."""
-        async for event in self.compactor.before_round(self):
+    async def rounds(self) -> AsyncGenerator[Event, None]:
+        """The response's work between ``response.in_progress`` and its terminal event, a seam:
+        the tool listings and approvals, then the inference rounds. Sets :attr:`end_status`; an
+        upstream failure raises :class:`StreamFailure`."""
+        tools = self.tools
+        assert tools is not None
+        for event in tools.listing_events(self.emitter):
             yield event
-
-    def _continues(self, status: str) -> bool:
-        """Whether another round follows this one: only after a completed round without synchronous
-        client calls and without a call that ends the response (e.g. an approval), when it ran
-        gateway calls or its only client calls were async (at most two such rounds in a row)."""
-        assert self.tools is not None
-        emitter = self.emitter
-        async_more = self.async_rounds.after_round(
-            async_calls=emitter.async_calls, sync_calls=emitter.sync_calls
-        )
-        if (
-            status != "completed"
-            or emitter.sync_calls
-            or self.tools.ends_response
-            or self.async_rounds.exhausted
-        ):
-            return False
-        return bool(self.tools.round_calls) or async_more
-
-    def _steer_waiting(self) -> bool:
-        return self.steer_requested is not None and self.steer_requested()
-
-    def _steered(self) -> str:
-        """Stop for steering: earlier output is kept; the response ends incomplete, ``steered``."""
-        self.incomplete_details = {"reason": "steered"}
-        return "incomplete"
-
-    async def interrupt(self, message: str) -> AsyncIterator[Event]:
-        """End a run that was stopped from outside (the shutdown deadline) as ``failed``: the
-        terminal event, and the stored row when it stores. Nothing when it had already ended."""
-        if self.final is not None or self.failure_event is not None:
+        async for event in tools.run_approvals(self.emitter):
+            yield event
+        for number in range(1, self.config.responses.max_rounds + 1):
+            async for event in self.compactor.before_round(self):  # the history is final here
+                yield event
+            if self.compactor.ends_response:
+                return  # a compaction_trigger response is its compaction item
+            self.round = RoundState(number)
+            self.emitter.start_round()
+            tools.start_round()
+            async for event in self.run_round(self.round):
+                yield event
+            for event in self.emitter.close():
+                yield event
+            self.end_status = self.round.status
+            self.service_tier = self.round.tier
+            # Gateway calls run even when the round also ends the response (client calls,
+            # approval requests, an incomplete round, steering): they are recorded either way.
+            async for event in tools.execute_round(self.emitter):
+                yield event
+            for event in self.emitter.flush_deferred():  # async calls held behind them
+                yield event
+            if self.round.steered:
+                break
+            if not self.async_rounds.next_round(
+                completed=self.end_status == "completed",
+                sync_calls=self.emitter.sync_calls,
+                async_calls=self.emitter.async_calls,
+                gateway_calls=bool(tools.round_calls),
+                ends_response=tools.ends_response,
+            ):
+                return
+            if self.steer.waiting():  # a round boundary: the round's gateway calls settled
+                break
+        else:
+            self.end_status = "incomplete"  # every round ended in gateway calls
+            self.incomplete_details = {"reason": ROUND_CAP_REASON}
             return
-        async for event in self._end_unexpected(message):
-            yield event
+        self.end_status = "incomplete"  # stopped for steering: the earlier output is kept
+        self.incomplete_details = steering.steered_details()
 
-    def _fail(self, message: str, code: str, status: int | None) -> None:
+    def settle(self) -> None:
+        """A seam: runs once the rounds ended (failed included), before the terminal snapshot."""
+
+    def _fail(self, failure: StreamFailure) -> None:
         self.emitter.drop_open()  # an unfinished item is not part of a failed response
-        if status == 429:
-            code = "rate_limit_exceeded"
-        elif status is not None and 400 <= status < 500:
-            code = "invalid_prompt"
-        elif code not in ("server_error", "rate_limit_exceeded", "invalid_prompt"):
-            code = "server_error"
-        self.error = {"code": code, "message": message}
+        self.error = failure.response_error()
 
     async def _finish(self, status: str) -> AsyncIterator[Event]:
         self._finishing = True
@@ -297,7 +274,7 @@ class Executor:
             try:
                 if self.before_store is not None:
                     await self.before_store()
-                await self._store(status, snapshot, (terminal.data["sequence_number"], terminal.json))
+                await self.store(status, snapshot, (terminal.data["sequence_number"], terminal.json))
             except errors.GatewayError as exc:
                 # A refusal at commit time (a conversation race: 409 conversation_locked) is the
                 # client's answer, not a storage failure.
@@ -342,13 +319,14 @@ class Executor:
         self.emitter.drop_open()
         self.error = {"code": "server_error", "message": message}
         try:
-            await self._store("failed", self.snapshot("failed"))
+            await self.store("failed", self.snapshot("failed"))
         except Exception:
             log.exception("storing failed response %s failed", self.p.response_id)
 
-    async def _store(
+    async def store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
+        """Store the response's outcome (a seam): the row, its items, the continuation's window."""
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
         outcome = services.Outcome(
             status,
@@ -379,44 +357,20 @@ class Executor:
             items = self.tools.model_items([*self.p.history, *self.p.new_items], self.output)
         return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
-    async def _run_round(self, state: RoundState) -> AsyncIterator[Event]:
+    async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
+        """One inference round over :meth:`model_items`: the body in the configured wire format,
+        the upstream's stream read into our events."""
         chat = self.config.upstream_api == "chat_completions"
-        build, path = (wire.chat_body, wire.CHAT_PATH) if chat else (wire.responses_body, wire.RESPONSES_PATH)
-        body = build(self.p, self.client_tools, self.tools, self.model_items())
-        headers = dict(self.p.headers)
-        headers["content-type"] = "application/json"
-        headers["accept"] = "text/event-stream"
-        try:
-            response = await self.upstream.send("POST", path, body=orjson.dumps(body), headers=headers)
-        except errors.GatewayError as exc:
-            raise StreamFailure(exc.message, status=exc.status) from None
+        path, body = wire.round_request(chat, self.p, self.client_tools, self.tools, self.model_items())
+        response = await wire.send(self.upstream, path, body, self.p.headers)
         try:
             if response.status != 200:
                 self.http_error = await wire.status_error(response)
                 raise StreamFailure(self.http_error.message, status=response.status)
             parser = parsers.for_round(chat, self.emitter, state, self.usage)
             limit = self.config.responses.max_upstream_sse_line_bytes
-            terminal_seen = False
-            try:
-                async for name, data in read_sse(response, limit):
-                    events, terminal_seen = parser.feed(name, data)
-                    for event in events:
-                        yield event
-                    if terminal_seen:
-                        break
-                    # Only a complete item lifecycle event establishes that started work settled
-                    # (chat completions has none: its rounds stop at their end).
-                    if state.settled and self._steer_waiting():
-                        state.steered = True
-                        break
-            except errors.GatewayError as exc:
-                raise StreamFailure(exc.message, status=exc.status) from None
-            if state.steered:
-                return  # the upstream request is closed below; its remaining output is dropped
-            if not terminal_seen:
-                raise StreamFailure("The upstream stream ended before the response was complete.")
-            if not response.complete:
-                await wire.drain(response)
+            async for event in parsers.read(parser, response, limit, self.steer.waiting):
+                yield event
         finally:
             if state.incomplete_details is not None:
                 self.incomplete_details = state.incomplete_details

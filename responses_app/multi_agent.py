@@ -35,13 +35,12 @@ import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
 from responses_app import compaction
@@ -227,10 +226,6 @@ class AgentExecutor(Executor):
                 out.append(self.client_tools.upstream_item(seen))
         return out
 
-    def run_round(self, state: RoundState) -> AsyncIterator[Event]:
-        """One inference round of this agent (the executor's round, over this agent's history)."""
-        return self._run_round(state)
-
     def receive(self, item: dict[str, Any]) -> None:
         """Mail (or a client's tool output) joins this agent's history (no segment runs now)."""
         self.emitter.output.append(item)
@@ -355,7 +350,6 @@ class Coordinator(Executor):
         self.root_mail_seen = 0
         self.root_tier: str | None = None
         self.agent_tree: dict[str, Any] | None = None  # the terminal snapshot, once built
-        self._end_status = "completed"
         self.root_deferred = False  # the root's turn waits for subagents woken by late outputs
 
     # --- the public output ----------------------------------------------------------------------
@@ -445,43 +439,19 @@ class Coordinator(Executor):
 
     # --- the run --------------------------------------------------------------------------------
 
-    async def _run(self) -> AsyncIterator[Event]:
-        if self.tools is None:
-            try:
-                await self.prepare_tools()
-            except errors.GatewayError as exc:
-                from responses_app.events import error_frame
-
-                self.failure_event = error_frame(
-                    code=exc.code, message=exc.message, param=exc.param, sequence_number=0
-                )
-                yield self.failure_event
-                return
-        if self.before_start is not None:
-            await self.before_start()
-        status = "completed"
+    async def rounds(self) -> AsyncGenerator[Event, None]:
+        """The executor's seam: the agents' work, coordinated, instead of one agent's rounds."""
         try:
-            yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
-            yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
             await self._restore()
             async for event in self._coordinate():
                 yield event
-            status = self._end_status
-        except StreamFailure as failure:
-            status = "failed"
-            self._fail(failure.message, failure.code, failure.status)
-        except EventTooLarge as exc:
-            await self._stop_all("interrupted")
-            async for event in self._end_with_error("event_too_large", exc.message):
-                yield event
-            return
         finally:
             await self._stop_all("interrupted")
+
+    def settle(self) -> None:
         self.service_tier = self.root_tier
         self.usage = Usage.total(agent.ex.usage for agent in self.agents.values())  # each counted its own
         self.agent_tree = self._tree()
-        async for event in self._finish(status):
-            yield event
 
     async def _stop_all(self, status: str) -> None:
         for agent in self.agents.values():
@@ -580,7 +550,7 @@ class Coordinator(Executor):
                         yield event
                 self.waiting = []
                 if end.kind == "incomplete":
-                    self._end_status = "incomplete"
+                    self.end_status = "incomplete"
                     self.incomplete_details = agent.ex.incomplete_details
                 return  # a client call (or an incomplete root round) ends the response
             elif end.kind == "collab":
@@ -589,7 +559,7 @@ class Coordinator(Executor):
                 continue
             elif name == ROOT:
                 if end.kind == "rounds":
-                    self._end_status = "incomplete"
+                    self.end_status = "incomplete"
                     self.incomplete_details = {"reason": ROUND_CAP_REASON}
                 root.status = "completed"
                 # The root's turn is over: subagents still at work finish their turn first (their
@@ -746,7 +716,7 @@ class Coordinator(Executor):
             ],
         }
 
-    async def _store(
+    async def store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
         from gateway.db import run_orm

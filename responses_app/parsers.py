@@ -2,7 +2,8 @@
 chunks, each turned into emitter calls for one inference round.
 
 A parser is made per round (:func:`for_round`); :meth:`feed` takes one SSE event (its name and
-data) and returns our events plus whether the upstream's stream has ended. What the round
+data) and returns our events plus whether the upstream's stream has ended; :func:`read` feeds it
+the upstream's whole stream. What the round
 reports back (status, served tier, incomplete details) is written to its
 :class:`~responses_app.domain.RoundState`; usage is added to the response's
 :class:`~responses_app.domain.Usage`. An upstream error or failure raises
@@ -11,11 +12,15 @@ reports back (status, served tier, incomplete details) is written to its
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from gateway import errors
 from gateway.ids import new_id
-from responses_app import upstream_events
+from responses_app import upstream_events, wire
 from responses_app.domain import RoundState, Usage
 from responses_app.emitter import Emitter, as_str
-from responses_app.events import Event, StreamFailure
+from responses_app.events import Event, StreamFailure, read_sse
 
 
 class ResponsesParser:
@@ -144,3 +149,35 @@ Parser = ResponsesParser | ChatParser
 def for_round(chat: bool, emitter: Emitter, state: RoundState, usage: Usage) -> Parser:
     """The parser of one round's upstream stream (chat chunks when ``chat``, else Responses events)."""
     return ChatParser(emitter, state, usage) if chat else ResponsesParser(emitter, state, usage)
+
+
+async def read(
+    parser: Parser, response: Any, max_line_bytes: int, steer_waiting: Callable[[], bool]
+) -> AsyncIterator[Event]:
+    """Our events from one round's upstream stream (``response``, status 200), up to its terminal
+    event; the rest is drained for the connection's reuse. An oversize line, a read failure or a
+    stream that ends early is a :class:`StreamFailure`.
+
+    Steering: after an upstream event that leaves no work half-done (``RoundState.settled``), the
+    round stops (``RoundState.steered``) when ``steer_waiting()``; its remaining output is dropped.
+    """
+    state = parser.state
+    terminal_seen = False
+    try:
+        async for name, data in read_sse(response, max_line_bytes):
+            events, terminal_seen = parser.feed(name, data)
+            for event in events:
+                yield event
+            if terminal_seen:
+                break
+            # Only a complete item lifecycle event establishes that started work settled
+            # (chat completions has none: its rounds stop at their end).
+            if state.settled and steer_waiting():
+                state.steered = True
+                return  # the caller closes the upstream request
+    except errors.GatewayError as exc:
+        raise StreamFailure(exc.message, status=exc.status) from None
+    if not terminal_seen:
+        raise StreamFailure("The upstream stream ended before the response was complete.")
+    if not response.complete:
+        await wire.drain(response)

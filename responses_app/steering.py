@@ -517,6 +517,30 @@ class Steering:
 # --- events ----------------------------------------------------------------------------------
 
 
+# --- the running response's side (``responses_app.executor``) ------------------------------------
+
+STEERED_REASON = "steered"  # the incomplete_details reason of a response that stopped for steering
+
+
+@dataclass
+class Boundary:
+    """What a running response asks at each safe boundary (an upstream event that settled the work
+    it started; the end of a round, once its gateway calls ran): does accepted steering wait?
+
+    The consumer sets :attr:`requested`; when it answers yes the response stops there and ends
+    ``incomplete`` with :func:`steered_details`, its earlier output kept."""
+
+    requested: Callable[[], bool] | None = None
+
+    def waiting(self) -> bool:
+        return self.requested is not None and self.requested()
+
+
+def steered_details() -> dict[str, Any]:
+    """The ``incomplete_details`` of a response that stopped for steering."""
+    return {"reason": STEERED_REASON}
+
+
 def accepted_event(steer: Steer, sequence_number: int, stream_id: str | None) -> dict[str, Any]:
     event: dict[str, Any] = {
         "type": "response.steer.accepted",

@@ -1,6 +1,7 @@
 """The upstream wire: the request body of one inference round in either upstream format
-(``/v1/responses`` or ``/v1/chat/completions``), and reading what an upstream answers besides a
-stream (an error status, the bytes after the terminal event).
+(``/v1/responses`` or ``/v1/chat/completions``), sending it (:func:`round_request`, :func:`send`),
+and reading what an upstream answers besides a stream (an error status, the bytes after the
+terminal event).
 
 The body builders are pure: the prepared request, the client tool map, the gateway tools (or
 ``None``) and the history as the model sees it in, a JSON-ready dict out.
@@ -17,6 +18,7 @@ from gateway import errors
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
 from responses_app import async_tools, translate
 from responses_app.domain import Prepared
+from responses_app.events import StreamFailure
 from responses_app.schemas import NOT_FORWARDED
 
 if TYPE_CHECKING:
@@ -129,6 +131,30 @@ def chat_body(
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     return body
+
+
+def round_request(
+    chat: bool,
+    p: Prepared,
+    client_tools: translate.ToolMap,
+    tools: ToolLoop | None,
+    items: list[dict[str, Any]],
+) -> tuple[str, dict[str, Any]]:
+    """The upstream path and body of one round over ``items``: ``/v1/chat/completions`` when
+    ``chat``, else ``/v1/responses``."""
+    if chat:
+        return CHAT_PATH, chat_body(p, client_tools, tools, items)
+    return RESPONSES_PATH, responses_body(p, client_tools, tools, items)
+
+
+async def send(upstream: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    """POST one round's body for a stream, with the request's forwarded ``headers``; an upstream
+    that cannot be reached is a :class:`~responses_app.events.StreamFailure`."""
+    headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
+    try:
+        return await upstream.send("POST", path, body=orjson.dumps(body), headers=headers)
+    except errors.GatewayError as exc:
+        raise StreamFailure(exc.message, status=exc.status) from None
 
 
 async def status_error(response: Any) -> errors.GatewayError:
