@@ -9,13 +9,11 @@ each other, so that none of them imports another for a type.
   stream ``parsers``);
 * :class:`Emitting` and :class:`GatewayCalls`: the two protocols the emitter and the tool loop see
   of each other;
-* :func:`base_snapshot`, :func:`snapshot` and :func:`strip_credentials`: the response object and
-  the request as stored.
+* :func:`base_snapshot` and :func:`strip_credentials`: the response object and the request as stored.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -237,29 +235,3 @@ def base_snapshot(p: Prepared, status: str) -> dict[str, Any]:
         "usage": None,
         "user": r.user,
     }
-
-
-def snapshot(
-    base: dict[str, Any],
-    status: str,
-    output: list[dict[str, Any]],
-    usage: Usage,
-    *,
-    service_tier: str | None,
-    error: dict[str, Any] | None,
-    incomplete_details: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The response object with ``status``: a fresh top-level copy of ``base`` (its nested request
-    values are shared; nothing mutates them) with the run's output, usage and outcome."""
-    snap = dict(base)
-    snap["status"] = status
-    snap["output"] = list(output)
-    snap["usage"] = usage.as_dict()
-    snap["tool_usage"] = tool_usage(output)
-    if service_tier is not None:
-        snap["service_tier"] = service_tier  # the served tier replaces the requested one
-    snap["error"] = error
-    snap["incomplete_details"] = incomplete_details
-    if status in ("completed", "incomplete", "failed", "cancelled"):
-        snap["completed_at"] = int(time.time()) if status == "completed" else None
-    return snap
