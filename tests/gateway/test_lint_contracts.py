@@ -1,5 +1,6 @@
 """`make lint`'s architecture rules fail when broken: every import-linter contract of pyproject.toml
-against a copy of the packages with one violation each, and the private-names checker."""
+against a copy of the packages with one violation each, and the private-names checker; and the
+executor stays split by job (its size bound)."""
 
 from __future__ import annotations
 
@@ -111,3 +112,64 @@ def test_private_names_checker(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "tests" / "lint" / "check_private_names.py")], cwd=ROOT, timeout=60
     )
     assert clean.returncode == 0
+
+
+def test_private_names_checker_refuses_a_subclass_using_its_bases_privates(tmp_path: Path) -> None:
+    """A subclass in another module uses its base's public seams: overriding or calling a private
+    method (or using a private attribute) of the base, or of the base's own base, is an offence."""
+    pkg = tmp_path / "responses_app"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lifecycle.py").write_text(
+        "class Lifecycle:\n    def _finish(self):\n        self._done = True\n\n    def settle(self):\n        pass\n"
+    )
+    (pkg / "executor.py").write_text(
+        "from responses_app.lifecycle import Lifecycle\n\n\n"
+        "class Executor(Lifecycle):\n    def _run(self):\n        return self._finish()\n\n"
+        "    def rounds(self):\n        return self._run()\n"
+    )
+    (pkg / "multi_agent.py").write_text(
+        "from responses_app.executor import Executor\n\n\n"
+        "class Coordinator(Executor):\n    def _run(self):\n        return self._done\n\n"
+        "    def _own(self):\n        return self.settle(), self.rounds()\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "lint" / "check_private_names.py"),
+            "--root",
+            str(tmp_path),
+            str(pkg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    lines = sorted(line.split("responses_app/", 1)[1] for line in proc.stdout.splitlines())
+    assert proc.returncode == 1
+    assert lines == [
+        "executor.py:6: Executor uses responses_app.lifecycle.Lifecycle._finish",
+        "multi_agent.py:5: Coordinator overrides responses_app.executor.Executor._run",
+        "multi_agent.py:6: Coordinator uses responses_app.lifecycle.Lifecycle._done",
+    ], lines
+
+
+# The executor keeps the round loop and storage only (docs/responses.md, "Code layout"); what else
+# lands in it goes to the module that owns the job.
+LINE_BOUNDS = {"responses_app/executor.py": 300}
+
+
+def over_bound(path: Path, bound: int) -> str | None:
+    lines = len(path.read_text().splitlines())
+    if lines <= bound:
+        return None
+    return f"{path}: {lines} lines, over its bound of {bound}"
+
+
+def test_the_executor_stays_within_its_line_bound(tmp_path: Path) -> None:
+    for relative, bound in LINE_BOUNDS.items():
+        assert over_bound(ROOT / relative, bound) is None
+    grown = tmp_path / "executor.py"
+    grown.write_text("x = 1\n" * 301)
+    assert over_bound(grown, 300) == f"{grown}: 301 lines, over its bound of 300"

@@ -1,7 +1,9 @@
 """No module imports another module's ``_private`` names (``make lint``).
 
 ``from pkg.mod import _name`` and ``from pkg import mod`` followed by ``mod._name`` are refused
-unless the importer is ``pkg.mod`` itself; dunders (``__version__``) are public. Private *modules*
+unless the importer is ``pkg.mod`` itself; dunders (``__version__``) are public. A class that
+subclasses a class of another module neither overrides nor uses (``self._name``) the private methods
+and attributes that class (or its bases) defines: it uses the base's public seams. Private *modules*
 (``pkg._mod``) are import-linter's ``private_modules`` contract. ruff's PLC2701 is not used: it is a
 preview rule in the pinned ruff and it skips imports within the same top-level package, which is
 where ours were (``responses_app.executor._db`` from three modules of ``responses_app``).
@@ -76,6 +78,83 @@ def offences(path: Path, root: Path = ROOT) -> Iterator[str]:
         ):
             where = imported_modules[node.value.id]
             yield f"{path}:{node.lineno}: uses {node.value.id}.{node.attr} of {where}|{importer}|{node.attr}"
+    yield from subclass_offences(path, tree, importer, root)
+
+
+def _class_def(module: str, name: str, root: Path) -> tuple[ast.ClassDef, dict[str, str]] | None:
+    """The definition of class ``name`` in ``module`` and that module's imported names (local name ->
+    defining module), or ``None`` when it is not a class of ours."""
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    if not path.is_file():
+        return None
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = {
+        alias.asname or alias.name: _absolute(node, module, False)
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node, imported
+    return None
+
+
+def _private_members(module: str, name: str, root: Path, seen: set[tuple[str, str]]) -> dict[str, str]:
+    """The private methods and ``self._x`` attributes of class ``name`` of ``module`` and of its
+    bases, each with where it is defined (``module.Class``)."""
+    if (module, name) in seen:
+        return {}
+    seen.add((module, name))
+    found = _class_def(module, name, root)
+    if found is None:
+        return {}
+    cls, imported = found
+    members: dict[str, str] = {}
+    for base in cls.bases:
+        if isinstance(base, ast.Name):
+            members.update(_private_members(imported.get(base.id, module), base.id, root, seen))
+    for node in ast.walk(cls):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _private(node.name):
+            members[node.name] = f"{module}.{name}"
+        elif (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
+            members.setdefault(node.attr, f"{module}.{name}")
+    return members
+
+
+def subclass_offences(path: Path, tree: ast.Module, importer: str, root: Path) -> Iterator[str]:
+    """Private members of a base class from another module, overridden or used by a subclass here."""
+    imported = {
+        alias.asname or alias.name: _absolute(node, importer, path.name == "__init__.py")
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        inherited: dict[str, str] = {}
+        for base in cls.bases:
+            if not isinstance(base, ast.Name):
+                continue
+            source = imported.get(base.id)
+            if source and source != importer and source.split(".")[0] in PACKAGES:
+                inherited.update(_private_members(source, base.id, root, set()))
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in inherited:
+                where = inherited[node.name]
+                yield f"{path}:{node.lineno}: {cls.name} overrides {where}.{node.name}|{importer}|{node.name}"
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr in inherited
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                where = inherited[node.attr]
+                yield f"{path}:{node.lineno}: {cls.name} uses {where}.{node.attr}|{importer}|{node.attr}"
 
 
 def main(argv: list[str]) -> int:
