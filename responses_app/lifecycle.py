@@ -40,6 +40,8 @@ log = logging.getLogger("responses.executor")  # the executor's own log: this is
 
 
 class Lifecycle:
+    """The events around one response's work and its one end (see the module docstring)."""
+
     def __init__(
         self,
         prepared: Prepared,
