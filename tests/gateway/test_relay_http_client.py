@@ -1,4 +1,4 @@
-"""The upstream HTTP client (inference_app/http_client.py) against real loopback servers.
+"""The upstream HTTP client (gateway/relay/http_client.py) against real loopback servers.
 
 Each test runs a small HTTP/1.1 server in its own event loop (requests parsed by httptools), so it can
 misbehave on purpose: close idle connections, stall mid-body, never answer, answer without a length.
@@ -18,8 +18,8 @@ import pytest
 
 from gateway import errors
 from gateway.config import UpstreamConfig
-from inference_app import http_client
-from inference_app.http_client import HttpPool
+from gateway.relay import http_client
+from gateway.relay.http_client import HttpPool
 from inference_app.upstream import _RESPONSE_SKIP
 from tests.servers import free_port
 
