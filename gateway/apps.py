@@ -10,6 +10,11 @@ class GatewayConfig(AppConfig):
         from gateway import fastroutes
         from gateway.messages import ROUTES as MESSAGES_ROUTES
         from gateway.passthrough import ROUTES as PASSTHROUGH_ROUTES
+        from gateway.relay.http_client import HttpPool
+        from inference_app.upstream import use_http_client
 
         for path, route in {**PASSTHROUGH_ROUTES, **MESSAGES_ROUTES}.items():
             fastroutes.relay(path, route)
+        # HttpUpstream's client: the relay package's lean one (public APIs only, so it serves with
+        # the relay switched off too); inference_app may not import gateway.relay itself.
+        use_http_client(HttpPool)

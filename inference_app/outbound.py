@@ -5,8 +5,8 @@ through here, on aiohttp. The library's timeout and error types are mapped to ou
 :meth:`Client.fetch`; callers catch :class:`OutboundError` (or one of its kinds) and never an
 aiohttp type. Every call has a whole-call timeout and a cap on the body it reads.
 
-Not here: the upstream LLM client (``inference_app/http_client.py`` and the relay's lean client,
-designed for the pass-through's speed) and the clients that libraries bring (mozilla-django-oidc's
+Not here: the upstream LLM client (``gateway/relay/http_client.py``, the lean client the relay is
+designed with, for the pass-through's speed; ``HttpUpstream`` gets it at start-up) and the clients that libraries bring (mozilla-django-oidc's
 ``requests``, the MCP SDK's ``httpx``).
 """
 

@@ -6,10 +6,13 @@ upstream sent them (the interface and its types: :mod:`inference_app.upstream_ty
 implementations import; this module picks one in :func:`get_upstream`). Pass-through routes, the Responses executor and the Messages loop all call it;
 the HTTP and worker implementations behave the same, byte for byte.
 
-:class:`HttpUpstream` speaks HTTP/1.1 through :mod:`inference_app.http_client` (a keep-alive pool per
-event loop). Failures map to gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no
-response headers within the read timeout, or a stream silent for longer than the stall timeout →
-:class:`UpstreamTimeout` (504).
+:class:`HttpUpstream` speaks HTTP/1.1 through a keep-alive pool per event loop (an
+:class:`HttpClient`). The client is the lean one the below-ASGI relay is designed with,
+``gateway.relay.http_client.HttpPool``; ``inference_app`` may not import the relay, so the gateway app
+hands it over in ``AppConfig.ready()`` with :func:`use_http_client` (every process that sets Django
+up: ``manage.py serve`` and the other commands, Celery workers, tests). Failures map to gateway
+errors: connection refused / DNS → :class:`UpstreamError` (502); no response headers within the read
+timeout, or a stream silent for longer than the stall timeout → :class:`UpstreamTimeout` (504).
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 from gateway import errors
-from gateway.config import Config, get_config
-from inference_app.http_client import HttpPool, ResponseBody
+from gateway.config import Config, UpstreamConfig, get_config
 from inference_app.upstream_types import Body, Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.upstream")
@@ -73,18 +75,82 @@ def forward_headers(
     return out
 
 
-class HttpUpstream:
-    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server)."""
+class ResponseChunks(Protocol):
+    """A response body as an :class:`HttpClient` hands it back: its chunks as they arrive."""
 
-    def __init__(self, config: Config) -> None:
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def aclose(self) -> None:
+        """Hand the connection back to the pool when the body was read whole, else close it."""
+        ...
+
+
+class HttpClient(Protocol):
+    """What :class:`HttpUpstream` needs of an HTTP client: keep-alive connections from one event loop
+    to one base URL (``gateway.relay.http_client.HttpPool``)."""
+
+    loop: asyncio.AbstractEventLoop
+    closed: bool
+
+    async def request(
+        self, method: str, target: str, headers: Mapping[str, str], body: Body = None
+    ) -> tuple[int, list[tuple[str, str]], ResponseChunks]:
+        """Send one request (``target``: path and query below the base URL, ``headers`` lower-cased);
+        status, headers and the body once the headers arrived."""
+        ...
+
+    def close(self) -> None:
+        """Close the idle connections; busy ones close when their responses are done."""
+        ...
+
+
+class HttpClientFactory(Protocol):
+    """Builds the :class:`HttpClient` for one base URL, on the running loop (``HttpPool`` itself)."""
+
+    def __call__(
+        self, base_url: str, timeouts: UpstreamConfig, *, drop_headers: frozenset[str] = ...
+    ) -> HttpClient: ...
+
+
+# The factory handed over at start-up (use_http_client).
+_http_client: HttpClientFactory | None = None
+
+
+def use_http_client(factory: HttpClientFactory) -> None:
+    """Build :class:`HttpUpstream`'s pools with ``factory``. The gateway app calls it in
+    ``AppConfig.ready()`` with the lean client of ``gateway.relay``."""
+    global _http_client
+    _http_client = factory
+
+
+def http_client() -> HttpClientFactory:
+    """The factory handed to :func:`use_http_client`; a clear error when Django was not set up."""
+    if _http_client is None:
+        raise RuntimeError(
+            "no HTTP client for the upstream: the gateway app hands one over in AppConfig.ready() "
+            "(set DJANGO_SETTINGS_MODULE=gateway.settings and call django.setup())"
+        )
+    return _http_client
+
+
+class HttpUpstream:
+    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server).
+
+    ``client`` builds the keep-alive pool of each event loop (default: the one handed to
+    :func:`use_http_client`)."""
+
+    def __init__(self, config: Config, client: HttpClientFactory | None = None) -> None:
         self.config = config
         self.base = config.upstream_base
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpPool]
+        self.client = client or http_client()
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient]
         self._pools = weakref.WeakKeyDictionary()
-        self._last: HttpPool | None = None  # the last one used: one loop per process is the rule
+        self._last: HttpClient | None = None  # the last one used: one loop per process is the rule
         _http_upstreams.add(self)
 
-    def pool(self, loop: asyncio.AbstractEventLoop | None = None) -> HttpPool:
+    def pool(self, loop: asyncio.AbstractEventLoop | None = None) -> HttpClient:
         """One keep-alive pool per event loop (never one per request, never shared across loops).
 
         ``loop`` is the running loop, when the caller has it (asking for it costs a ``getpid()``).
@@ -95,7 +161,7 @@ class HttpUpstream:
         if pool is None or pool.loop is not loop or pool.closed:
             pool = self._pools.get(loop)
             if pool is None or pool.closed:
-                pool = HttpPool(self.base, self.config.upstream, drop_headers=_RESPONSE_SKIP)
+                pool = self.client(self.base, self.config.upstream, drop_headers=_RESPONSE_SKIP)
                 self._pools[loop] = pool
             self._last = pool
         return pool
@@ -140,7 +206,7 @@ class HttpUpstream:
                 raise RuntimeError(f"upstream answered {status}")
 
 
-async def _drain(body: ResponseBody) -> None:
+async def _drain(body: ResponseChunks) -> None:
     try:
         async for _ in body:
             pass

@@ -1,4 +1,5 @@
-"""Everything below ASGI, fenced off: the uvicorn protocol subclass, the callback relay, their guard.
+"""Everything below ASGI, fenced off: the uvicorn protocol subclass, the callback relay, their guard,
+and the lean upstream HTTP client the relay is designed with.
 
 What is here, and why (``docs/performance.md``, the decision record):
 
@@ -10,11 +11,20 @@ What is here, and why (``docs/performance.md``, the decision record):
 - :mod:`gateway.relay.callbacks`: the pass-through relay on callbacks (``Relay``) and the one
   decision of which requests it takes (``start``); it applies the rules through ``gateway.pipeline``
   like every other path.
-- The lean upstream HTTP client the relay is designed with is ``inference_app.http_client``: it
-  stays there because ``HttpUpstream`` (the executor's and the ASGI fast path's upstream) is built on
-  it too, and ``inference_app`` may not import ``gateway.relay``. The relay uses only its public
-  names (``HttpPool.send_on``/``idle_connection``/``head``/``release``/``discard``, ``Connection``,
-  ``Outbox``, ``Sink``); that client relies on no library internal.
+- :mod:`gateway.relay.http_client`: the lean upstream HTTP/1.1 client the relay is designed with
+  (asyncio Protocols, ``httptools``' parser, a keep-alive pool per event loop; ``HttpPool.send_on``,
+  ``Outbox`` and ``Sink`` are the relay's side of it). It relies on no library internal, so neither
+  ``[server] direct_relay = false`` nor the fallback on a uvicorn mismatch switches it off: it is
+  also the client of ``inference_app.upstream.HttpUpstream`` (the ASGI fast path's, the executor's,
+  the Messages loop's upstream, in every process: server, Celery workers, management commands).
+  ``inference_app`` may not import this package, so the gateway app hands ``HttpPool`` to the
+  upstream factory in ``AppConfig.ready()`` (``inference_app.upstream.use_http_client``, typed by
+  its ``HttpClient`` protocol).
+
+This package imports only ``gateway``'s rules and errors, ``uvicorn`` and ``httptools`` (and the
+standard library): the upstream and its header rule come through ``gateway.passthrough``
+(``upstream_pool``, ``forward_headers``). ``make lint`` holds it to that, and to being the only
+importer of ``httptools`` (import-linter contracts in ``pyproject.toml``).
 
 Only this package imports ``uvicorn.protocols``. Pinned versions: uvicorn ``UVICORN_VERSION``
 (0.54.0), httptools ``HTTPTOOLS_VERSION`` (0.9.0). The internals relied on (:data:`RELIED_ON`;

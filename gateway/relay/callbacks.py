@@ -4,7 +4,7 @@ trip and no coroutine per request.
 Under ``manage.py serve`` (uvicorn with :class:`gateway.relay.protocol.GatewayServerProtocol`) a
 ``POST`` to a pass-through route (:data:`gateway.fastroutes.RELAYED`) with a body of declared size, to
 an HTTP upstream, is relayed here: the request body is taken from the protocol's parser callbacks,
-the request goes out on the upstream pool's connection (``inference_app.http_client``) and the
+the request goes out on the upstream pool's connection (:mod:`gateway.relay.http_client`) and the
 upstream's answer is written to the socket as raw HTTP as it arrives. None of the ASGI plumbing runs
 (scope messages, the ``send``/``receive`` wrappers of each layer, uvicorn's header re-validation);
 for a small JSON exchange that plumbing cost more CPU than everything else the gateway does
@@ -17,7 +17,8 @@ HTTP: the embedded engine, the Celery workers) goes to the ASGI fast path (``gat
 The rules are the pipeline's (``gateway.pipeline``): :class:`~gateway.pipeline.Passage` (request id,
 log context, body ceiling), :func:`~gateway.pipeline.admit` (CORS, authentication, method) and
 :func:`~gateway.pipeline.finish` (metrics, in-flight, access log, 499); header forwarding and
-credential injection are ``inference_app.upstream.forward_headers``, upstream errors are answered
+credential injection are ``forward_headers`` (``inference_app.upstream``'s, through
+``gateway.passthrough``: the relay imports no app), upstream errors are answered
 in the route's envelope (``gateway.errors``) and a broken event stream ends with the route's error
 event (``Route.stream_error``), as on the ASGI path.
 """
@@ -35,10 +36,9 @@ from gateway import errors
 from gateway.auth import AuthResult
 from gateway.config import get_config
 from gateway.logging import request_id_var
-from gateway.passthrough import SSE_CONTENT_TYPE, RawHeaders, Route
+from gateway.passthrough import SSE_CONTENT_TYPE, RawHeaders, Route, forward_headers, upstream_pool
 from gateway.pipeline import Passage, admit, admit_waiting, finish, release
-from inference_app.http_client import Connection, HttpPool, describe
-from inference_app.upstream import HttpUpstream, forward_headers, get_upstream
+from gateway.relay.http_client import Connection, HttpPool, describe
 
 log = logging.getLogger("gateway")
 
@@ -72,14 +72,14 @@ def start(protocol: Host, cycle: Any, route: Route) -> bool:
     scope: dict[str, Any] = cycle.scope
     if scope["method"] != "POST" or route.stream_request_body:
         return False
-    upstream = get_upstream()
-    if not isinstance(upstream, HttpUpstream):
+    pool = upstream_pool(protocol.loop)
+    if not isinstance(pool, HttpPool):  # None: not an HTTP upstream
         return False
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}  # lower-cased
     declared = headers.get("content-length")
     if declared is None or not declared.isdigit() or "transfer-encoding" in headers or "expect" in headers:
         return False
-    relay = Relay(protocol, cycle, route, headers, upstream.pool(protocol.loop))
+    relay = Relay(protocol, cycle, route, headers, pool)
     protocol.relay = relay
     relay.admit(headers)
     if not cycle.more_body and not relay.over:
@@ -100,7 +100,7 @@ class Relay:
     upstream connection at once. Each of these steps runs in the request's log context.
 
     Its writes, to the client and (``HttpPool.send_on``) to the upstream, go through the pool's
-    :class:`~inference_app.http_client.Outbox`: out once the loop has run every ready callback.
+    :class:`~gateway.relay.http_client.Outbox`: out once the loop has run every ready callback.
     """
 
     __slots__ = (

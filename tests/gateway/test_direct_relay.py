@@ -26,8 +26,8 @@ from aiohttp import web
 from gateway.fastpath import FastPathApp
 from gateway.logging import request_id_var
 from gateway.relay import callbacks
+from gateway.relay.http_client import _BODY, Connection
 from gateway.relay.protocol import GatewayServerProtocol, LeanCycle
-from inference_app.http_client import _BODY, Connection
 from tests.servers import LiveServer, free_port, wait_port
 from tests.upstream import (
     DONE,

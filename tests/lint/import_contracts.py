@@ -4,11 +4,17 @@
 (function-level) and ``TYPE_CHECKING`` imports included. import-linter's own ``acyclic_siblings``
 only compares siblings under one parent; a cycle can run across our four packages
 (``gateway.fastpath`` <-> ``responses_app.fastpath``), so this one looks at the whole graph.
+
+``only_imports``: a package imports nothing but what its row of DESIGN.md's "may import" column
+names (and the standard library). import-linter's ``forbidden`` lists what may not be imported; this
+lists what may, so a new dependency has to be added on purpose.
+
 Only the public custom-contract API is used (``importlinter.Contract``, ``fields``, ``output``).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from importlinter import Contract, ContractCheck, fields, output
@@ -103,3 +109,38 @@ class NoCyclesContract(Contract):
             for importer, imported, lines in cycle["imports"]:
                 output.print_error(f"{importer} -> {imported} (l. {', '.join(map(str, lines))})", bold=False)
             output.new_line()
+
+
+def _within(module: str, packages: list[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+class OnlyImportsContract(Contract):
+    """The modules of ``source_modules`` (packages, descendants included) import directly only
+    ``allowed_modules`` (each with its descendants), the standard library and one another; lazy and
+    ``TYPE_CHECKING`` imports included."""
+
+    type_name = "only_imports"
+
+    source_modules = fields.ListField(subfield=fields.StringField())
+    allowed_modules = fields.ListField(subfield=fields.StringField())
+
+    def check(self, graph: Any, verbose: bool) -> ContractCheck:
+        sources = [str(m) for m in self.source_modules]  # type: ignore[attr-defined,union-attr]
+        allowed = [str(m) for m in self.allowed_modules]  # type: ignore[attr-defined,union-attr]
+        stdlib = sys.stdlib_module_names
+        imports = []
+        for importer in sorted(m for m in graph.modules if _within(m, sources)):
+            for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+                if imported.split(".")[0] in stdlib or _within(imported, sources + allowed):
+                    continue
+                lines = [
+                    d["line_number"] for d in graph.get_import_details(importer=importer, imported=imported)
+                ]
+                imports.append((importer, imported, lines))
+        return ContractCheck(kept=not imports, warnings=[], metadata={"imports": imports})
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for importer, imported, lines in check.metadata["imports"]:
+            output.print_error(f"{importer} -> {imported} (l. {', '.join(map(str, lines))})", bold=True)
+        output.new_line()

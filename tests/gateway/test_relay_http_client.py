@@ -1,4 +1,4 @@
-"""The upstream HTTP client (inference_app/http_client.py) against real loopback servers.
+"""The upstream HTTP client (gateway/relay/http_client.py) against real loopback servers.
 
 Each test runs a small HTTP/1.1 server in its own event loop (requests parsed by httptools), so it can
 misbehave on purpose: close idle connections, stall mid-body, never answer, answer without a length.
@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httptools
+import httpx
+import orjson
 import pytest
 
 from gateway import errors
 from gateway.config import UpstreamConfig
-from inference_app import http_client
-from inference_app.http_client import HttpPool
+from gateway.relay import http_client
+from gateway.relay.http_client import HttpPool
 from inference_app.upstream import _RESPONSE_SKIP
-from tests.servers import free_port
+from tests.servers import LiveServer, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -593,3 +601,61 @@ async def test_outbox_writes_once_the_ready_callbacks_have_run() -> None:
     assert log[-1] == ("a", b"4")
     await asyncio.sleep(0)
     assert len(log) == 4
+
+
+# --- the client of HttpUpstream, whatever serves the gateway ------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_http_upstream_runs_on_this_client_under_stock_uvicorn(gateway_config: Any) -> None:
+    """What ``manage.py serve`` falls back to on a uvicorn mismatch (stock ``httptools`` protocol, no
+    relay code loaded) still reaches an HTTP upstream through this client: only the uvicorn-internals
+    part of ``gateway.relay`` is switched off."""
+    from gateway.asgi import application
+    from inference_app.upstream import HttpUpstream, close_upstreams, get_upstream
+    from tests.upstream import ScriptedUpstream, chat_completion, json_answer
+
+    scripted = ScriptedUpstream().start()
+    server = LiveServer(application, on_stop=close_upstreams, http="httptools").start()
+    try:
+        gateway_config(llm_api_base=scripted.url)
+        answer = orjson.dumps(chat_completion("via the lean client"))
+        scripted.script("/v1/chat/completions", json_answer(answer))
+        response = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model":"m"}', timeout=10)
+        assert response.status_code == 200 and response.content == answer
+        upstream = get_upstream()
+        assert isinstance(upstream, HttpUpstream) and upstream.client is HttpPool
+        pool = upstream.pool(server.loop)  # the one the request went out on
+        assert isinstance(pool, HttpPool) and pool.loop is server.loop
+    finally:
+        server.stop()
+        scripted.stop()
+
+
+def test_without_the_client_handed_over_the_http_upstream_says_so(
+    monkeypatch: pytest.MonkeyPatch, gateway_config: Any
+) -> None:
+    from inference_app import upstream
+
+    monkeypatch.setattr(upstream, "_http_client", None)
+    gateway_config(llm_api_base="http://127.0.0.1:9")
+    with pytest.raises(RuntimeError, match=r"AppConfig\.ready"):
+        upstream.get_upstream()
+
+
+def test_a_celery_worker_process_gets_the_client() -> None:
+    """A worker sets Django up when it imports its task modules (Celery's Django fix-up), which runs
+    the gateway app's ``ready()``: an ``HttpUpstream`` built in a task has the lean client."""
+    script = (
+        "from gateway.celery import app\n"
+        "app.loader.import_default_modules()\n"
+        "from gateway.relay.http_client import HttpPool\n"
+        "from inference_app.upstream import http_client\n"
+        "assert http_client() is HttpPool\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -1,5 +1,13 @@
 """A lean HTTP/1.1 client for the one upstream: asyncio Protocols, ``httptools`` and a keep-alive pool.
 
+It lives in ``gateway.relay`` because the callback relay is designed with it (``send_on``, ``Outbox``,
+``Sink``), but it is not part of what ``[server] direct_relay = false`` or the uvicorn version guard
+switch off: it uses only public APIs (asyncio, ``httptools``' parser) and is the HTTP client of
+``inference_app.upstream.HttpUpstream`` on every path (the ASGI fast path, the executor, the Messages
+loop, Celery workers, management commands). The gateway app hands :class:`HttpPool` to the upstream
+factory in ``AppConfig.ready()`` (``inference_app.upstream.use_http_client``), so ``inference_app``
+never imports this package.
+
 Why not aiohttp: on the pass-through path the upstream round trip is most of the gateway's own work,
 and aiohttp's general-purpose client (sessions, tracing hooks, cookie jars, multidicts, stream
 readers) costs several times what a single-host relay needs. This client does only that: one pool per
