@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -351,7 +352,7 @@ def test_response_retrievals_overlap_their_database_calls(
 
 
 async def _thread_sensitive_ident(scope: Any, receive: Any, send: Any) -> None:
-    scope["ident"] = await sync_to_async(threading.get_ident)()  # thread_sensitive, as Django's are
+    scope["ident"] = await sync_to_async(threading.get_native_id)()  # thread_sensitive, as Django's are
     if scope.get("hold"):
         await scope["hold"].wait()
     if scope.get("fail"):
@@ -365,7 +366,7 @@ async def test_request_threads_reuse_a_thread_and_never_share_one() -> None:
     later: dict[str, Any] = {}
     await threads.serve(_thread_sensitive_ident, later, None, None)
     assert later["ident"] == first["ident"]  # the same thread again: no thread started per request
-    assert first["ident"] != threading.get_ident()
+    assert first["ident"] != threading.get_native_id()
 
     # Two requests at once each have a thread of their own (never queued on one).
     hold = asyncio.Event()
@@ -387,18 +388,28 @@ async def test_request_threads_drop_a_failed_requests_thread() -> None:
 
 
 def test_api_requests_run_djangos_thread_sensitive_work_on_pooled_threads(live_gateway: LiveServer) -> None:
-    names: list[str] = []
+    threads: list[tuple[int, str]] = []
 
     def finished(**kwargs: Any) -> None:
-        names.append(threading.current_thread().name)
+        threads.append((threading.get_native_id(), threading.current_thread().name))
+
+    def wait_finished(count: int) -> None:
+        # Django closes a response (and sends request_finished) after the client has it; the
+        # request's thread goes back to the pool just after.
+        deadline = time.monotonic() + 5
+        while len(threads) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
 
     request_finished.connect(finished)
     try:
         conversation = httpx.post(f"{live_gateway.url}/v1/conversations", json={}).json()["id"]
-        for _ in range(5):
+        wait_finished(1)
+        for n in range(5):
             assert httpx.get(f"{live_gateway.url}/v1/conversations/{conversation}").status_code == 200
+            wait_finished(n + 2)
     finally:
         request_finished.disconnect(finished)
-    assert len(names) == 6
-    assert len(set(names)) == 1  # one after another: the same thread each time, none started
-    assert names[0].startswith("request")
+    assert len(threads) == 6
+    assert len({ident for ident, _ in threads}) == 1  # one after another: the same thread, none started
+    assert threads[0][1].startswith("request")
