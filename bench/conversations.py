@@ -14,11 +14,23 @@ count, no scan). Usage::
 
     .venv/bin/python bench/conversations.py --database-url postgres://postgres@127.0.0.1:5432/bench_conv
     .venv/bin/python bench/conversations.py            # SQLite in a temporary data dir
+
+``--before DIR`` instead compares this checkout's gateway with the gateway of another checkout
+(``git worktree add DIR <commit>``) in one run: both serve SQLite side by side, each seeded with
+one ``--compare-items`` conversation through the API, and the same calls (retrieve the
+conversation; a page of ``limit=100`` after its 50th item) go to one and then the other, in
+rounds, ``c`` clients at once (one keep-alive connection each, a light uvloop client). It
+reports p50 latency, requests/s and the server process's CPU time per request (``/proc``, which
+the machine's other load disturbs far less than latency) of each, and after/before::
+
+    git worktree add /tmp/before <commit> && ln -s "$PWD/.venv" /tmp/before/.venv
+    .venv/bin/python bench/conversations.py --before /tmp/before [--rounds 3] [--seconds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -36,14 +48,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.passthrough import PIDS, CellResult, run_cell  # noqa: E402
 from tests.servers import GatewayProcess  # noqa: E402
 
 
 class Gateway(GatewayProcess):
     """``manage.py serve`` in a subprocess, its log in a file (a pipe nobody reads would fill)."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        super().__init__(env, log=log)
+    def __init__(self, env: dict[str, str], log: Path, root: Path = ROOT) -> None:
+        super().__init__(env, log=log, root=root)
         self.wait(60)
 
 
@@ -137,6 +150,77 @@ def walk(http: httpx.Client, conversation_id: str, order: str) -> list[float]:
         after = page["last_id"]
 
 
+def compare(args: argparse.Namespace) -> None:
+    """This checkout's gateway ("after") against ``args.before``'s, interleaved (module docstring)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-conv-"))
+    gateways: dict[str, Gateway] = {}
+    calls: dict[str, dict[str, bytes]] = {}
+    try:
+        for name, root in (("before", Path(args.before).resolve()), ("after", ROOT)):
+            (data_dir / name).mkdir()
+            env = {
+                "GATEWAY_SERVER_DATA_DIR": str(data_dir / name),
+                "GATEWAY_SERVER_WORKERS": "1",
+                "LOG_LEVEL": "WARNING",
+            }
+            gateway = gateways[name] = Gateway(env, data_dir / name / "gateway.log", root=root)
+            PIDS[gateway.port] = gateway.proc.pid
+            with httpx.Client(base_url=gateway.url, timeout=60) as http:
+                conversation_id, ids = seed(http, args.compare_items)
+            after = ids[min(50, len(ids) - 1)]
+            calls[name] = {
+                "retrieve": f"/v1/conversations/{conversation_id}",
+                "page": f"/v1/conversations/{conversation_id}/items?limit=100&order=asc&after={after}",
+            }
+        concurrencies = [int(n) for n in args.concurrency.split(",") if n]
+        cells: dict[tuple[str, int, str], list[CellResult]] = {}
+        for round_no in range(args.rounds):
+            for c in concurrencies:
+                for call in ("retrieve", "page"):
+                    # Alternate which goes first, so drift in the machine's load hits both alike.
+                    order = ("before", "after") if round_no % 2 == 0 else ("after", "before")
+                    for name in order:
+                        gateway = gateways[name]
+                        raw = f"GET {calls[name][call]} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+                        cell = asyncio.run(run_cell(gateway.port, False, c, args.seconds, args.warmup, raw))
+                        if cell.errors:
+                            raise RuntimeError(f"{name} {call} c={c}: {cell.errors} failed requests")
+                        cells.setdefault((call, c, name), []).append(cell)
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
+
+    def merged(parts: list[CellResult]) -> dict[str, float]:
+        latencies = sorted(x for part in parts for x in part.latencies)
+        seconds = sum(part.seconds for part in parts)
+        answered = sum(part.answered for part in parts)
+        return {
+            "p50_ms": round(statistics.median(latencies) * 1000, 2),
+            "rps": round(len(latencies) / seconds, 1),
+            "cpu_ms": round(sum(part.cpu for part in parts) / answered * 1000, 2),
+        }
+
+    results: dict[str, Any] = {"before": str(args.before), "items": args.compare_items, "rounds": args.rounds}
+    print(f"\n## Conversations before/after ({args.before} vs this checkout, SQLite, {args.rounds} rounds)\n")
+    print(
+        "| call | before p50 ms | after p50 ms | after/before | before req/s | after req/s "
+        "| before CPU ms/req | after CPU ms/req |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for c in concurrencies:
+        for call in ("retrieve", "page"):
+            b, a = merged(cells[(call, c, "before")]), merged(cells[(call, c, "after")])
+            results[f"{call} c={c}"] = {"before": b, "after": a}
+            print(
+                f"| {call} c={c} | {b['p50_ms']} | {a['p50_ms']} | {a['p50_ms'] / b['p50_ms']:.2f} "
+                f"| {b['rps']} | {a['rps']} | {b['cpu_ms']} | {a['cpu_ms']} |"
+            )
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,7 +240,21 @@ def main() -> None:
         help="skip ANALYZE after seeding (PostgreSQL's autovacuum would run it; stale statistics "
         "make the planner read the whole conversation's index range and sort it)",
     )
+    parser.add_argument(
+        "--before",
+        default="",
+        help="a checkout of an earlier commit: compare its gateway with this one's (module docstring)",
+    )
+    parser.add_argument("--compare-items", type=int, default=400, help="with --before: items seeded")
+    parser.add_argument("--rounds", type=int, default=3, help="with --before: rounds of every call")
+    parser.add_argument("--seconds", type=float, default=3.0, help="with --before: seconds per call")
+    parser.add_argument("--warmup", type=float, default=0.5, help="with --before: unmeasured seconds")
     args = parser.parse_args()
+    if args.before:
+        if args.database_url:
+            parser.error("--before compares on SQLite (each gateway its own database)")
+        compare(args)
+        return
 
     data_dir = tempfile.mkdtemp(prefix="bench-conv-")
     env = {"GATEWAY_SERVER_DATA_DIR": data_dir, "LOG_LEVEL": "WARNING"}

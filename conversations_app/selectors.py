@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.db.models import QuerySet
@@ -67,18 +68,20 @@ class ItemPage:
     has_more: bool
 
 
-def conversation_items_list(
-    *,
-    conversation: Conversation,
-    after: str | None = None,
-    limit: int = 20,
-    order: str = "desc",
-) -> ItemPage:
-    """One page of items by keyset on (conversation, position): no OFFSET, no count, no scan.
+@dataclass(frozen=True)
+class ItemDataPage:
+    """A page of items as stored (each item's ``data``, the API's shape), for rendering only."""
+
+    items: list[dict[str, Any]]
+    has_more: bool
+
+
+def _page_ids(conversation_id: str, *, after: str | None, limit: int, order: str) -> tuple[list[str], bool]:
+    """One page of item ids by keyset on (conversation, position): no OFFSET, no count, no scan.
 
     ``after`` is an item id in this conversation; the page continues past its position.
     """
-    entries = ConversationItem.objects.filter(conversation=conversation)
+    entries = ConversationItem.objects.filter(conversation_id=conversation_id)
     if after is not None:
         check_item_id(after, param="after")
         anchor = entries.filter(item_id=after).order_by("position").values_list("position", flat=True).first()
@@ -93,9 +96,39 @@ def conversation_items_list(
     # are then fetched by primary key. A join here lets a planner with stale statistics join all
     # of a long conversation's items before it sorts and cuts the page.
     rows = list(entries.order_by(ordering).values_list("item_id", flat=True)[: limit + 1])
-    page_ids = rows[:limit]
+    return rows[:limit], len(rows) > limit
+
+
+def conversation_items_list(
+    *,
+    conversation: Conversation,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> ItemPage:
+    """One page of the conversation's items (:func:`_page_ids`), as model instances."""
+    page_ids, has_more = _page_ids(conversation.id, after=after, limit=limit, order=order)
     by_id = Item.objects.order_by().in_bulk(page_ids)
-    return ItemPage(items=[by_id[item_id] for item_id in page_ids], has_more=len(rows) > limit)
+    return ItemPage(items=[by_id[item_id] for item_id in page_ids], has_more=has_more)
+
+
+def conversation_item_data_list(
+    *,
+    conversation_id: str,
+    owner: str,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> ItemDataPage:
+    """The page :func:`conversation_items_list` reads, as each item's stored ``data`` (the list
+    endpoint renders nothing else): the same queries, the last one reading two columns instead of
+    building a model instance per item. Another owner's conversation is a 404."""
+    check_conversation_id(conversation_id)
+    if not Conversation.objects.filter(id=conversation_id, owner=owner).exists():
+        raise conversation_not_found(conversation_id)
+    page_ids, has_more = _page_ids(conversation_id, after=after, limit=limit, order=order)
+    by_id = dict(Item.objects.order_by().filter(pk__in=page_ids).values_list("id", "data"))
+    return ItemDataPage(items=[by_id[item_id] for item_id in page_ids], has_more=has_more)
 
 
 def conversation_item_get(*, conversation: Conversation, item_id: str) -> Item:

@@ -124,15 +124,17 @@ class ConversationDeletedSerializer(serializers.Serializer[Any]):
     deleted = serializers.BooleanField()
 
 
-class ItemSerializer(serializers.Serializer[Item]):
+class ItemSerializer(serializers.Serializer[Item | dict[str, Any]]):
     """An item as the API returns it (its type's own members besides these); ``include`` (the
-    view's context) adds optional members."""
+    view's context) adds optional members. The instance is an :class:`Item` or its stored ``data``
+    (a page read by ``selectors.conversation_item_data_list``)."""
 
     id = serializers.CharField()
     type = serializers.CharField()
 
-    def to_representation(self, instance: Item) -> dict[str, Any]:
-        return schemas.render_item(instance.data, self.context.get("include", ()))
+    def to_representation(self, instance: Item | dict[str, Any]) -> dict[str, Any]:
+        data = instance.data if isinstance(instance, Item) else instance
+        return schemas.render_item(data, self.context.get("include", ()))
 
 
 class ItemListSerializer(serializers.Serializer[Any]):

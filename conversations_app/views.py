@@ -118,9 +118,12 @@ class ConversationItemsView(ConversationsResource):
 
         def page(params: ListParams) -> tuple[list[dict[str, Any]], bool]:
             include = _include(request)
-            conversation = selectors.conversation_get(id=conversation_id, owner=self.owner)
-            found = selectors.conversation_items_list(
-                conversation=conversation, after=params.after, limit=params.limit, order=params.order
+            found = selectors.conversation_item_data_list(
+                conversation_id=conversation_id,
+                owner=self.owner,
+                after=params.after,
+                limit=params.limit,
+                order=params.order,
             )
             items = serializers.ItemSerializer(found.items, many=True, context={"include": include})
             return items.data, found.has_more

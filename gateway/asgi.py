@@ -2,7 +2,8 @@
 
 Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
 ``/v1/*`` is served by a Django handler with the lean, fully async API middleware stack
-(``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``, ``gateway.compat.django``); the admin and
+(``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``, ``gateway.compat.django``), each request
+on a thread of its own from :class:`RequestThreads` for Django's thread-sensitive work; the admin and
 the rest get the full stack with sessions and CSRF.
 The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
 """
@@ -10,6 +11,7 @@ The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any
 import gc
 import os
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
@@ -19,6 +21,7 @@ django_app = get_asgi_application()
 
 from typing import Any  # noqa: E402
 
+from asgiref.sync import ThreadSensitiveContext  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
@@ -49,12 +52,49 @@ def static_path_escapes(path: str) -> bool:
     return relative == ".." or relative.startswith("../") or "\x00" in relative
 
 
+class RequestThreads:
+    """Each request's own thread for Django's thread-sensitive work, reused from request to request.
+
+    Django's ASGI handler runs every request in a ``ThreadSensitiveContext`` of its own, so that its
+    thread-sensitive ``sync_to_async`` calls (the ``request_started`` and ``request_finished``
+    receivers, ``response.close()``, a sync view or middleware) never queue behind another request's
+    on asgiref's one shared thread. Left to itself such a context starts a thread for its first call
+    and, when it ends, one more to join that one: two thread starts per request, measured at about
+    half of the CPU time of a conversation retrieve (``docs/performance.md``, issue 20).
+
+    asgiref's documented ``ThreadSensitiveContext(executor=...)`` leaves the executor to its caller
+    "for a later block, for example in a pool": a request takes an idle one-thread executor (a new
+    one when none is idle) and gives it back when it has ended, so each request still has a thread
+    to itself, and no request starts a thread once the pool holds as many as run at once. Django's
+    own context inside this one is then a no-op (only the outermost sets the thread). An executor
+    whose request did not end normally (cancelled: its thread may still be busy) is not reused.
+    """
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep  # idle threads kept; more are shut down as their requests end
+        self.idle: list[ThreadPoolExecutor] = []
+
+    async def serve(self, app: Any, scope: Any, receive: Any, send: Any) -> None:
+        executor = self.idle.pop() if self.idle else ThreadPoolExecutor(1, thread_name_prefix="request")
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await app(scope, receive, send)
+        except BaseException:
+            executor.shutdown(wait=False)  # its thread ends once its work is done
+            raise
+        if len(self.idle) < self.keep:
+            self.idle.append(executor)
+        else:
+            executor.shutdown(wait=False)
+
+
 class HttpDispatch:
     """The admin and its SSO to the full Django stack; the API and probes to the API handler."""
 
     def __init__(self) -> None:
         self.api = api_handler()  # the API middleware stack (gateway.compat.django)
         self.site = ASGIStaticFilesHandler(django_app)
+        self.threads = RequestThreads()
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         path = scope["path"]
@@ -64,7 +104,7 @@ class HttpDispatch:
                 return
             await self.site(scope, receive, send)
         else:
-            await self.api(scope, receive, send)
+            await self.threads.serve(self.api, scope, receive, send)
 
 
 def websocket_app(patterns: list[Any]) -> Any:

@@ -49,7 +49,8 @@ class ApiASGIHandler(ASGIHandler):
 
     Requests are served by Django's own ``__call__``, so each runs in its own
     ``ThreadSensitiveContext``: Django's thread-sensitive internals never queue one request behind
-    another's on asgiref's single shared thread. ORM work goes through ``gateway.db.run_orm``.
+    another's on asgiref's single shared thread (``gateway.asgi.RequestThreads`` gives that context
+    a pooled thread, so no request starts one). ORM work goes through ``gateway.db.run_orm``.
     """
 
     def load_middleware(self, is_async: bool = False) -> None:

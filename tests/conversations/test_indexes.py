@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -47,14 +49,25 @@ def big_conversation(owner: str = "default") -> Conversation:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("order", ["asc", "desc"])
-def test_item_pages_use_the_position_index(order: str) -> None:
+@pytest.mark.parametrize("as_data", [False, True], ids=["items", "item data"])
+def test_item_pages_use_the_position_index(order: str, as_data: bool) -> None:
     conversation = big_conversation()
     with CaptureQueriesContext(connection) as queries:
-        page = selectors.conversation_items_list(
-            conversation=conversation, after="msg_005000", limit=100, order=order
-        )
+        if as_data:  # what the list endpoint reads
+            page: Any = selectors.conversation_item_data_list(
+                conversation_id=conversation.id,
+                owner=conversation.owner,
+                after="msg_005000",
+                limit=100,
+                order=order,
+            )
+        else:
+            page = selectors.conversation_items_list(
+                conversation=conversation, after="msg_005000", limit=100, order=order
+            )
     expected = range(5001, 5101) if order == "asc" else range(4999, 4899, -1)
-    assert [item.id for item in page.items] == [f"msg_{i:06d}" for i in expected]
+    ids = [item["id"] for item in page.items] if as_data else [item.id for item in page.items]
+    assert ids == [f"msg_{i:06d}" for i in expected]
     assert page.has_more is True
     for query in queries.captured_queries:
         assert "OFFSET" not in query["sql"].upper()

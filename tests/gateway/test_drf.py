@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,15 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from asgiref.sync import sync_to_async
+from django.core.signals import request_finished
 from django.db.backends.utils import CursorWrapper
 from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.test import APIRequestFactory
 
 from gateway import drf, errors
+from gateway.asgi import RequestThreads
 from responses_app.models import Response
 from tests.servers import LiveServer
 from tests.upstream import ScriptedUpstream
@@ -342,3 +346,70 @@ def test_response_retrievals_overlap_their_database_calls(
     assert asyncio.run(_get_all([f"{base}/v1/responses/{i}" for i in ids])) == [200] * REQUESTS
     assert meeting.peak == REQUESTS
     assert meeting.threads == {"orm"}
+
+
+# -- each request's thread for Django's thread-sensitive work (gateway.asgi.RequestThreads) ---------
+
+
+async def _thread_sensitive_ident(scope: Any, receive: Any, send: Any) -> None:
+    scope["ident"] = await sync_to_async(threading.get_native_id)()  # thread_sensitive, as Django's are
+    if scope.get("hold"):
+        await scope["hold"].wait()
+    if scope.get("fail"):
+        raise RuntimeError("the app failed")
+
+
+async def test_request_threads_reuse_a_thread_and_never_share_one() -> None:
+    threads = RequestThreads()
+    first: dict[str, Any] = {}
+    await threads.serve(_thread_sensitive_ident, first, None, None)
+    later: dict[str, Any] = {}
+    await threads.serve(_thread_sensitive_ident, later, None, None)
+    assert later["ident"] == first["ident"]  # the same thread again: no thread started per request
+    assert first["ident"] != threading.get_native_id()
+
+    # Two requests at once each have a thread of their own (never queued on one).
+    hold = asyncio.Event()
+    scopes: list[dict[str, Any]] = [{"hold": hold}, {"hold": hold}]
+    tasks = [asyncio.create_task(threads.serve(_thread_sensitive_ident, s, None, None)) for s in scopes]
+    while not all("ident" in s for s in scopes):
+        await asyncio.sleep(0.01)
+    hold.set()
+    await asyncio.gather(*tasks)
+    assert scopes[0]["ident"] != scopes[1]["ident"]
+    assert len(threads.idle) == 2
+
+
+async def test_request_threads_drop_a_failed_requests_thread() -> None:
+    threads = RequestThreads()
+    with pytest.raises(RuntimeError, match="the app failed"):
+        await threads.serve(_thread_sensitive_ident, {"fail": True}, None, None)
+    assert threads.idle == []
+
+
+def test_api_requests_run_djangos_thread_sensitive_work_on_pooled_threads(live_gateway: LiveServer) -> None:
+    threads: list[tuple[int, str]] = []
+
+    def finished(**kwargs: Any) -> None:
+        threads.append((threading.get_native_id(), threading.current_thread().name))
+
+    def wait_finished(count: int) -> None:
+        # Django closes a response (and sends request_finished) after the client has it; the
+        # request's thread goes back to the pool just after.
+        deadline = time.monotonic() + 5
+        while len(threads) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+
+    request_finished.connect(finished)
+    try:
+        conversation = httpx.post(f"{live_gateway.url}/v1/conversations", json={}).json()["id"]
+        wait_finished(1)
+        for n in range(5):
+            assert httpx.get(f"{live_gateway.url}/v1/conversations/{conversation}").status_code == 200
+            wait_finished(n + 2)
+    finally:
+        request_finished.disconnect(finished)
+    assert len(threads) == 6
+    assert len({ident for ident, _ in threads}) == 1  # one after another: the same thread, none started
+    assert threads[0][1].startswith("request")
