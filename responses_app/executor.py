@@ -34,7 +34,6 @@ import orjson
 
 from gateway import errors
 from gateway.config import Config
-from gateway.db import run_orm
 from gateway.logging import request_id_var
 from responses_app import async_tools, compaction, parsers, services, translate, wire
 from responses_app.domain import TERMINAL_EVENT, Prepared, RoundState, Usage, base_snapshot
@@ -359,7 +358,9 @@ class Executor:
             terminal,
             window=self.checkpoint(output_items) if self.compactor.compacted else None,
         )
-        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
+        self.stored = await services.final_writes.run(
+            services.response_store_final, prepared=self.p, outcome=outcome
+        )
 
     # --- one upstream round --------------------------------------------------------------------
 

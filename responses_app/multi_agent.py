@@ -749,7 +749,6 @@ class Coordinator(Executor):
     async def _store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
-        from gateway.db import run_orm
         from responses_app import services
 
         views: dict[str, Any] = {}
@@ -765,7 +764,9 @@ class Coordinator(Executor):
             terminal_event=terminal,
             agent_tree=self.agent_tree or self._tree(),
         )
-        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
+        self.stored = await services.final_writes.run(
+            services.response_store_final, prepared=self.p, outcome=outcome
+        )
 
     def _total_usage(self) -> None:
         """The response's usage: every agent's rounds (each agent counted its own)."""
