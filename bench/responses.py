@@ -274,6 +274,9 @@ def main() -> None:
         help="another checkout of this gateway (an earlier commit), run side by side as 'before'",
     )
     parser.add_argument(
+        "--before-workers", type=int, default=None, help="the 'before' server processes (default: --workers)"
+    )
+    parser.add_argument(
         "--db-prefix", default="bench", help="prefix of the PostgreSQL databases the run creates"
     )
     args = parser.parse_args()
@@ -301,8 +304,9 @@ def main() -> None:
             targets["gateway"] = (url, proc.pid)
             if args.before:
                 before_db = postgres_url(args.postgres, f"{db}_before") if store == "postgres" else ""
+                workers = args.workers if args.before_workers is None else args.before_workers
                 proc, url = start_gateway(
-                    upstream, before_db, f"{tmp}/before-{store}", args.workers, Path(args.before)
+                    upstream, before_db, f"{tmp}/before-{store}", workers, Path(args.before)
                 )
                 procs.append(proc)
                 targets["before"] = (url, proc.pid)
