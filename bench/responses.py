@@ -268,6 +268,7 @@ def main() -> None:
     parser.add_argument("--chain-turns", type=int, default=50)
     parser.add_argument("--workers", type=int, default=0, help="our server processes (0: the default)")
     parser.add_argument("--modes", default="json,sse")
+    parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
     parser.add_argument(
         "--before",
         default="",
@@ -288,7 +289,7 @@ def main() -> None:
     reference = args.reference if args.reference and Path(args.reference).exists() else ""
     if not reference:
         print(f"(no reference at {args.reference!r}: ours only)")
-    stores = ["sqlite"] + (["postgres"] if args.postgres else [])
+    stores = [s for s in args.stores.split(",") if s == "sqlite" or (s == "postgres" and args.postgres)]
     total_errors = 0
     print("| store | mode | concurrency | target | req/s | p50 ms | CPU ms/req | errors |")
     print("|---|---|---|---|---|---|---|---|")
