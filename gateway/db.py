@@ -110,16 +110,20 @@ async def run_orm(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R
     future: asyncio.Future[R] = loop.create_future()
     context = contextvars.copy_context()
 
-    def job() -> None:
+    def call() -> R:
         close_old_connections()
         try:
-            result = context.run(fn, *args, **kwargs)
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    def job() -> None:
+        try:
+            result = context.run(call)
         except BaseException as exc:  # handed to the caller, as an executor would
             _hand_back(loop, [(future, None, exc)])
         else:
             _hand_back(loop, [(future, result, None)])
-        finally:
-            close_old_connections()
 
     _pool.submit(job)
     return await future
@@ -176,18 +180,26 @@ class GroupWriter:
                 if not batch:
                     self.writing = False
                     return
-            close_old_connections()
             try:
-                outcomes = self._together(batch) if len(batch) > 1 else None
-                if outcomes is None:
-                    outcomes = [self._alone(write) for write in batch]
-            finally:
-                close_old_connections()
+                outcomes = self._write(batch)
+            except BaseException as exc:  # tidying the connection failed: every caller hears it
+                outcomes = [(None, exc)] * len(batch)
             by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
             for write, (result, error) in zip(batch, outcomes, strict=True):
                 by_loop.setdefault(write.loop, []).append((write.future, result, error))
             for loop, settled in by_loop.items():
                 _hand_back(loop, settled)
+
+    def _write(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
+        close_old_connections()
+        outcomes = self._together(batch) if len(batch) > 1 else None
+        if outcomes is None:
+            outcomes = [self._alone(write) for write in batch]
+        try:
+            close_old_connections()
+        except Exception:  # the writes are done (committed or not): their outcomes stand
+            log.warning("closing an ORM thread's connections failed", exc_info=True)
+        return outcomes
 
     def _together(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]] | None:
         """The batch in one transaction: every write's result, or None when it was rolled back."""

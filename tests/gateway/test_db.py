@@ -174,3 +174,30 @@ def test_a_cancelled_writer_caller_does_not_drop_its_write() -> None:
 
     asyncio.run(main())
     assert set(Item.objects.values_list("id", flat=True)) == {"i_first", "i_second"}
+
+
+def test_a_failing_connection_tidy_up_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When tidying the thread's connections fails before the work (the database is gone), the
+    caller gets the error instead of waiting forever, and the writer goes on serving."""
+    import gateway.db
+
+    tidy = gateway.db.close_old_connections
+    broken = {"left": 2}
+
+    def flaky() -> None:
+        if broken["left"]:
+            broken["left"] -= 1
+            raise RuntimeError("database gone")
+        tidy()
+
+    monkeypatch.setattr(gateway.db, "close_old_connections", flaky)
+    writer = GroupWriter(transaction.atomic)
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="database gone"):
+            await asyncio.wait_for(run_orm(lambda: 1), 5)
+        with pytest.raises(RuntimeError, match="database gone"):
+            await asyncio.wait_for(writer.run(lambda: 2), 5)
+        assert await asyncio.wait_for(writer.run(lambda: 3), 5) == 3
+
+    asyncio.run(main())
