@@ -12,7 +12,9 @@ stored, completed response; errors are counted per cell and any error fails the 
 
 The gateway runs as ``manage.py serve`` in its default configuration (as ``make run`` starts it);
 the reference as ``agentic-server --llm-api-base … --skip-llm-ready-check``, each on its own SQLite
-file, then each on a fresh PostgreSQL database (``bench_gateway``, ``bench_reference``).
+file, then each on a fresh PostgreSQL database (``<prefix>_gateway``, ``<prefix>_reference``;
+``--db-prefix``, default ``bench``). ``--before <checkout>`` runs an earlier commit's gateway beside
+both, from that checkout, in the same configuration.
 """
 
 from __future__ import annotations
@@ -92,14 +94,14 @@ def start_upstream() -> str:
 
 
 def start_gateway(
-    upstream: str, database_url: str, data_dir: str, workers: int = 0
+    upstream: str, database_url: str, data_dir: str, workers: int = 0, root: Path = ROOT
 ) -> tuple[subprocess.Popen[Any], str]:
     env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": data_dir}
     if database_url:
         env["DATABASE_URL"] = database_url
     if workers:
         env["GATEWAY_SERVER_WORKERS"] = str(workers)
-    gateway = GatewayProcess(env, log=os.devnull).wait(60)
+    gateway = GatewayProcess(env, log=os.devnull, root=root).wait(60)
     return gateway.proc, gateway.url
 
 
@@ -266,6 +268,18 @@ def main() -> None:
     parser.add_argument("--chain-turns", type=int, default=50)
     parser.add_argument("--workers", type=int, default=0, help="our server processes (0: the default)")
     parser.add_argument("--modes", default="json,sse")
+    parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
+    parser.add_argument(
+        "--before",
+        default="",
+        help="another checkout of this gateway (an earlier commit), run side by side as 'before'",
+    )
+    parser.add_argument(
+        "--before-workers", type=int, default=None, help="the 'before' server processes (default: --workers)"
+    )
+    parser.add_argument(
+        "--db-prefix", default="bench", help="prefix of the PostgreSQL databases the run creates"
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     per_level = 200 if args.quick else 800
@@ -275,7 +289,7 @@ def main() -> None:
     reference = args.reference if args.reference and Path(args.reference).exists() else ""
     if not reference:
         print(f"(no reference at {args.reference!r}: ours only)")
-    stores = ["sqlite"] + (["postgres"] if args.postgres else [])
+    stores = [s for s in args.stores.split(",") if s == "sqlite" or (s == "postgres" and args.postgres)]
     total_errors = 0
     print("| store | mode | concurrency | target | req/s | p50 ms | CPU ms/req | errors |")
     print("|---|---|---|---|---|---|---|---|")
@@ -284,14 +298,23 @@ def main() -> None:
         procs: list[subprocess.Popen[Any]] = []
         targets: dict[str, tuple[str, int]] = {}
         try:
-            ours_db = postgres_url(args.postgres, "bench_gateway") if store == "postgres" else ""
+            db = args.db_prefix
+            ours_db = postgres_url(args.postgres, f"{db}_gateway") if store == "postgres" else ""
             proc, url = start_gateway(upstream, ours_db, f"{tmp}/gw-{store}", args.workers)
             procs.append(proc)
             targets["gateway"] = (url, proc.pid)
+            if args.before:
+                before_db = postgres_url(args.postgres, f"{db}_before") if store == "postgres" else ""
+                workers = args.workers if args.before_workers is None else args.before_workers
+                proc, url = start_gateway(
+                    upstream, before_db, f"{tmp}/before-{store}", workers, Path(args.before)
+                )
+                procs.append(proc)
+                targets["before"] = (url, proc.pid)
             if reference:
                 home = f"{tmp}/ref-{store}"
                 os.makedirs(home, exist_ok=True)
-                ref_db = postgres_url(args.postgres, "bench_reference") if store == "postgres" else ""
+                ref_db = postgres_url(args.postgres, f"{db}_reference") if store == "postgres" else ""
                 ref_proc, url = start_reference(reference, upstream, home, ref_db)
                 procs.append(ref_proc)
                 targets["reference"] = (url, ref_proc.pid)

@@ -487,7 +487,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self._error(errors.PayloadTooLarge(exc.message, code="event_too_large"), job.stream_id)
             return False, None
         if prepared.store:
-            await run_orm(
+            await services.final_writes.run(
                 services.response_store_final,
                 prepared=prepared,
                 outcome=services.Outcome("completed", completed, []),

@@ -31,7 +31,6 @@ from typing import Any
 
 from gateway import errors
 from gateway.config import Config
-from gateway.db import run_orm
 from responses_app import async_tools, compaction, parsers, services, steering, translate, wire
 from responses_app.domain import Prepared, RoundState
 from responses_app.events import Event, StreamFailure
@@ -140,7 +139,9 @@ class Executor(Lifecycle):
             terminal,
             window=self.checkpoint(output_items) if self.compactor.compacted else None,
         )
-        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
+        self.stored = await services.final_writes.run(
+            services.response_store_final, prepared=self.p, outcome=outcome
+        )
 
     # --- one upstream round ---------------------------------------------------------------------
 

@@ -719,7 +719,6 @@ class Coordinator(Executor):
     async def store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
-        from gateway.db import run_orm
         from responses_app import services
 
         views: dict[str, Any] = {}
@@ -735,7 +734,9 @@ class Coordinator(Executor):
             terminal_event=terminal,
             agent_tree=self.agent_tree or self._tree(),
         )
-        self.stored = await run_orm(services.response_store_final, prepared=self.p, outcome=outcome)
+        self.stored = await services.final_writes.run(
+            services.response_store_final, prepared=self.p, outcome=outcome
+        )
 
 
 CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "shell_call", "tool_search_call"})

@@ -83,7 +83,7 @@ class _StreamLease:
     async def take(self) -> None:
         executor = self.executor
         config = executor.config
-        await run_orm(
+        await services.final_writes.run(
             services.response_create_in_progress,
             prepared=executor.p,
             snapshot=executor.snapshot("in_progress"),

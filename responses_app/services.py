@@ -1,7 +1,9 @@
 """Writes (and the request preparation that validates against stored state).
 
 Every function is keyword-only, synchronous and runs in one transaction; async callers use
-``gateway.db.run_orm`` (a worker thread, so the event loop never blocks on the database).
+``gateway.db.run_orm`` (a worker thread, so the event loop never blocks on the database), and the
+writes of a stored response (:func:`response_store_final`, :func:`response_create_in_progress`)
+go through :data:`final_writes`, their group commit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from conversations_app import services as conversation_services
 from conversations_app.models import Item
 from gateway import errors
 from gateway.config import Config
+from gateway.db import GroupWriter
 from gateway.ids import new_id
 from responses_app import async_tools, rawsql, selectors, translate
 from responses_app.domain import Prepared, base_snapshot, strip_credentials
@@ -246,6 +249,11 @@ class Outcome:
     agent_tree: dict[str, Any] | None = None  # a multi-agent response's tree snapshot
 
 
+# The group commit of finished responses (and of the rows stored streams write before they start):
+# concurrent writes share one transaction and one ORM thread hop (gateway.db.GroupWriter).
+final_writes = GroupWriter(rawsql.writing)
+
+
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
     """Store a finished response: its new items once and its row with the checkpoint, in one
     transaction (with the terminal event of a background response, and the append to its
@@ -279,8 +287,8 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
                     item_ids=[item["id"] for item in (*p.new_items, *outcome.output_items)],
                     expected_revision=p.conversation_revision,
                 )
-    if stored:
-        history_cache.put(p.response_id, p.owner, _window(p, outcome))
+    if stored:  # once committed (a group commit may roll the batch back and write it again)
+        transaction.on_commit(lambda: history_cache.put(p.response_id, p.owner, _window(p, outcome)))
     return stored
 
 

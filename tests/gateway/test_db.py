@@ -1,4 +1,6 @@
-"""``gateway.db.run_orm``: results, errors and context travel; calls overlap; cancellation is safe."""
+"""``gateway.db.run_orm``: results, errors and context travel; calls overlap; cancellation is safe.
+``gateway.db.GroupWriter``: writes waiting together commit together, a failing write fails alone,
+nothing is dropped."""
 
 from __future__ import annotations
 
@@ -6,10 +8,13 @@ import asyncio
 import contextvars
 import threading
 import time
+from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
-from gateway.db import run_orm
+from conversations_app.models import Item
+from gateway.db import GroupWriter, run_orm
 
 # The pool threads tidy their connections before and after every call.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,3 +80,124 @@ def test_a_cancelled_caller_stops_waiting_and_the_work_finishes() -> None:
 
     asyncio.run(main())
     assert finished.wait(5)
+
+
+# --- GroupWriter: the group commit ----------------------------------------------------------------
+
+
+class _CountingTransaction:
+    """``transaction.atomic`` that counts the batches written together."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def __call__(self) -> Any:
+        self.batches += 1
+        return transaction.atomic()
+
+
+def _write_item(item_id: str, *, fail: bool = False, gate: threading.Event | None = None) -> str:
+    """A real write, atomic on its own: one item row; ``fail`` raises after writing it (its row must
+    be rolled back). The result says whether it joined a batch's transaction."""
+    if gate is not None:
+        assert gate.wait(5)
+    joined = connection.in_atomic_block
+    with transaction.atomic():
+        Item.objects.create(id=item_id, owner="o", type="message", data={"id": item_id})
+        if fail:
+            raise ValueError(f"bad write {item_id}")
+    return f"{item_id}:{joined}"
+
+
+def test_writes_that_wait_together_are_committed_together() -> None:
+    """While one write holds the writer, 8 more arrive: they are written in one transaction (one
+    batch), and every caller gets its own result, in its own order."""
+    atomic = _CountingTransaction()
+    writer = GroupWriter(atomic)
+    gate = threading.Event()
+
+    async def main() -> list[str]:
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
+        await asyncio.sleep(0.05)  # the writer is busy with the first (alone, no batch transaction)
+        rest = [asyncio.ensure_future(writer.run(_write_item, f"i_{n}")) for n in range(8)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return [await first, *[await task for task in rest]]
+
+    results = asyncio.run(main())
+    assert results[0] == "i_first:False"  # a write alone runs as it is (atomic on its own)
+    assert results[1:] == [f"i_{n}:True" for n in range(8)]  # ... the batch inside one transaction
+    assert atomic.batches == 1
+    assert Item.objects.filter(owner="o").count() == 9
+
+
+def test_a_failing_write_fails_only_its_own_caller() -> None:
+    """A batch with one failing write is rolled back and written again one by one: the others
+    are stored, the failing one's caller gets its exception and nothing of it stays."""
+    atomic = _CountingTransaction()
+    writer = GroupWriter(atomic)
+    gate = threading.Event()
+
+    async def main() -> list[Any]:
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(writer.run(_write_item, f"i_{n}", fail=n == 3)) for n in range(6)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert atomic.batches == 1  # the batch was tried together, then one by one
+    assert isinstance(results[4], ValueError) and "i_3" in str(results[4])
+    assert [r for i, r in enumerate(results) if i != 4] == ["i_first:False"] + [
+        f"i_{n}:False" for n in (0, 1, 2, 4, 5)
+    ]
+    stored = set(Item.objects.filter(owner="o").values_list("id", flat=True))
+    assert stored == {"i_first", "i_0", "i_1", "i_2", "i_4", "i_5"}
+
+
+def test_a_cancelled_writer_caller_does_not_drop_its_write() -> None:
+    writer = GroupWriter(transaction.atomic)
+    gate = threading.Event()
+
+    async def main() -> None:
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(writer.run(_write_item, "i_second"))
+        await asyncio.sleep(0.01)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        gate.set()
+        await first
+        assert await writer.run(lambda: 7) == 7  # the writer still serves, after the cancelled one
+
+    asyncio.run(main())
+    assert set(Item.objects.values_list("id", flat=True)) == {"i_first", "i_second"}
+
+
+def test_a_failing_connection_tidy_up_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When tidying the thread's connections fails before the work (the database is gone), the
+    caller gets the error instead of waiting forever, and the writer goes on serving."""
+    import gateway.db
+
+    tidy = gateway.db.close_old_connections
+    broken = {"left": 2}
+
+    def flaky() -> None:
+        if broken["left"]:
+            broken["left"] -= 1
+            raise RuntimeError("database gone")
+        tidy()
+
+    monkeypatch.setattr(gateway.db, "close_old_connections", flaky)
+    writer = GroupWriter(transaction.atomic)
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="database gone"):
+            await asyncio.wait_for(run_orm(lambda: 1), 5)
+        with pytest.raises(RuntimeError, match="database gone"):
+            await asyncio.wait_for(writer.run(lambda: 2), 5)
+        assert await asyncio.wait_for(writer.run(lambda: 3), 5) == 3
+
+    asyncio.run(main())

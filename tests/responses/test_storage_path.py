@@ -163,3 +163,48 @@ def test_a_store_that_fails_after_generation_ends_failed(gw: Gateway, stream: bo
     assert stored.error["message"].startswith("The response could not be stored")
     got = httpx.get(f"{gw.url}/v1/responses/{response_id}").json()
     assert got["status"] == "failed"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL refuses \\u0000 in jsonb")
+def test_one_bad_response_in_a_group_commit_fails_alone(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seven stored responses wait for the write lock; six of them (one with text PostgreSQL
+    refuses) are then written as one batch. The batch fails, its members are written again one by
+    one: the six good ones are stored completed, the bad one alone ends failed (500)."""
+    from responses_app import services
+
+    batches: list[int] = []
+    atomic = services.final_writes.transaction
+
+    def counting() -> Any:
+        batches.append(1)
+        return atomic()
+
+    monkeypatch.setattr(services.final_writes, "transaction", counting)
+    gw.script(text("first"))
+    for n in range(5):
+        gw.script(text(f"good {n}"))
+    gw.script(text("bad \u0000 byte"))
+    answers: list[httpx.Response] = []
+
+    def post() -> None:
+        answers.append(gw.post({"model": "m", "input": "hi"}))
+
+    with _write_lock_held_by_another_connection():
+        first = threading.Thread(target=post)
+        first.start()
+        time.sleep(0.5)  # its write waits for the lock and holds the writer: the others queue
+        rest = [threading.Thread(target=post) for _ in range(6)]
+        for thread in rest:
+            thread.start()
+        time.sleep(HOLD_S)
+        assert not answers
+    for thread in [first, *rest]:
+        thread.join(30)
+    assert batches == [1]  # the six were tried together once
+    assert sorted(r.status_code for r in answers) == [200] * 6 + [500]
+    bad = next(r for r in answers if r.status_code == 500)
+    assert bad.json()["error"]["code"] == "storage_error"
+    stored = sorted(Response.objects.values_list("status", flat=True))
+    assert stored == ["completed"] * 6 + ["failed"]
+    texts = {r.json()["output"][0]["content"][0]["text"] for r in answers if r.status_code == 200}
+    assert texts == {"first", *(f"good {n}" for n in range(5))}
