@@ -61,11 +61,21 @@ _STR = {"type": "string"}
 _TARGET = {"target": _STR}
 
 
-def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    parameters: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        parameters["required"] = required
-    return {"name": name, "description": description, "parameters": parameters}
+def _fn(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
+    """A collaboration function, declared ``strict``: every property required (an optional one is
+    nullable, ``null`` meaning its default) and no others, as strict function schemas must be.
+
+    ``strict`` is what makes a guided upstream write schema-valid arguments: vLLM (0.32, its
+    default ``--tool-strict-level auto``) constrains a forced or required call of a tool without
+    ``strict: true`` only to the call's envelope (the name, then *any* JSON as the arguments).
+    """
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+    return {"name": name, "description": description, "parameters": parameters, "strict": True}
 
 
 # Short on purpose: every root round carries them (a small model's context is small).
@@ -76,15 +86,14 @@ COLLAB_FUNCTIONS: list[dict[str, Any]] = [
         {
             "task_name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
             "message": _STR,
-            "fork_turns": {"type": "string", "enum": ["all", "none"]},
+            "fork_turns": {"type": ["string", "null"], "enum": ["all", "none", None]},
         },
-        ["task_name", "message"],
     ),
-    _fn("send_message", "Mail a subagent.", {**_TARGET, "message": _STR}, ["target", "message"]),
-    _fn("followup_task", "Give a subagent a new task.", {**_TARGET, "message": _STR}, ["target", "message"]),
-    _fn("wait_agent", "Wait for subagent mail.", {"timeout_ms": {"type": "integer"}}, []),
-    _fn("interrupt_agent", "Stop a subagent.", dict(_TARGET), ["target"]),
-    _fn("list_agents", "List subagents.", {}, []),
+    _fn("send_message", "Mail a subagent.", {**_TARGET, "message": _STR}),
+    _fn("followup_task", "Give a subagent a new task.", {**_TARGET, "message": _STR}),
+    _fn("wait_agent", "Wait for subagent mail.", {"timeout_ms": {"type": ["integer", "null"]}}),
+    _fn("interrupt_agent", "Stop a subagent.", dict(_TARGET)),
+    _fn("list_agents", "List subagents.", {}),
 ]
 
 
@@ -599,7 +608,7 @@ class Coordinator(Executor):
             return
         root.status = "waiting"
         for call in waits:
-            timeout_ms = _arguments(call).get("timeout_ms", DEFAULT_WAIT_MS)
+            timeout_ms = _arguments(call).get("timeout_ms")  # null (or absent): the default
             if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
                 timeout_ms = DEFAULT_WAIT_MS
             self.waiting.append((call, time.monotonic() + min(timeout_ms, MAX_WAIT_MS) / 1000))
@@ -685,7 +694,9 @@ class Coordinator(Executor):
         name = f"{ROOT}/{task}"
         if name in self.agents:
             return f"Error: {name} exists; use followup_task or send_message.", []
-        fork = args.get("fork_turns", "all")
+        fork = args.get("fork_turns")
+        if fork is None:  # null (or absent): the default
+            fork = "all"
         if fork not in ("all", "none"):
             return "Error: fork_turns must be 'all' or 'none'.", []
         root = self.agents[ROOT]

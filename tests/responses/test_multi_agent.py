@@ -229,6 +229,67 @@ def test_json_response_carries_the_same_attributed_output(gw: Gateway) -> None:
     assert r.output[-1].type == "message"
 
 
+def forced_spawn(body: dict[str, Any]) -> Script:
+    task = task_of(body)
+    if task is not None:
+        return Script([text(f"answer to {task}")])
+    if "task A" not in body_text(body):  # the root's first round
+        # A strict call: every property present, the optional one null (its default).
+        return Script([call("spawn_agent", _args(task_name="a", message="task A", fork_turns=None))])
+    return Script([text("done")])
+
+
+def test_a_named_tool_choice_forces_a_strict_spawn_agent_upstream(gw: Gateway) -> None:
+    """``tool_choice`` naming ``spawn_agent`` reaches the upstream in its wire's named form, with the
+    collaboration tools declared ``strict`` (all properties required, optional ones nullable, no
+    others): a guided upstream then writes schema-valid arguments. vLLM 0.32 pins a forced call's
+    arguments to the schema only for a ``strict: true`` tool (tests/inference/test_multi_agent.py)."""
+    route(gw, forced_spawn, 3)
+    r = gw.post(
+        {
+            "model": "m",
+            "input": "do one thing",
+            "multi_agent": MA,
+            "tool_choice": {"type": "function", "name": "spawn_agent"},
+        }
+    )
+    assert r.status_code == 200, r.text
+    final = r.json()
+    assert final["status"] == "completed"
+    outputs = [i["output"][0]["text"] for i in final["output"] if i["type"] == "multi_agent_call_output"]
+    assert outputs == ["Spawned /root/a (running)."]  # fork_turns null: the default, "all"
+    bodies = gw.upstream_bodies()
+    root_bodies = [b for b in bodies if task_of(b) is None]
+    (child,) = [b for b in bodies if task_of(b) is not None]
+    assert "do one thing" in body_text(child)  # forked with "all"
+    assert len(root_bodies) == 2
+    for body in root_bodies:
+        if gw.wire == "responses":
+            assert body["tool_choice"] == {"type": "function", "name": "spawn_agent"}
+            declared = {t["name"]: t for t in body["tools"]}
+        else:
+            assert body["tool_choice"] == {"type": "function", "function": {"name": "spawn_agent"}}
+            declared = {t["function"]["name"]: t["function"] for t in body["tools"]}
+        assert set(declared) == {
+            "spawn_agent",
+            "send_message",
+            "followup_task",
+            "wait_agent",
+            "interrupt_agent",
+            "list_agents",
+        }
+        for tool in declared.values():
+            params = tool["parameters"]
+            assert tool["strict"] is True, tool
+            assert params["additionalProperties"] is False
+            assert sorted(params["required"]) == sorted(params["properties"])
+        spawn = declared["spawn_agent"]["parameters"]["properties"]
+        assert spawn["fork_turns"] == {"type": ["string", "null"], "enum": ["all", "none", None]}
+        assert declared["wait_agent"]["parameters"]["properties"]["timeout_ms"]["type"] == ["integer", "null"]
+    # A subagent lacks the collaboration tools: the named choice does not bind it.
+    assert "tools" not in child and child.get("tool_choice") in (None, "auto")
+
+
 def wait_and_interrupt(body: dict[str, Any]) -> Script:
     task = task_of(body)
     if task == "slow":
