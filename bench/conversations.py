@@ -63,6 +63,13 @@ class Gateway(GatewayProcess):
 SMALL = 200
 
 
+def write_json(path: Path | None, results: dict[str, Any]) -> None:
+    """``--json``: the results, for comparing runs."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2))
+
+
 def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
     samples = []
     for _ in range(repeat):
@@ -216,9 +223,7 @@ def compare(args: argparse.Namespace) -> None:
                 f"| {b['rps']} | {a['rps']} | {b['cpu_ms']} | {a['cpu_ms']} |"
             )
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
 
 
 def main() -> None:
@@ -373,9 +378,7 @@ def main() -> None:
             f"total {row['total_s']} s | | |"
         )
     print(f"\nseeding {results['items']} items through the API (20 per request): {results['seed_s']} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,23 @@ def lint_output(tmp_path_factory: pytest.TempPathFactory) -> str:
     return proc.stdout
 
 
+def check_private_names(root: Path, pkg: Path) -> subprocess.CompletedProcess[str]:
+    """The private-names check run over ``pkg`` in a scratch tree rooted at ``root``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "lint" / "check_private_names.py"),
+            "--root",
+            str(root),
+            str(pkg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+
+
 def test_the_real_packages_keep_every_contract() -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
@@ -96,19 +113,7 @@ def test_private_names_checker(tmp_path: Path) -> None:
         "from responses_app import executor\n\n\ndef f():\n    return executor._db(), executor.own()\n"
     )
     (pkg / "ok.py").write_text("from responses_app.executor import own\nfrom os import __name__ as n\n")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "lint" / "check_private_names.py"),
-            "--root",
-            str(tmp_path),
-            str(pkg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    )
+    proc = check_private_names(tmp_path, pkg)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 1
     assert len(lines) == 2, lines
@@ -139,19 +144,7 @@ def test_private_names_checker_refuses_a_subclass_using_its_bases_privates(tmp_p
         "class Coordinator(Executor):\n    def _run(self):\n        return self._done\n\n"
         "    def _own(self):\n        return self.settle(), self.rounds()\n"
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "lint" / "check_private_names.py"),
-            "--root",
-            str(tmp_path),
-            str(pkg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    )
+    proc = check_private_names(tmp_path, pkg)
     lines = sorted(line.split("responses_app/", 1)[1] for line in proc.stdout.splitlines())
     assert proc.returncode == 1
     assert lines == [
