@@ -19,7 +19,8 @@ A caller that is cancelled stops waiting at once; work already started finishes 
 together in one transaction on one ORM thread (one thread hop and one commit per batch instead of
 per write), and each caller gets its own result or exception. A batch that fails is rolled back
 and its writes are run again one by one, each in its own transaction, so one bad write fails only
-its own caller. Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
+its own caller. The batches that follow each other on one thread share its connection: it is tidied
+before the first and after the last (and after a batch in which a write failed), not between them. Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
 """
 
 from __future__ import annotations
@@ -173,32 +174,40 @@ class GroupWriter:
         return result
 
     def _drain(self) -> None:
-        """On an ORM thread: write batches until nothing waits."""
+        """On an ORM thread: write batches until nothing waits. The thread's stale or broken
+        connections are closed before the first batch and after the last (``close_old_connections``,
+        as :func:`run_orm` does around each call); batches that follow each other keep the
+        connection (with PostgreSQL's pool: no return to the pool and health check between them)."""
+        fresh = True
         while True:
             with self.lock:
                 batch, self.waiting = self.waiting, []
                 if not batch:
                     self.writing = False
-                    return
+                    break
             try:
+                if fresh:
+                    close_old_connections()
+                    fresh = False
                 outcomes = self._write(batch)
             except BaseException as exc:  # tidying the connection failed: every caller hears it
                 outcomes = [(None, exc)] * len(batch)
+            if any(error is not None for _, error in outcomes):
+                fresh = True  # a failure may have broken the connection: tidy before the next batch
             by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
             for write, (result, error) in zip(batch, outcomes, strict=True):
                 by_loop.setdefault(write.loop, []).append((write.future, result, error))
             for loop, settled in by_loop.items():
                 _hand_back(loop, settled)
-
-    def _write(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
-        close_old_connections()
-        outcomes = self._together(batch) if len(batch) > 1 else None
-        if outcomes is None:
-            outcomes = [self._alone(write) for write in batch]
         try:
             close_old_connections()
         except Exception:  # the writes are done (committed or not): their outcomes stand
             log.warning("closing an ORM thread's connections failed", exc_info=True)
+
+    def _write(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
+        outcomes = self._together(batch) if len(batch) > 1 else None
+        if outcomes is None:
+            outcomes = [self._alone(write) for write in batch]
         return outcomes
 
     def _together(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]] | None:

@@ -201,3 +201,75 @@ def test_a_failing_connection_tidy_up_reaches_the_caller(monkeypatch: pytest.Mon
         assert await asyncio.wait_for(writer.run(lambda: 3), 5) == 3
 
     asyncio.run(main())
+
+
+def _counting_tidy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each tidy-up of an ORM thread's connections (``close_old_connections``), by thread."""
+    import gateway.db
+
+    tidy = gateway.db.close_old_connections
+    calls: list[str] = []
+
+    def counting() -> None:
+        calls.append(threading.current_thread().name)
+        tidy()
+
+    monkeypatch.setattr(gateway.db, "close_old_connections", counting)
+    return calls
+
+
+def _settled(writer: GroupWriter, calls: list[str], expected: int) -> None:
+    """Wait for the writer's thread to end its drain (its last tidy-up comes after the results)."""
+    deadline = time.monotonic() + 5
+    while (writer.writing or len(calls) < expected) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # room for a tidy-up too many to show
+
+
+def _drain_of_two_batches(writer: GroupWriter, first_call: Any) -> tuple[Any, list[Any]]:
+    """A first batch held until three more writes wait behind it; they form the second batch."""
+    gate = threading.Event()
+
+    def first() -> Any:
+        gate.wait(5)
+        return first_call()
+
+    async def main() -> tuple[Any, list[Any]]:
+        head = asyncio.ensure_future(writer.run(first))
+        await asyncio.sleep(0.05)  # the first batch is on its thread, held by the gate
+        rest = [asyncio.ensure_future(writer.run(lambda i=i: i)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        outcome = await asyncio.gather(head, return_exceptions=True)
+        return outcome[0], await asyncio.gather(*rest)
+
+    return asyncio.run(main())
+
+
+def test_batches_that_follow_each_other_keep_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One drain tidies its thread's connections before its first batch and after its last, not
+    between batches (with PostgreSQL's pool, each tidy-up is a return to the pool and a health check
+    on the next checkout)."""
+    calls = _counting_tidy(monkeypatch)
+    writer = GroupWriter(transaction.atomic)
+    head, rest = _drain_of_two_batches(writer, lambda: "first")
+    assert (head, rest) == ("first", [0, 1, 2])
+    _settled(writer, calls, 2)
+    assert len(calls) == 2
+    assert len(set(calls)) == 1  # both batches on one thread
+
+
+def test_a_failed_batch_tidies_before_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that failed may have broken the connection: the next batch of the same drain starts
+    on a tidied one."""
+    calls = _counting_tidy(monkeypatch)
+    writer = GroupWriter(transaction.atomic)
+
+    def broken() -> None:
+        raise ValueError("bad write")
+
+    head, rest = _drain_of_two_batches(writer, broken)
+    assert isinstance(head, ValueError)
+    assert rest == [0, 1, 2]
+    _settled(writer, calls, 3)
+    assert len(calls) == 3
