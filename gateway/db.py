@@ -20,7 +20,8 @@ together in one transaction on one ORM thread (one thread hop and one commit per
 per write), and each caller gets its own result or exception. A batch that fails is rolled back
 and its writes are run again one by one, each in its own transaction, so one bad write fails only
 its own caller. The batches that follow each other on one thread share its connection: it is tidied
-before the first and after the last (and after a batch in which a write failed), not between them. Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
+before the first and after the last (and after a batch in which a write failed), not between them.
+Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
 """
 
 from __future__ import annotations

@@ -228,17 +228,22 @@ def _settled(writer: GroupWriter, calls: list[str], expected: int) -> None:
 
 def _drain_of_two_batches(writer: GroupWriter, first_call: Any) -> tuple[Any, list[Any]]:
     """A first batch held until three more writes wait behind it; they form the second batch."""
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
 
     def first() -> Any:
+        started.set()
         gate.wait(5)
         return first_call()
 
     async def main() -> tuple[Any, list[Any]]:
         head = asyncio.ensure_future(writer.run(first))
-        await asyncio.sleep(0.05)  # the first batch is on its thread, held by the gate
+        # The first batch is on its thread, held by the gate, before the others are queued.
+        assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
         rest = [asyncio.ensure_future(writer.run(lambda i=i: i)) for i in range(3)]
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while len(writer.waiting) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert len(writer.waiting) == 3  # the second batch, waiting behind the first
         gate.set()
         outcome = await asyncio.gather(head, return_exceptions=True)
         return outcome[0], await asyncio.gather(*rest)
