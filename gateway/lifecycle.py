@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 log = logging.getLogger("gateway.lifecycle")
@@ -53,6 +53,9 @@ class Drain:
     def __init__(self) -> None:
         self.deadline: float | None = None  # loop time after which running work is interrupted
         self.runs: set[Interruptible] = set()
+        # Work that must end before the process may exit, interrupted or not: a run's failure being
+        # stored after its interruption (see :meth:`held`).
+        self.holds = 0
         self._listeners: set[Callable[[], None]] = set()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -88,11 +91,23 @@ class Drain:
         self._listeners.add(callback)
         return lambda: self._listeners.discard(callback)
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The shutdown waits for this block (within the flush margin), also once its run was
+        interrupted: an interrupted run leaves :data:`runs` at once, and stores its failure after.
+        Without the hold the lifespan could see no run left and let the process exit while that
+        write still waits for the database (work no connection waits for: a background response)."""
+        self.holds += 1
+        try:
+            yield
+        finally:
+            self.holds -= 1
+
     async def wait_idle(self) -> None:
-        """Until no response runs, or the deadline and the flush margin have passed."""
+        """Until no response runs or is held, or the deadline and the flush margin have passed."""
         loop = asyncio.get_running_loop()
         end = (self.deadline if self.deadline is not None else loop.time()) + FLUSH_MARGIN_S
-        while self.runs and loop.time() < end:
+        while (self.runs or self.holds) and loop.time() < end:
             await asyncio.sleep(0.05)
 
     def reset(self) -> None:

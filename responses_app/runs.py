@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.db import run_orm
-from gateway.lifecycle import Interruptible, interruptible
+from gateway.lifecycle import Interruptible, drain, interruptible
 from responses_app import leases, services
 from responses_app.events import Event
 from responses_app.executor import Executor
@@ -47,6 +47,11 @@ _detached: set[asyncio.Task[None]] = set()
 async def drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]) -> None:
     """Every event of ``executor``'s run to ``on_event``, in order, ending with exactly one
     terminal or error event, also when the shutdown deadline interrupts it."""
+    with drain.held():  # the shutdown waits for an interrupted run's failure to be stored
+        await _drive(executor, on_event)
+
+
+async def _drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]) -> None:
     events = executor.run()
     p = executor.p
     lease = _StreamLease(executor) if p.store and p.request.stream and not p.background else None

@@ -27,6 +27,7 @@ from django.db import InterfaceError, OperationalError
 from gateway import errors
 from gateway.config import Config, get_config
 from gateway.db import run_orm
+from gateway.lifecycle import drain
 from responses_app.domain import Prepared
 from responses_app.executor import Executor
 from responses_app.leases import HOST, lease_owner_alive, runner_id, start_heartbeat
@@ -154,29 +155,31 @@ async def run_background(prepared: Prepared, config: Config, *, upstream: Any = 
         current.cancel()
 
     heartbeat = start_heartbeat(response_id, config, lose)
-    try:
-        await runs.drive(executor, on_event)
-        await flush()
-    except _Cancelled:
-        pass
-    except asyncio.CancelledError:
-        if lost:
-            log.warning("background response %s: lease lost, work stopped", response_id)
-            return
-        log.info("background response %s cancelled", response_id)
-        raise
-    except Exception as exc:
-        log.exception("background response %s crashed", response_id)
+    # The shutdown waits for what follows the run too: the last events and a crash's stored failure.
+    with drain.held():
         try:
-            await run_orm(
-                services.response_fail_unfinished,
-                id=response_id,
-                message=f"The background response failed: {type(exc).__name__}.",
-            )
-        except Exception:  # the database itself is down: the lease expires and the sweep fails it
-            log.exception("background response %s: storing its failure failed", response_id)
-    finally:
-        heartbeat.cancel()
+            await runs.drive(executor, on_event)
+            await flush()
+        except _Cancelled:
+            pass
+        except asyncio.CancelledError:
+            if lost:
+                log.warning("background response %s: lease lost, work stopped", response_id)
+                return
+            log.info("background response %s cancelled", response_id)
+            raise
+        except Exception as exc:
+            log.exception("background response %s crashed", response_id)
+            try:
+                await run_orm(
+                    services.response_fail_unfinished,
+                    id=response_id,
+                    message=f"The background response failed: {type(exc).__name__}.",
+                )
+            except Exception:  # the database itself is down: the lease expires and the sweep fails it
+                log.exception("background response %s: storing its failure failed", response_id)
+        finally:
+            heartbeat.cancel()
 
 
 class _NotStarted(Exception):

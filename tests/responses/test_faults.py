@@ -403,6 +403,35 @@ def test_sigterm_drains_http_sse_and_websocket_within_the_grace(upstream: Any, w
         after.stop()
 
 
+def test_the_shutdown_waits_for_an_interrupted_background_response_to_store_its_failure(
+    upstream: Any, tmp_path: Path
+) -> None:
+    """A background response has no connection keeping the server up: once the grace interrupts
+    it, the process must not exit before its failure is stored, however long the write waits for
+    the database (here: another writer holds SQLite's write lock past the grace)."""
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
+    script_many(upstream, by_input(long=slow(30)))
+    gw = gateway(env)
+    try:
+        rid = httpx.post(
+            f"{gw.url}/v1/responses", json={"model": "m", "input": "long bg", "background": True}, timeout=10
+        ).json()["id"]
+        wait_for(lambda: sqlite_rows(tmp_path).get(rid, ("",))[0] == "in_progress", 10, "the run to start")
+        holder = sqlite3.connect(tmp_path / "gateway.sqlite3", isolation_level=None, timeout=20)
+        holder.execute("BEGIN IMMEDIATE")  # every write of the gateway waits from here on
+        try:
+            os.kill(gw.proc.pid, signal.SIGTERM)
+            time.sleep(GRACE_S + 1.5)  # the grace interrupts the run; its failure waits to be stored
+            assert gw.proc.poll() is None, "the process exited with the response's failure unstored"
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        gw.proc.wait(timeout=15)
+    finally:
+        gw.stop()
+    assert sqlite_rows(tmp_path)[rid][0] == "failed"
+
+
 def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any, tmp_path: Path) -> None:
     """OpenAI's behaviour: the response goes on and is stored; its announced id is retrievable.
     An unstored one is cancelled with its upstream request."""
