@@ -17,14 +17,17 @@ from async code runs through ``gateway.db.run_orm``):
 - PostgreSQL: the items and the response in one statement (a data-modifying CTE, atomic by
   itself); a caller's transaction (a conversation append) wraps it when there is one.
 - SQLite: one ``BEGIN IMMEDIATE`` transaction (``transaction_mode`` in settings) holding the items
-  and the response. Writers queue on a process-wide lock before they ask SQLite for the write lock,
-  so a burst of writers waits in order instead of in SQLite's busy handler, whose sleeps grow to
-  100 ms; between processes the busy timeout (settings) waits for the lock. No write is dropped for
-  lack of a lock.
+  and the response. Writers queue on a process-wide lock, then on an advisory file lock beside the
+  database (``flock``) shared by the server processes, before they ask SQLite for the write lock:
+  a burst of writers waits in order, woken by the kernel when the lock is free, instead of in
+  SQLite's busy handler, which polls with sleeps of 1 ms growing to 100 ms. Other writers (the ORM,
+  another program) still meet the busy timeout (settings). No write is dropped for lack of a lock.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -56,6 +59,9 @@ FINAL_COLUMNS = (
 )
 
 _sqlite_writer = threading.Lock()
+# This process's descriptor of the SQLite writers' lock file: (pid, fd), opened in the process that
+# uses it (a descriptor inherited over fork would share its lock with the parent).
+_lock_file: tuple[int, int] | None = None
 
 
 def dumps(value: Any) -> str | None:
@@ -150,11 +156,33 @@ def rows(
     return item_rows, _row(Response, {"created_at": now, **response})
 
 
+def _writers_lock() -> int:
+    """The descriptor of the lock file the SQLite writers of every server process queue on."""
+    global _lock_file
+    pid = os.getpid()
+    if _lock_file is None or _lock_file[0] != pid:
+        path = f"{connection.settings_dict['NAME']}.writers.lock"
+        _lock_file = (pid, os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    return _lock_file[1]
+
+
+@contextmanager
+def _between_processes() -> Iterator[None]:
+    """Hold the writers' file lock (blocking: the kernel wakes the next waiter when it is free)."""
+    fd = _writers_lock()
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 @contextmanager
 def writing() -> Iterator[None]:
-    """One write transaction: queued behind this process's other writers on SQLite."""
+    """One write transaction: queued behind this process's, then every server process's, other
+    writers on SQLite."""
     if _vendor() == "sqlite" and not connection.in_atomic_block:
-        with _sqlite_writer, transaction.atomic():
+        with _sqlite_writer, _between_processes(), transaction.atomic():
             yield
         return
     with transaction.atomic():

@@ -4,6 +4,8 @@ ends honestly (an error for the client, ``failed`` in the database)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 import time
@@ -87,6 +89,30 @@ def test_a_held_write_lock_makes_the_store_wait_not_fail(gw: Gateway) -> None:
     assert events[-1]["type"] == "response.completed"
     for response_id in (answers["json"].json()["id"], events[-1]["response"]["id"]):
         assert Response.objects.get(id=response_id).status == "completed"
+
+
+def test_sqlite_writers_queue_on_the_writers_lock_file(gw: Gateway) -> None:
+    """Every server process's SQLite writers queue on one advisory file lock (woken by the kernel),
+    not in SQLite's busy handler: a write waits while another holder has it, then completes."""
+    if connection.vendor != "sqlite":
+        pytest.skip("the writers' lock file is SQLite's")
+    gw.script(text("queued"))
+    answers: dict[str, Any] = {}
+    fd = os.open(f"{connection.settings_dict['NAME']}.writers.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as another server process's writer would hold it
+        thread = threading.Thread(
+            target=lambda: answers.setdefault("json", gw.post({"model": "m", "input": "x"}))
+        )
+        thread.start()
+        time.sleep(HOLD_S)
+        assert not answers  # generated, waiting for the lock
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        thread.join(30)
+    finally:
+        os.close(fd)
+    assert answers["json"].status_code == 200, answers["json"].text
+    assert Response.objects.get(id=answers["json"].json()["id"]).status == "completed"
 
 
 def _admin() -> Client:
