@@ -97,6 +97,14 @@ def wait_for(check: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def post_background(url: str, text_input: str) -> str:
+    """Start a background response; its id."""
+    answer = httpx.post(
+        f"{url}/v1/responses", json={"model": "m", "input": text_input, "background": True}, timeout=10
+    )
+    return str(answer.json()["id"])
+
+
 def status_of(url: str, rid: str) -> str:
     return str(httpx.get(f"{url}/v1/responses/{rid}", timeout=10).json()["status"])
 
@@ -413,9 +421,7 @@ def test_the_shutdown_waits_for_an_interrupted_background_response_to_store_its_
     script_many(upstream, by_input(long=slow(30)))
     gw = gateway(env)
     try:
-        rid = httpx.post(
-            f"{gw.url}/v1/responses", json={"model": "m", "input": "long bg", "background": True}, timeout=10
-        ).json()["id"]
+        rid = post_background(gw.url, "long bg")
         wait_for(lambda: sqlite_rows(tmp_path).get(rid, ("",))[0] == "in_progress", 10, "the run to start")
         holder = sqlite3.connect(tmp_path / "gateway.sqlite3", isolation_level=None, timeout=20)
         holder.execute("BEGIN IMMEDIATE")  # every write of the gateway waits from here on
@@ -490,9 +496,7 @@ def test_a_restarted_gateway_fails_its_orphans_at_start(upstream: Any, tmp_path:
     script_many(upstream, by_input(long=slow(30)))
     gw = gateway(env)
     try:
-        rid = httpx.post(
-            f"{gw.url}/v1/responses", json={"model": "m", "input": "long", "background": True}, timeout=10
-        ).json()["id"]
+        rid = post_background(gw.url, "long")
         wait_for(lambda: stored_events(tmp_path, rid) >= 4, 30, "the response streaming")
         gw.proc.kill()
         gw.proc.wait(10)
