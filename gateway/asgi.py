@@ -128,8 +128,8 @@ application = GatewayASGIMiddleware(
 # out of the garbage collector's reach, so full collections stay cheap under load.
 gc.freeze()
 # A request keeps many containers alive while it runs (events, snapshots, rows): at the default
-# threshold (700) a stored response cost ~100 µs of collections, nearly all of it gen 0/1 passes over
-# objects still in use, plus a full collection every ~800 responses. GC_GEN0_THRESHOLD lets young
-# objects die by reference count first (docs/performance.md, "Garbage collection").
+# threshold (700) a stored response cost 54-59 µs of collections under load, nearly all of it gen 0/1
+# passes over objects still in use, plus a full collection every ~850 responses. GC_GEN0_THRESHOLD
+# lets young objects die by reference count first (docs/performance.md, "Garbage collection").
 GC_GEN0_THRESHOLD = 10_000
 gc.set_threshold(GC_GEN0_THRESHOLD, 20, 100)
