@@ -67,6 +67,9 @@ class Executor(Lifecycle):
         # WebSocket steering: the consumer sets ``steer.requested``; the response stops at a boundary.
         self.steer = steering.Boundary()
         self.async_rounds = async_tools.AsyncRounds()  # async-only rounds in a row (the stop rule)
+        # False: nobody reads this response's events as they come (a JSON client), so each round
+        # asks the upstream for one answer instead of a stream (``run_round``).
+        self.stream_rounds = True
 
     async def prepare_tools(self) -> None:
         """Classify tools, validate, discover MCP tools: every refusal is a 400 before any byte."""
@@ -163,9 +166,12 @@ class Executor(Lifecycle):
 
     async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
         """One inference round over :meth:`model_items`: the body in the configured wire format,
-        the upstream's stream read into our events."""
+        the upstream's stream (or, with :attr:`stream_rounds` off, its one answer) read into our
+        events. An upstream that streams anyway is read as a stream."""
         chat = self.config.upstream_api == "chat_completions"
-        path, body = wire.round_request(chat, self.p, self.client_tools, self.tools, self.model_items())
+        path, body = wire.round_request(
+            chat, self.p, self.client_tools, self.tools, self.model_items(), self.stream_rounds
+        )
         response = await wire.send(self.upstream, path, body, self.p.headers)
         try:
             if response.status != 200:
@@ -173,6 +179,10 @@ class Executor(Lifecycle):
                 raise StreamFailure(self.http_error.message, status=response.status)
             parser = parsers.for_round(chat, self.emitter, state, self.usage)
             limit = self.config.responses.max_upstream_sse_line_bytes
+            if not self.stream_rounds and response.content_type != "text/event-stream":
+                for event in await parsers.read_whole(parser, response, limit):
+                    yield event
+                return
             async for event in parsers.read(parser, response, limit, self.steer.waiting):
                 yield event
         finally:

@@ -32,8 +32,18 @@ class ResponsesParser:
         self.usage = usage
 
     def feed(self, name: str | None, data: bytes) -> tuple[list[Event], bool]:
+        return self.handle(*upstream_events.responses_event(name, data))
+
+    def whole(self, data: bytes) -> list[Event]:
+        """A non-streamed answer (the Responses object): read as the stream's terminal event."""
+        response = upstream_events.responses_answer(data)
+        kind = "response.failed" if response.get("status") == "failed" else "response.completed"
+        events, _ = self.handle(kind, {"type": kind, "response": response})
+        return events
+
+    def handle(self, kind: str, event: dict[str, Any]) -> tuple[list[Event], bool]:
+        """One checked upstream event: our events, and whether it ended the stream."""
         em, state = self.emitter, self.state
-        kind, event = upstream_events.responses_event(name, data)
         index = event.get("output_index")
         key = ("r", state.number, index)
         out: list[Event] = []
@@ -96,8 +106,15 @@ class ChatParser:
     def feed(self, name: str | None, data: bytes) -> tuple[list[Event], bool]:
         if data == b"[DONE]":
             return [], True
+        return self.handle(upstream_events.chat_chunk(data)), False
+
+    def whole(self, data: bytes) -> list[Event]:
+        """A non-streamed answer (a chat completion): read as the one chunk it would stream as."""
+        return self.handle(upstream_events.chat_answer(data))
+
+    def handle(self, chunk: dict[str, Any]) -> list[Event]:
+        """One checked chunk: our events."""
         em, state = self.emitter, self.state
-        chunk = upstream_events.chat_chunk(data)
         if "error" in chunk:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else None
@@ -140,7 +157,7 @@ class ChatParser:
             elif finish == "content_filter":
                 state.status = "incomplete"
                 state.incomplete_details = {"reason": "content_filter"}
-        return out, False
+        return out
 
 
 Parser = ResponsesParser | ChatParser
@@ -181,3 +198,21 @@ async def read(
         raise StreamFailure("The upstream stream ended before the response was complete.")
     if not response.complete:
         await wire.drain(response)
+
+
+async def read_whole(parser: Parser, response: Any, max_bytes: int) -> list[Event]:
+    """Our events from one round's non-streamed answer (``response``, status 200): the whole body,
+    at most ``max_bytes`` (the longest line a stream may carry; the terminal event of a stream
+    carries the same object), read as the stream's terminal event or chunk. A read failure, a body
+    over the limit or a malformed answer is a :class:`StreamFailure`."""
+    body = bytearray()
+    try:
+        async for chunk in response:
+            body += chunk
+            if len(body) > max_bytes:
+                raise StreamFailure(
+                    f"An upstream answer exceeded max_upstream_sse_line_bytes ({max_bytes} bytes)."
+                )
+    except errors.GatewayError as exc:
+        raise StreamFailure(exc.message, status=exc.status) from None
+    return parser.whole(bytes(body))

@@ -225,6 +225,62 @@ def chat_chunk(data: bytes) -> dict[str, Any]:
     return _check(_CHAT_CHUNK, chunk, "stream chunk")
 
 
+# --- non-streamed answers ------------------------------------------------------------------------
+# A round whose events nobody reads live (a JSON client's) asks the upstream for one answer, as the
+# reference gateway does. The answer is checked by the same members as the stream that carries it:
+# a ``/v1/responses`` answer is the terminal event's ``response``; a chat completion is read as the
+# one chunk it would stream as (its message as the delta, tool calls numbered in order).
+
+_RESPONSE_BODY = TypeAdapter(ResponseBody)
+
+
+def responses_answer(data: bytes) -> dict[str, Any]:
+    """A non-streamed ``/v1/responses`` answer: the Responses object, with its checked members
+    (every output item has a type: the output is read from here alone)."""
+    answer = _check(_RESPONSE_BODY, _object(data, "answer"), "answer")
+    for position, item in enumerate(answer.get("output") or ()):
+        if "type" not in item:
+            raise StreamFailure(
+                f"The upstream sent a malformed answer: 'output[{position}].type' is missing."
+            )
+    return answer
+
+
+def chat_answer(data: bytes) -> dict[str, Any]:
+    """A non-streamed ``/v1/chat/completions`` answer as the one stream chunk that carries it."""
+    answer = _object(data, "answer")
+    choices = answer.get("choices")
+    if isinstance(choices, list):
+        answer["choices"] = [_as_delta(choice) for choice in choices]
+    return _check(_CHAT_CHUNK, answer, "answer")
+
+
+def _object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamFailure(f"The upstream sent a malformed {what}.") from None
+    if not isinstance(value, dict):
+        raise StreamFailure(f"The upstream sent a malformed {what}: expected a JSON object.")
+    return value
+
+
+def _as_delta(choice: Any) -> Any:
+    """A choice of a chat completion (``message``) as a chunk's choice (``delta``)."""
+    if not isinstance(choice, dict) or "message" not in choice:
+        return choice
+    choice = dict(choice)
+    message = choice.pop("message")
+    if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
+        message = dict(message)
+        message["tool_calls"] = [
+            {"index": index, **call} if isinstance(call, dict) else call
+            for index, call in enumerate(message["tool_calls"])
+        ]
+    choice["delta"] = message
+    return choice
+
+
 def _check(adapter: TypeAdapter[Any], value: dict[str, Any], what: str) -> dict[str, Any]:
     try:
         return dict(adapter.validate_python(value))

@@ -61,9 +61,14 @@ def common_forward(p: Prepared) -> dict[str, Any]:
 
 
 def responses_body(
-    p: Prepared, client_tools: translate.ToolMap, tools: ToolLoop | None, items: list[dict[str, Any]]
+    p: Prepared,
+    client_tools: translate.ToolMap,
+    tools: ToolLoop | None,
+    items: list[dict[str, Any]],
+    stream: bool = True,
 ) -> dict[str, Any]:
-    """The ``/v1/responses`` body of one round over ``items`` (the history as the model sees it)."""
+    """The ``/v1/responses`` body of one round over ``items`` (the history as the model sees it),
+    for a stream or (``stream`` False) one answer."""
     body = common_forward(p)
     items = async_tools.model_view(items, chat=False)
     body["input"] = [translate.output_to_input(item) for item in items]
@@ -92,14 +97,19 @@ def responses_body(
         else:
             body["include"] = include
     body["store"] = False
-    body["stream"] = True
+    body["stream"] = stream
     return body
 
 
 def chat_body(
-    p: Prepared, client_tools: translate.ToolMap, tools: ToolLoop | None, items: list[dict[str, Any]]
+    p: Prepared,
+    client_tools: translate.ToolMap,
+    tools: ToolLoop | None,
+    items: list[dict[str, Any]],
+    stream: bool = True,
 ) -> dict[str, Any]:
-    """The ``/v1/chat/completions`` body of one round over ``items``."""
+    """The ``/v1/chat/completions`` body of one round over ``items``, for a stream (with usage) or
+    one answer (vLLM refuses ``stream_options`` without ``stream``)."""
     r = p.request
     forwarded = common_forward(p)
     body: dict[str, Any] = {"model": r.model}
@@ -128,8 +138,9 @@ def chat_body(
     for key, value in forwarded.items():
         if key not in _CHAT_SKIP:
             body[key] = value
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     return body
 
 
@@ -139,18 +150,21 @@ def round_request(
     client_tools: translate.ToolMap,
     tools: ToolLoop | None,
     items: list[dict[str, Any]],
+    stream: bool = True,
 ) -> tuple[str, dict[str, Any]]:
     """The upstream path and body of one round over ``items``: ``/v1/chat/completions`` when
-    ``chat``, else ``/v1/responses``."""
+    ``chat``, else ``/v1/responses``; a stream, or one answer when not ``stream``."""
     if chat:
-        return CHAT_PATH, chat_body(p, client_tools, tools, items)
-    return RESPONSES_PATH, responses_body(p, client_tools, tools, items)
+        return CHAT_PATH, chat_body(p, client_tools, tools, items, stream)
+    return RESPONSES_PATH, responses_body(p, client_tools, tools, items, stream)
 
 
 async def send(upstream: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    """POST one round's body for a stream, with the request's forwarded ``headers``; an upstream
-    that cannot be reached is a :class:`~responses_app.events.StreamFailure`."""
-    headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
+    """POST one round's body (for a stream, or one answer when its ``stream`` is false), with the
+    request's forwarded ``headers``; an upstream that cannot be reached is a
+    :class:`~responses_app.events.StreamFailure`."""
+    accept = "text/event-stream" if body.get("stream") else "application/json"
+    headers = {**headers, "content-type": "application/json", "accept": accept}
     try:
         return await upstream.send("POST", path, body=orjson.dumps(body), headers=headers)
     except errors.GatewayError as exc:

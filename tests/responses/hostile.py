@@ -169,3 +169,73 @@ CHAT_KINDS: dict[str, Mutation] = {
     "chunk_is_array": chunk_replaced(_content, [1, 2]),
     "chunk_is_string": chunk_replaced(_content, "x"),
 }
+
+
+# --- the answer to a "stream": false round (a JSON client's) ----------------------------------------
+
+AnswerMutation = Callable[[Any], Any]
+
+
+def answer(path: tuple[Any, ...], value: Any) -> AnswerMutation:
+    """Set ``path`` in the answer (the Responses object, or the chat completion) to ``value``."""
+
+    def mutate(data: Any) -> Any:
+        _set(data, path, value)
+        return data
+
+    return mutate
+
+
+def answer_without(path: tuple[Any, ...]) -> AnswerMutation:
+    def mutate(data: Any) -> Any:
+        _drop(data, path)
+        return data
+
+    return mutate
+
+
+def answer_replaced(value: Any) -> AnswerMutation:
+    return lambda _: value
+
+
+RESPONSES_ANSWER_KINDS: dict[str, AnswerMutation] = {
+    "answer_is_array": answer_replaced([1, 2]),
+    "answer_is_string": answer_replaced("x"),
+    "output_is_number": answer(("output",), 5),
+    "output_item_is_number": answer(("output", 0), 5),
+    "output_item_without_type": answer_without(("output", 0, "type")),
+    "output_item_type_is_number": answer(("output", 0, "type"), 7),
+    "message_content_is_number": answer(("output", 0, "content"), 5),
+    "content_part_text_is_number": answer(("output", 0, "content", 0, "text"), 5),
+    "call_name_is_number": answer(("output", 1, "name"), 5),
+    "call_id_is_number": answer(("output", 1, "call_id"), 7),
+    "call_arguments_is_number": answer(("output", 1, "arguments"), 5),
+    "status_is_number": answer(("status",), 5),
+    "service_tier_is_number": answer(("service_tier",), 5),
+    "usage_is_string": answer(("usage",), "lots"),
+    "usage_input_tokens_is_string": answer(("usage", "input_tokens"), "12"),
+    "usage_output_tokens_is_decimal": answer(("usage", "output_tokens"), 1.5),
+    "usage_details_count_is_string": answer(("usage", "input_tokens_details", "cached_tokens"), "x"),
+}
+
+CHAT_ANSWER_KINDS: dict[str, AnswerMutation] = {
+    "answer_is_array": answer_replaced([1, 2]),
+    "answer_is_string": answer_replaced("x"),
+    "choices_is_number": answer(("choices",), 5),
+    "choice_is_number": answer(("choices", 0), 5),
+    "choice_index_is_string": answer(("choices", 0, "index"), "0"),
+    "message_is_number": answer(("choices", 0, "message"), 5),
+    "content_is_number": answer(("choices", 0, "message", "content"), 5),
+    "reasoning_is_number": answer(("choices", 0, "message", "reasoning"), 5),
+    "finish_reason_is_number": answer(("choices", 0, "finish_reason"), 5),
+    "tool_calls_is_number": answer(("choices", 0, "message", "tool_calls"), 5),
+    "tool_call_is_string": answer(("choices", 0, "message", "tool_calls", 0), "x"),
+    "tool_call_id_is_number": answer(("choices", 0, "message", "tool_calls", 0, "id"), 5),
+    "tool_call_name_is_number": answer(("choices", 0, "message", "tool_calls", 0, "function", "name"), 5),
+    "tool_call_arguments_is_number": answer(
+        ("choices", 0, "message", "tool_calls", 0, "function", "arguments"), 5
+    ),
+    "usage_is_string": answer(("usage",), "lots"),
+    "usage_prompt_tokens_is_string": answer(("usage", "prompt_tokens"), "13"),
+    "service_tier_is_number": answer(("service_tier",), 5),
+}

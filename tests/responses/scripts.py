@@ -67,6 +67,12 @@ class Script:
     # Rewrites the stream before it is sent (tests/responses/hostile.py): for ``responses`` the
     # ``(event type, data)`` list, for ``chat_completions`` the list of chunk dicts.
     mutate: Any = None
+    # Rewrites the answer to a ``"stream": false`` request (the Responses object or the chat
+    # completion, a dict) before it is sent.
+    mutate_answer: Any = None
+    # The answer to a ``"stream": false`` request is cut after this many bytes (the connection
+    # closes without the rest).
+    answer_truncate_at: int | None = None
 
 
 def _hex() -> str:
@@ -334,16 +340,6 @@ def chat_chunks(script: Script, body: dict[str, Any]) -> list[bytes]:
     extra = {"service_tier": script.service_tier} if script.service_tier else {}
     out.append(chunk({"content": ""}, finish, **extra))
     if script.usage is not None:
-        usage: dict[str, Any] = {
-            "prompt_tokens": script.usage["input_tokens"],
-            "total_tokens": script.usage["total_tokens"],
-            "completion_tokens": script.usage["output_tokens"],
-        }
-        details = {k: script.usage[k] for k in ("cached_tokens", "cache_write_tokens") if k in script.usage}
-        if details:
-            usage["prompt_tokens_details"] = details
-        if "reasoning_tokens" in script.usage:
-            usage["completion_tokens_details"] = {"reasoning_tokens": script.usage["reasoning_tokens"]}
         out.append(
             orjson.dumps(
                 {
@@ -352,7 +348,7 @@ def chat_chunks(script: Script, body: dict[str, Any]) -> list[bytes]:
                     "created": created,
                     "model": model,
                     "choices": [],
-                    "usage": usage,
+                    "usage": _chat_usage(script.usage),
                     "system_fingerprint": "vllm-0.0.0-deadbeef",
                 }
             )
@@ -379,9 +375,16 @@ def handler(script: Script, wire: str = "responses") -> Any:
                 status=script.error_status,
             )
         if body.get("stream") is False:  # an explicitly non-streaming request gets vLLM's JSON answer
-            return web.Response(
-                body=orjson.dumps(json_answer(script, body, wire)), content_type="application/json"
-            )
+            answer: Any = json_answer(script, body, wire)
+            if script.mutate_answer is not None:
+                answer = script.mutate_answer(answer)
+            raw = orjson.dumps(answer)
+            if script.delay_s:  # generating it takes as long as streaming it would
+                events = responses_events(script, body) if wire == "responses" else chat_chunks(script, body)
+                await asyncio.sleep(script.delay_s * len(events))
+            if script.answer_truncate_at is None:
+                return web.Response(body=raw, content_type="application/json")
+            return await _truncated(request, raw, script.answer_truncate_at)
         if wire == "responses":
             events = responses_events(script, body)
             if script.mutate is not None:
@@ -413,6 +416,18 @@ def handler(script: Script, wire: str = "responses") -> Any:
         return response
 
     return answer
+
+
+async def _truncated(request: web.Request, raw: bytes, at: int) -> web.StreamResponse:
+    """A JSON answer whose ``Content-Length`` promises ``raw`` whole, cut after ``at`` bytes."""
+    response = web.StreamResponse(
+        headers={"content-type": "application/json", "content-length": str(len(raw))}
+    )
+    await response.prepare(request)
+    await response.write(raw[:at])
+    assert request.transport is not None
+    request.transport.close()
+    return response
 
 
 def json_answer(script: Script, body: dict[str, Any], wire: str) -> dict[str, Any]:
@@ -465,16 +480,23 @@ def json_answer(script: Script, body: dict[str, Any], wire: str) -> dict[str, An
         "kv_transfer_params": None,
     }
     if script.usage is not None:
-        usage: dict[str, Any] = {
-            "prompt_tokens": script.usage["input_tokens"],
-            "total_tokens": script.usage["total_tokens"],
-            "completion_tokens": script.usage["output_tokens"],
-            "prompt_tokens_details": None,
-        }
-        if "cached_tokens" in script.usage:
-            usage["prompt_tokens_details"] = {"cached_tokens": script.usage["cached_tokens"]}
-        answer["usage"] = usage
+        answer["usage"] = {"prompt_tokens_details": None, **_chat_usage(script.usage)}
     return answer
+
+
+def _chat_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's chat ``usage`` (the stream's last chunk and a completion carry the same)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": usage["input_tokens"],
+        "total_tokens": usage["total_tokens"],
+        "completion_tokens": usage["output_tokens"],
+    }
+    details = {k: usage[k] for k in ("cached_tokens", "cache_write_tokens") if k in usage}
+    if details:
+        out["prompt_tokens_details"] = details
+    if "reasoning_tokens" in usage:
+        out["completion_tokens_details"] = {"reasoning_tokens": usage["reasoning_tokens"]}
+    return out
 
 
 def path_for(wire: str) -> str:

@@ -240,7 +240,8 @@ def test_compaction_before_a_tool_round(tools_gw: ToolsGateway) -> None:
     final = gw.create(body)
     assert [i["type"] for i in final["output"]] == ["web_search_call", "compaction", "message"]
     bodies = gw.upstream_bodies()
-    assert [b["stream"] for b in bodies] == [True, False, True]
+    # A JSON client: every round, the summary's included, asks the upstream for one answer.
+    assert [b["stream"] for b in bodies] == [False, False, False]
     # The summary saw the search; the round after it saw the window only.
     assert any("call" in entry for entry in model_input(gw, 1))
     assert [e for e in model_input(gw, 2) if "call" in e or "output" in e] == []

@@ -19,7 +19,14 @@ import pytest
 
 from responses_app.models import Response, ResponseEvent
 from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
-from tests.responses.hostile import CHAT_KINDS, HOSTILE_PARTS, RESPONSES_KINDS
+from tests.responses.hostile import (
+    CHAT_ANSWER_KINDS,
+    CHAT_KINDS,
+    HOSTILE_PARTS,
+    RESPONSES_ANSWER_KINDS,
+    RESPONSES_KINDS,
+    answer,
+)
 from tests.responses.scripts import call, text
 from tests.responses.test_failures import _assert_failed
 from tests.responses.wsutil import Client, connect, create
@@ -34,8 +41,14 @@ def _kinds(wire: str) -> dict[str, Any]:
     return RESPONSES_KINDS if wire == "responses" else CHAT_KINDS
 
 
+ANSWER_CASES = [("responses", kind) for kind in RESPONSES_ANSWER_KINDS] + [
+    ("chat_completions", kind) for kind in CHAT_ANSWER_KINDS
+]
+
+
 def test_at_least_twenty_kinds_per_wire() -> None:
     assert len(RESPONSES_KINDS) >= 20 and len(CHAT_KINDS) >= 20
+    assert len(RESPONSES_ANSWER_KINDS) >= 15 and len(CHAT_ANSWER_KINDS) >= 15
 
 
 @pytest.mark.parametrize(("wire", "kind"), CASES)
@@ -54,16 +67,26 @@ SAMPLE = [
 ]
 
 
-@pytest.mark.parametrize(("wire", "kind"), SAMPLE)
-def test_malformed_upstream_json_and_background(gw: Gateway, wire: str, kind: str) -> None:
-    gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
+@pytest.mark.parametrize(("wire", "kind"), ANSWER_CASES)
+def test_malformed_upstream_answer_ends_failed(gw: Gateway, wire: str, kind: str) -> None:
+    """A JSON client's round asks the upstream for one answer; a malformed one fails the response."""
+    kinds = RESPONSES_ANSWER_KINDS if wire == "responses" else CHAT_ANSWER_KINDS
+    gw.script(*HOSTILE_PARTS, mutate_answer=kinds[kind])
     r = gw.post({"model": "m", "input": "x", "tools": TOOLS})
     assert r.status_code == 200, r.text  # the failed response object, as after any upstream failure
+    assert gw.upstream_bodies()[-1]["stream"] is False
     body = r.json()
     check_sdk_response(body)
-    assert body["status"] == "failed" and "malformed" in body["error"]["message"]
-    assert Response.objects.get(id=body["id"]).status == "failed"
+    assert body["status"] == "failed" and body["error"]["code"] == "server_error"
+    assert "malformed" in body["error"]["message"]
+    assert body["output"] == []
+    row = Response.objects.get(id=body["id"])
+    assert row.status == "failed" and row.snapshot == body
+    assert not Response.objects.filter(status="completed").exists()
 
+
+@pytest.mark.parametrize(("wire", "kind"), SAMPLE)
+def test_malformed_upstream_background(gw: Gateway, wire: str, kind: str) -> None:
     gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
     created = gw.post({"model": "m", "input": "x", "tools": TOOLS, "background": True}).json()
     row = _wait_terminal(created["id"])
@@ -140,6 +163,11 @@ def _object_arguments(events: list[tuple[str, dict[str, Any]]]) -> None:
 
 def test_object_arguments_are_serialized_as_json_responses_wire(gw: Gateway) -> None:
     gw.script(*HOSTILE_PARTS, mutate=_object_arguments)
+    final = gw.stream({"model": "m", "input": "x", "tools": TOOLS})[-1]["response"]
+    assert final["status"] == "completed"
+    assert final["output"][1]["arguments"] == '{"q":"x","n":1}'
+    # The same in a JSON client's one answer.
+    gw.script(*HOSTILE_PARTS, mutate_answer=answer(("output", 1, "arguments"), {"q": "x", "n": 1}))
     final = gw.post({"model": "m", "input": "x", "tools": TOOLS}).json()
     assert final["status"] == "completed"
     assert final["output"][1]["arguments"] == '{"q":"x","n":1}'
@@ -155,6 +183,16 @@ def _object_arguments_chat(chunks: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("wire", ["chat_completions"])
 def test_object_arguments_are_serialized_as_json_chat_wire(gw: Gateway) -> None:
     gw.script(text("Hi"), call("lookup", "ignored", call_id="call_c1"), mutate=_object_arguments_chat)
+    final = gw.stream({"model": "m", "input": "x", "tools": TOOLS})[-1]["response"]
+    assert final["status"] == "completed"
+    assert final["output"][1]["arguments"] == '{"q":"x","n":1}'
+    # The same in a JSON client's one answer.
+    arguments = ("choices", 0, "message", "tool_calls", 0, "function", "arguments")
+    gw.script(
+        text("Hi"),
+        call("lookup", "ignored", call_id="call_c1"),
+        mutate_answer=answer(arguments, {"q": "x", "n": 1}),
+    )
     final = gw.post({"model": "m", "input": "x", "tools": TOOLS}).json()
     assert final["status"] == "completed"
     assert final["output"][1]["arguments"] == '{"q":"x","n":1}'
