@@ -252,7 +252,7 @@ def chat_answer(data: bytes) -> dict[str, Any]:
     choices = answer.get("choices")
     if isinstance(choices, list):
         answer["choices"] = [_as_delta(choice) for choice in choices]
-    return _check(_CHAT_CHUNK, answer, "answer")
+    return _check(_CHAT_CHUNK, answer, "answer", {"delta": "message"})
 
 
 def _object(data: bytes, what: str) -> dict[str, Any]:
@@ -281,18 +281,22 @@ def _as_delta(choice: Any) -> Any:
     return choice
 
 
-def _check(adapter: TypeAdapter[Any], value: dict[str, Any], what: str) -> dict[str, Any]:
+def _check(
+    adapter: TypeAdapter[Any], value: dict[str, Any], what: str, names: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``value`` checked by ``adapter``; a failure names the member (``names`` renames members in
+    that path: an answer read as a chunk names its own ``message``, not ``delta``)."""
     try:
         return dict(adapter.validate_python(value))
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        path = _path(first["loc"])
+        path = _path(first["loc"], names or {})
         raise StreamFailure(
             f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}."
         ) from None
 
 
-def _path(loc: tuple[Any, ...]) -> str:
+def _path(loc: tuple[Any, ...], names: dict[str, str]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -300,7 +304,7 @@ def _path(loc: tuple[Any, ...]) -> str:
         elif part.startswith("function-") or part in ("str", "int", "none"):
             continue  # validator labels, not members
         else:
-            out += ("." if out else "") + part
+            out += ("." if out else "") + names.get(part, part)
     return out
 
 

@@ -85,6 +85,25 @@ def test_malformed_upstream_answer_ends_failed(gw: Gateway, wire: str, kind: str
     assert not Response.objects.filter(status="completed").exists()
 
 
+@pytest.mark.parametrize(
+    ("wire", "kind", "member"),
+    [
+        ("responses", "output_item_is_number", "'output[0]': input should be a valid dictionary"),
+        ("responses", "output_item_without_type", "'output[0].type' is missing"),
+        (
+            "chat_completions",
+            "content_is_number",
+            "'choices[0].message.content': input should be a valid string",
+        ),
+    ],
+)
+def test_a_malformed_answer_is_named_by_its_member(gw: Gateway, wire: str, kind: str, member: str) -> None:
+    kinds = RESPONSES_ANSWER_KINDS if wire == "responses" else CHAT_ANSWER_KINDS
+    gw.script(*HOSTILE_PARTS, mutate_answer=kinds[kind])
+    body = gw.post({"model": "m", "input": "x", "tools": TOOLS}).json()
+    assert body["error"]["message"] == f"The upstream sent a malformed answer: {member}."
+
+
 @pytest.mark.parametrize(("wire", "kind"), SAMPLE)
 def test_malformed_upstream_background(gw: Gateway, wire: str, kind: str) -> None:
     gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
