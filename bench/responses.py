@@ -3,12 +3,13 @@ on a SQLite file and on PostgreSQL, in one run.
 
 Both talk to the same scripted upstream (vLLM's /v1/responses SSE format, instant answers), so the
 figures are the gateways' own overhead: stored JSON and SSE responses at concurrency 16 and 64
-(req/s, median latency, gateway CPU per request: the server's process tree, from /proc), and a
+(req/s, median latency, gateway CPU per request: the server's process tree, from /proc, the warm-up left out), and a
 ``previous_response_id`` chain (per-turn latency must stay flat). Every request must end as a
 stored, completed response; errors are counted per cell and any error fails the run (exit 1).
 
     .venv/bin/python bench/responses.py [--reference /work/ref-venv/bin/agentic-server]
-        [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--quick] [--concurrency 16,64]
+        [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--quick] [--requests 800]
+        [--concurrency 16,64]
 
 The gateway runs as ``manage.py serve`` in its default configuration (as ``make run`` starts it);
 the reference as ``agentic-server --llm-api-base … --skip-llm-ready-check``, each on its own SQLite
@@ -193,7 +194,11 @@ class Failed(Exception):
     pass
 
 
-async def load(base: str, body: dict[str, Any], concurrency: int, total: int) -> dict[str, Any]:
+async def load(
+    base: str, body: dict[str, Any], concurrency: int, total: int, pid: int | None = None
+) -> dict[str, Any]:
+    """``total`` requests after a warm-up; ``cpu_ms``: the server's (``pid``'s tree) CPU per
+    request over those ``total`` only, the warm-up left out."""
     latencies: list[float] = []
     failures: list[str] = []
     async with _client(concurrency) as client:
@@ -213,11 +218,14 @@ async def load(base: str, body: dict[str, Any], concurrency: int, total: int) ->
                 else:
                     latencies.append(latency)
 
+        cpu = cpu_seconds(pid) if pid is not None else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        cpu_ms = (cpu_seconds(pid) - cpu) * 1000 / total if pid is not None else float("nan")
     return {
         "rps": total / elapsed,
+        "cpu_ms": cpu_ms,
         "p50_ms": statistics.median(latencies) * 1000 if latencies else float("nan"),
         "errors": len(failures),
         "first_error": failures[0] if failures else "",
@@ -264,6 +272,9 @@ def main() -> None:
         help="a PostgreSQL server URL; fresh bench_* databases are created on it ('' : SQLite only)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer requests")
+    parser.add_argument(
+        "--requests", type=int, default=0, help="requests a cell after the warm-up (default 800)"
+    )
     parser.add_argument("--concurrency", default="16,64", help="comma-separated levels")
     parser.add_argument("--chain-turns", type=int, default=50)
     parser.add_argument("--workers", type=int, default=0, help="our server processes (0: the default)")
@@ -282,7 +293,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    per_level = 200 if args.quick else 800
+    per_level = args.requests or (200 if args.quick else 800)
 
     upstream = start_upstream()
     tmp = tempfile.mkdtemp(prefix="bench-responses-")
@@ -327,9 +338,8 @@ def main() -> None:
                             "stream": stream,
                             "store": True,
                         }
-                        cpu = cpu_seconds(pid)
-                        stats = asyncio.run(load(base, body, concurrency, per_level))
-                        cpu_ms = (cpu_seconds(pid) - cpu) * 1000 / per_level
+                        stats = asyncio.run(load(base, body, concurrency, per_level, pid))
+                        cpu_ms = stats["cpu_ms"]
                         total_errors += stats["errors"]
                         mode = "SSE" if stream else "JSON"
                         print(

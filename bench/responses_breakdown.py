@@ -7,8 +7,8 @@ prints the CPU per call (``time.process_time``: this process only) of three path
 
 - ``passthrough``: ``store: false``, no executor (the stateless relay to the upstream);
 - ``executor``: ``store: false`` forced through the executor (``services.needs_executor`` answers
-  True for this run only): parse and validate, the upstream exchange, its events parsed and emitted,
-  no storage;
+  True for this run only): parse and validate, the upstream exchange (a JSON client's round: one
+  non-streamed answer, read through the stream parser and emitter), no storage;
 - ``stored``: ``store: true``, the whole stored path (group commit on the writer thread included).
 
 Each call must answer 200 with a completed response; any error fails the run (exit 1).
