@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,19 @@ def _sdk_view(data: dict[str, Any]) -> dict[str, Any]:
         usage["input_tokens_details"].setdefault("cache_write_tokens", 0)
         usage["output_tokens_details"].setdefault("reasoning_tokens", 0)
     return data
+
+
+def wait_terminal(response_id: str, timeout: float = 10) -> Any:
+    """The stored row of ``response_id`` once it is no longer ``queued`` / ``in_progress``."""
+    from responses_app.models import Response as Row
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = Row.objects.get(id=response_id)
+        if row.status not in ("queued", "in_progress"):
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"{response_id} is still {row.status}")
 
 
 def check_sdk_event(data: dict[str, Any]) -> Any:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from typing import Any
 
 import httpx
 import pytest
 
 from responses_app.models import Response, ResponseEvent
-from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
+from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response, wait_terminal
 from tests.responses.hostile import (
     CHAT_ANSWER_KINDS,
     CHAT_KINDS,
@@ -108,7 +107,7 @@ def test_a_malformed_answer_is_named_by_its_member(gw: Gateway, wire: str, kind:
 def test_malformed_upstream_background(gw: Gateway, wire: str, kind: str) -> None:
     gw.script(*HOSTILE_PARTS, mutate=_kinds(wire)[kind])
     created = gw.post({"model": "m", "input": "x", "tools": TOOLS, "background": True}).json()
-    row = _wait_terminal(created["id"])
+    row = wait_terminal(created["id"])
     assert row.status == "failed" and "malformed" in row.snapshot["error"]["message"]
     stored = [e.data for e in ResponseEvent.objects.filter(response_id=created["id"])]
     assert '"type":"response.failed"' in stored[-1]
@@ -130,16 +129,6 @@ def test_malformed_upstream_websocket(gw: Gateway, wire: str, kind: str) -> None
     assert events[-1]["type"] == "response.failed"
     assert "malformed" in events[-1]["response"]["error"]["message"]
     assert Response.objects.get(id=events[-1]["response"]["id"]).status == "failed"
-
-
-def _wait_terminal(rid: str, timeout: float = 10) -> Response:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = Response.objects.get(id=rid)
-        if row.status not in ("queued", "in_progress"):
-            return row
-        time.sleep(0.05)
-    raise AssertionError(f"{rid} is still {row.status}")
 
 
 # --- what a lenient upstream sends that is still well-formed -------------------------------------
@@ -272,7 +261,7 @@ def test_guard_sse_json_websocket_background(
     created = httpx.post(
         f"{gw.url}/v1/responses", json={"model": "m", "input": "x", "background": True}, timeout=30
     ).json()
-    row = _wait_terminal(created["id"])
+    row = wait_terminal(created["id"])
     assert row.status == "failed"
     stored = [e.data for e in ResponseEvent.objects.filter(response_id=created["id"])]
     assert '"type":"response.failed"' in stored[-1]

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from responses_app.models import Response
-from tests.responses.conftest import Gateway, check_sdk_response
+from tests.responses.conftest import Gateway, check_sdk_response, wait_terminal
 from tests.responses.scripts import Part, call, reasoning, text
 
 TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
@@ -74,7 +74,7 @@ def test_a_background_response_still_streams(gw: Gateway) -> None:
     """Its events are stored for a client that reads them later: its rounds stream."""
     gw.script(text("later"))
     created = gw.post({"model": "m", "input": "x", "background": True}).json()
-    row = _finished(created["id"])
+    row = wait_terminal(created["id"])
     assert row.status == "completed"
     assert gw.upstream_bodies()[-1]["stream"] is True
 
@@ -126,15 +126,3 @@ def test_an_upstream_that_streams_anyway_is_read_as_a_stream(gw: Gateway) -> Non
     body = gw.post({"model": "m", "input": "x"}).json()
     assert body["status"] == "completed"
     assert body["output"][0]["content"][0]["text"] == "still streamed"
-
-
-def _finished(response_id: str, timeout: float = 10) -> Response:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = Response.objects.get(id=response_id)
-        if row.status not in ("queued", "in_progress"):
-            return row
-        time.sleep(0.05)
-    raise AssertionError(f"{response_id} is still {row.status}")
