@@ -30,7 +30,8 @@ import orjson
 from gateway import errors
 from gateway.config import Config
 from gateway.ids import new_id
-from responses_app import async_tools
+from responses_app import async_tools, upstream_events
+from responses_app.events import StreamFailure
 
 COMPACTION = "compaction"
 TRIGGER = "compaction_trigger"
@@ -345,28 +346,29 @@ async def summarize(
     sent["accept"] = "application/json"
     response = await upstream.send("POST", path, body=orjson.dumps(body), headers=sent)
     try:
-        payload = await response.read()
+        # The executor's one-answer rounds read and check an answer the same way (parsers.read_whole).
+        payload = await upstream_events.read_answer(response, config.responses.max_upstream_sse_line_bytes)
+        if response.status != 200:
+            raise _upstream_refusal(response.status, payload)
+        if path == "/v1/chat/completions":
+            summary = _chat_summary(upstream_events.chat_answer(payload))
+        else:
+            summary = _responses_summary(upstream_events.responses_answer(payload))
+    except StreamFailure as exc:  # cut short, over the limit or malformed: the upstream's fault
+        raise errors.UpstreamError(exc.message) from None
     finally:
         await response.aclose()
-    try:
-        answer = orjson.loads(payload) if payload else None
-    except orjson.JSONDecodeError:
-        answer = None
-    if response.status != 200:
-        raise _upstream_refusal(response.status, answer)
-    if not isinstance(answer, dict):
-        raise errors.UpstreamError("The upstream's compaction summary answer is not a JSON object.")
-    if path == "/v1/chat/completions":
-        summary = _chat_summary(answer)
-    else:
-        summary = _responses_summary(answer)
     if not summary.text.strip():
         raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
     return summary
 
 
-def _upstream_refusal(status: int, answer: Any) -> errors.GatewayError:
+def _upstream_refusal(status: int, payload: bytes) -> errors.GatewayError:
     message = f"The upstream model server answered {status} to the compaction summary request."
+    try:
+        answer = orjson.loads(payload) if payload else None
+    except orjson.JSONDecodeError:
+        answer = None
     detail = answer.get("error", answer) if isinstance(answer, dict) else None
     if isinstance(detail, dict) and isinstance(detail.get("message"), str):
         message = detail["message"]
@@ -396,8 +398,9 @@ def _responses_summary(answer: dict[str, Any]) -> Summary:
 
 
 def _chat_summary(answer: dict[str, Any]) -> Summary:
+    """From a chat completion checked as the chunk it would stream as (its message is the delta)."""
     choices = answer.get("choices") or []
-    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    message = choices[0].get("delta") if choices else None
     content = message.get("content") if isinstance(message, dict) else None
     usage = answer.get("usage")
     converted = None

@@ -201,18 +201,7 @@ async def read(
 
 
 async def read_whole(parser: Parser, response: Any, max_bytes: int) -> list[Event]:
-    """Our events from one round's non-streamed answer (``response``, status 200): the whole body,
-    at most ``max_bytes`` (the longest line a stream may carry; the terminal event of a stream
-    carries the same object), read as the stream's terminal event or chunk. A read failure, a body
-    over the limit or a malformed answer is a :class:`StreamFailure`."""
-    body = bytearray()
-    try:
-        async for chunk in response:
-            body += chunk
-            if len(body) > max_bytes:
-                raise StreamFailure(
-                    f"An upstream answer exceeded max_upstream_sse_line_bytes ({max_bytes} bytes)."
-                )
-    except errors.GatewayError as exc:
-        raise StreamFailure(exc.message, status=exc.status) from None
-    return parser.whole(bytes(body))
+    """Our events from one round's non-streamed answer (``response``, status 200), read whole
+    (:func:`upstream_events.read_answer`, at most ``max_bytes``) as the stream's terminal event or chunk. A read
+    failure, a body over the limit or a malformed answer is a :class:`StreamFailure`."""
+    return parser.whole(await upstream_events.read_answer(response, max_bytes))

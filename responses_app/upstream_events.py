@@ -19,6 +19,7 @@ import orjson
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
+from gateway import errors
 from responses_app.events import StreamFailure
 
 _STRICT = ConfigDict(extra="allow", strict=True)
@@ -136,12 +137,7 @@ _REQUIRED = {
 
 def responses_event(name: str | None, data: bytes) -> tuple[str, dict[str, Any]]:
     """One upstream ``/v1/responses`` SSE event: its type and its checked members."""
-    try:
-        event = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise StreamFailure("The upstream sent a malformed stream event.") from None
-    if not isinstance(event, dict):
-        raise StreamFailure("The upstream sent a malformed stream event: expected a JSON object.")
+    event = _object(data, "stream event")
     kind = event.get("type", name)
     if not isinstance(kind, str):
         raise StreamFailure("The upstream sent a malformed stream event: 'type' is not a string.")
@@ -214,12 +210,7 @@ def chat_chunk(data: bytes) -> dict[str, Any]:
 
     An ``error`` chunk (vLLM's mid-stream error) is returned as it came; the caller raises it.
     """
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise StreamFailure("The upstream sent a malformed stream chunk.") from None
-    if not isinstance(chunk, dict):
-        raise StreamFailure("The upstream sent a malformed stream chunk: expected a JSON object.")
+    chunk = _object(data, "stream chunk")
     if "error" in chunk:
         return chunk
     return _check(_CHAT_CHUNK, chunk, "stream chunk")
@@ -232,6 +223,23 @@ def chat_chunk(data: bytes) -> dict[str, Any]:
 # one chunk it would stream as (its message as the delta, tool calls numbered in order).
 
 _RESPONSE_BODY = TypeAdapter(ResponseBody)
+
+
+async def read_answer(response: Any, max_bytes: int) -> bytes:
+    """The whole body of a non-streamed answer, at most ``max_bytes`` (``[responses]
+    max_upstream_sse_line_bytes``: a stream's terminal event carries the same object on one line).
+    Over the limit, or a read that fails, is a :class:`StreamFailure`."""
+    body = bytearray()
+    try:
+        async for chunk in response:
+            body += chunk
+            if len(body) > max_bytes:
+                raise StreamFailure(
+                    f"An upstream answer exceeded max_upstream_sse_line_bytes ({max_bytes} bytes)."
+                )
+    except errors.GatewayError as exc:
+        raise StreamFailure(exc.message, status=exc.status) from None
+    return bytes(body)
 
 
 def responses_answer(data: bytes) -> dict[str, Any]:
@@ -256,6 +264,7 @@ def chat_answer(data: bytes) -> dict[str, Any]:
 
 
 def _object(data: bytes, what: str) -> dict[str, Any]:
+    """``data`` as a JSON object; anything else is a malformed ``what``."""
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:

@@ -17,6 +17,7 @@ from conversations_app.models import Item
 from responses_app.compaction import DEFAULT_PROMPT, estimate_tokens
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
+from tests.responses.hostile import CHAT_ANSWER_KINDS, RESPONSES_ANSWER_KINDS
 from tests.responses.scripts import text
 from tests.responses.test_access_rules import stored
 from tests.responses.tool_fixtures import model_input
@@ -244,6 +245,24 @@ def test_an_empty_summary_is_a_502(gw: Gateway) -> None:
     r = compact(gw, {"model": "test-model", "input": HISTORY})
     assert r.status_code == 502 and "empty compaction summary" in r.json()["error"]["message"]
     assert Response.objects.count() == 0
+
+
+def test_a_malformed_or_oversized_summary_answer_is_a_502(gw: Gateway, gateway_config: Any) -> None:
+    """The summary answer is read and checked as the executor reads a one-answer round's."""
+    kinds = RESPONSES_ANSWER_KINDS if gw.wire == "responses" else CHAT_ANSWER_KINDS
+    for kind in ("answer_is_string", "output_is_number" if gw.wire == "responses" else "choices_is_number"):
+        gw.script(text(SUMMARY), mutate_answer=kinds[kind])
+        r = compact(gw, {"model": "test-model", "input": HISTORY})
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["message"].startswith("The upstream sent a malformed answer")
+    gw.script(text(SUMMARY), answer_truncate_at=30)
+    assert compact(gw, {"model": "test-model", "input": HISTORY}).status_code == 502
+    gateway_config(responses__max_upstream_sse_line_bytes=2048)
+    gw.script(text("x" * 3000))
+    r = compact(gw, {"model": "test-model", "input": HISTORY})
+    assert r.status_code == 502
+    assert "max_upstream_sse_line_bytes (2048 bytes)" in r.json()["error"]["message"]
+    assert Response.objects.count() == 0 and Item.objects.count() == 0
 
 
 def test_a_client_compaction_item_is_plain_text_to_the_model(gw: Gateway) -> None:
