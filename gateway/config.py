@@ -120,6 +120,9 @@ class DatabaseConfig:
     pool_min_size: Int = 2
     pool_max_size: PositiveInt = 20
     conn_max_age_s: Int = 0
+    # PostgreSQL: a statement run often on a connection is prepared (parsed and planned once). Off
+    # behind a pooler in transaction mode that does not keep prepared statements per client.
+    prepared_statements: Bool = True
 
 
 @dataclass(frozen=True, config=_SECTION)

@@ -15,7 +15,10 @@ One statement sequence per backend, always on Django's connection of the calling
 from async code runs through ``gateway.db.run_orm``):
 
 - PostgreSQL: the items and the response in one statement (a data-modifying CTE, atomic by
-  itself); a caller's transaction (a conversation append) wraps it when there is one.
+  itself); a caller's transaction (a conversation append) wraps it when there is one. Its
+  parameters are bound on the server and, from its fifth run on a connection, it runs prepared
+  (``server_side_binding`` and ``prepare_threshold`` in settings: the JSON columns are not quoted
+  into the statement text, and the server parses and plans it once).
 - SQLite: one ``BEGIN IMMEDIATE`` transaction (``transaction_mode`` in settings) holding the items
   and the response. Writers queue on a process-wide lock, then on an advisory file lock beside the
   database (``flock``) shared by the server processes, before they ask SQLite for the write lock:
@@ -29,13 +32,13 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
 import orjson
-from django.db import connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
 from conversations_app.models import Item
@@ -125,10 +128,12 @@ def _columns(model: type[models.Model]) -> tuple[tuple[str, str, Any], ...]:
     return tuple(plan)
 
 
-def _row(model: type[models.Model], values: dict[str, Any]) -> list[Any]:
+def _row(
+    model: type[models.Model], values: dict[str, Any], adapt_datetime: Callable[[Any], Any]
+) -> list[Any]:
     """One row of ``model`` as the ORM would write it: every concrete column in order, missing
-    values from the field's default, JSON with orjson, dates adapted for the backend."""
-    adapt_datetime = connection.ops.adapt_datetimefield_value
+    values from the field's default, JSON with orjson, dates adapted for the backend
+    (``adapt_datetime``: the connection's ``ops.adapt_datetimefield_value``)."""
     row: list[Any] = []
     for name, kind, field in _columns(model):
         value = values[name] if name in values else field.get_default()
@@ -149,11 +154,16 @@ def rows(
     missing takes the field's default.
     """
     now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value  # looked up once: each lookup is a thread-local one
     item_rows = [
-        _row(Item, {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now})
+        _row(
+            Item,
+            {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now},
+            adapt,
+        )
         for item in items
     ]
-    return item_rows, _row(Response, {"created_at": now, **response})
+    return item_rows, _row(Response, {"created_at": now, **response}, adapt)
 
 
 def _writers_lock() -> int:
@@ -202,7 +212,8 @@ def store_response(*, item_rows: list[list[Any]], response_row: list[Any]) -> bo
         [value for row in item_rows[i : i + _BATCH] for value in row]
         for i in range(0, len(item_rows), _BATCH)
     ]
-    with connection.cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]  # the calling thread's connection, looked up once
+    with db.cursor() as cursor:
         if _vendor() == "postgresql" and len(batches) <= 1:
             if batches:
                 statement = f"WITH new_items AS ({_items_sql(batches[0], width)}) {sql['response']}"
@@ -210,7 +221,7 @@ def store_response(*, item_rows: list[list[Any]], response_row: list[Any]) -> bo
             else:
                 cursor.execute(sql["response"], response_row)
             return bool(cursor.rowcount)
-        with nullcontext() if connection.in_atomic_block else writing():
+        with nullcontext() if db.in_atomic_block else writing():
             for batch in batches:
                 cursor.execute(_items_sql(batch, width), batch)
             cursor.execute(sql["response"], response_row)

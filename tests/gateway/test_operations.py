@@ -151,6 +151,41 @@ def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ign
         assert cursor.fetchone()[0] == f"{get_config().database.statement_timeout_ms // 1000}s"
 
 
+@pytest.mark.django_db
+def test_postgres_binds_on_the_server_and_prepares_repeated_statements() -> None:
+    """A statement a connection runs often is prepared (psycopg's prepare_threshold), which needs
+    parameters bound on the server; the ORM's and the stored-response write path's alike."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are a PostgreSQL setting")
+    from conversations_app.models import Item
+
+    for _ in range(7):
+        list(Item.objects.filter(id__in=["item_a", "item_b"], owner="someone"))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any(
+        'FROM "conversations_app_item"' in statement and "$1" in statement for statement in prepared
+    ), prepared
+
+
+def test_prepared_statements_can_be_switched_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`[database] prepared_statements = false` (a pooler in transaction mode): never prepared."""
+    import dataclasses
+
+    from gateway import settings as gateway_settings
+    from gateway.config import load_config
+
+    for value, threshold in (("true", 5), ("false", None)):
+        config = load_config(
+            {"DATABASE_URL": "postgres://gw@db:5432/gateway", "GATEWAY_DATABASE_PREPARED_STATEMENTS": value}
+        )
+        monkeypatch.setattr(gateway_settings, "CONFIG", dataclasses.replace(config))
+        options = gateway_settings._databases()["default"]["OPTIONS"]
+        assert options["server_side_binding"] is True
+        assert options["prepare_threshold"] == threshold
+
+
 def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The default (text) access line: time, level, logger, request id, method, path, status, ms."""
     gw = GatewayProcess({"LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
