@@ -13,7 +13,7 @@ class Item(models.Model):
     """
 
     id = models.CharField(primary_key=True, max_length=128)
-    owner = models.CharField(max_length=512, db_index=True)
+    owner = models.CharField(max_length=512)  # read by id and owner: the primary key serves it
     type = models.CharField(max_length=64)
     data = models.JSONField(help_text="The item exactly as the API returns it.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

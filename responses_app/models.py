@@ -21,14 +21,20 @@ class Response(models.Model):
         CANCELLED = "cancelled"
 
     id = models.CharField(primary_key=True, max_length=128)
-    owner = models.CharField(max_length=512, db_index=True)
-    status = models.CharField(max_length=16, choices=Status.choices, db_index=True)
-    model = models.CharField(max_length=256, db_index=True)
+    owner = models.CharField(max_length=512)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    model = models.CharField(max_length=256)
     background = models.BooleanField(default=False)
     previous_response = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,  # Meta.indexes: a plain one (db_index adds a LIKE index on PostgreSQL)
     )
-    conversation_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    conversation_id = models.CharField(max_length=128, blank=True, default="")
     request = models.JSONField(
         default=dict, help_text="The create request, request-scoped credentials stripped."
     )
@@ -53,10 +59,22 @@ class Response(models.Model):
     # The lease of the process running a background response (docs/operations.md): who runs it
     # ("host/pid/token") and until when; a runner renews it, the sweep fails a row whose lease expired.
     lease_owner = models.CharField(max_length=256, blank=True, default="")
-    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
+        # Every index is written by every stored response, so there are only those a query needs
+        # (docs/operations.md → Indexes): the primary key (reads are by id and owner), created_at
+        # (the admin's order and date drill-down), previous_response (a deleted response's
+        # successors are unlinked), and the unfinished rows' leases (the sweep, the shutdown).
+        indexes = [
+            models.Index(fields=["previous_response"], name="response_previous_idx"),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="response_unfinished_lease_idx",
+                condition=models.Q(status__in=["queued", "in_progress"]),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.id} ({self.status})"

@@ -264,3 +264,35 @@ def test_the_admin_lists_filters_and_searches_responses(gw: Gateway) -> None:
     assert second["id"] in alone and f"{first['id']}/change/" not in alone
     detail = admin.get(f"{page}{second['id']}/change/")
     assert detail.status_code == 200 and first["id"] in detail.content.decode()
+
+
+def _indexes(model: Any) -> dict[tuple[str, ...], str]:
+    """The non-unique indexes of ``model``'s table: their columns, and their definition."""
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, table)
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        else:
+            cursor.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s", [table]
+            )
+        definitions = dict(cursor.fetchall())
+    return {
+        tuple(spec["columns"]): definitions.get(name) or ""
+        for name, spec in constraints.items()
+        if spec["index"] and not spec["unique"] and not spec["primary_key"] and not name.endswith("_like")
+    }
+
+
+@pytest.mark.django_db
+def test_a_stored_response_writes_only_the_indexes_a_query_needs() -> None:
+    """Every stored response writes every index of its row and items: reads go by id (and owner)
+    on the primary key; created_at orders the admin; previous_response_id unlinks a deleted
+    response's successors; only unfinished rows are in the leases' index (the sweep)."""
+    responses = _indexes(Response)
+    assert set(responses) == {("created_at",), ("previous_response_id",), ("lease_expires_at",)}, responses
+    condition = responses[("lease_expires_at",)].replace('"', "").partition(" WHERE ")[2]
+    assert "status" in condition and "'queued'" in condition and "'in_progress'" in condition, condition
+    assert not any(f"'{done}'" in condition for done in ("completed", "incomplete", "failed", "cancelled"))
+    assert set(_indexes(Item)) == {("created_at",)}
