@@ -80,12 +80,18 @@ def loads(value: Any) -> Any:
 
 @cache
 def _sql(vendor: str) -> dict[str, Any]:
-    """The statements for one database backend, built once from the models' metadata."""
+    """The statements for one database backend, built once from the models' metadata.
+
+    Their parameters are named (``%(r0)s``, passed as a mapping): Django's SQLite
+    backend turns positional ``%s`` into ``?`` with a regular expression that tries a match at
+    every character of the statement (a look-behind), which cost more than the insert itself
+    (``docs/performance.md``); named ones it maps with one ``%`` formatting.
+    """
     q = connection.ops.quote_name
     responses, items = q(Response._meta.db_table), q(Item._meta.db_table)
     columns = tuple(str(field.column) for field in Response._meta.concrete_fields)
     item_columns = tuple(str(field.column) for field in Item._meta.concrete_fields)
-    where = f"WHERE {q('id')} = %s AND {q('owner')} = %s"
+    where = f"WHERE {q('id')} = %(id)s AND {q('owner')} = %(owner)s"
     update = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in FINAL_COLUMNS)
     statuses = ", ".join(f"'{status}'" for status in _OPEN)
     return {
@@ -94,16 +100,32 @@ def _sql(vendor: str) -> dict[str, Any]:
             f"SELECT {q('status')}, {q('agent_tree')}, {q('history_item_ids')} FROM {responses} {where}"
         ),
         "items": f"INSERT INTO {items} ({', '.join(q(c) for c in item_columns)}) VALUES ",
-        "item_row": f"({', '.join(['%s'] * len(item_columns))})",
         "item_columns": item_columns,
         "columns": columns,
         "response": (
             f"INSERT INTO {responses} ({', '.join(q(c) for c in columns)}) "
-            f"VALUES ({', '.join(['%s'] * len(columns))}) "
+            f"VALUES ({', '.join(f'%({name})s' for name in _RESPONSE_NAMES)}) "
             f"ON CONFLICT ({q('id')}) DO UPDATE SET {update} "
             f"WHERE {responses}.{q('status')} IN ({statuses})"
         ),
     }
+
+
+# Parameter names: one per column of the response row, and one per value of a batch of item rows.
+_RESPONSE_NAMES = tuple(f"r{i}" for i in range(len(Response._meta.concrete_fields)))
+_ITEM_NAMES = tuple(f"i{i}" for i in range(_BATCH * len(Item._meta.concrete_fields)))
+
+
+@cache
+def _items_sql(vendor: str, rows: int) -> str:
+    """The INSERT of ``rows`` item rows (existing ids left alone)."""
+    sql = _sql(vendor)
+    width = len(sql["item_columns"])
+    values = ", ".join(
+        "(" + ", ".join(f"%({name})s" for name in _ITEM_NAMES[row * width : (row + 1) * width]) + ")"
+        for row in range(rows)
+    )
+    return f"{sql['items']}{values} ON CONFLICT DO NOTHING"
 
 
 @cache
@@ -206,31 +228,29 @@ def store_response(*, item_rows: list[list[Any]], response_row: list[Any]) -> bo
     row exists and is no longer ``queued`` / ``in_progress`` (cancelled meanwhile): nothing of the
     response changes then (its new items may stay stored: they are referenced by nothing).
     """
-    sql = _sql(_vendor())
-    width = len(sql["item_columns"])
-    batches = [
-        [value for row in item_rows[i : i + _BATCH] for value in row]
-        for i in range(0, len(item_rows), _BATCH)
-    ]
+    vendor = _vendor()
+    sql = _sql(vendor)
+    batches = [item_rows[i : i + _BATCH] for i in range(0, len(item_rows), _BATCH)]
+    response = dict(zip(_RESPONSE_NAMES, response_row, strict=True))
     db = connections[DEFAULT_DB_ALIAS]  # the calling thread's connection, looked up once
     with db.cursor() as cursor:
-        if _vendor() == "postgresql" and len(batches) <= 1:
+        if vendor == "postgresql" and len(batches) <= 1:
             if batches:
-                statement = f"WITH new_items AS ({_items_sql(batches[0], width)}) {sql['response']}"
-                cursor.execute(statement, [*batches[0], *response_row])
+                statement = f"WITH new_items AS ({_items_sql(vendor, len(batches[0]))}) {sql['response']}"
+                cursor.execute(statement, {**_item_params(batches[0]), **response})
             else:
-                cursor.execute(sql["response"], response_row)
+                cursor.execute(sql["response"], response)
             return bool(cursor.rowcount)
         with nullcontext() if db.in_atomic_block else writing():
             for batch in batches:
-                cursor.execute(_items_sql(batch, width), batch)
-            cursor.execute(sql["response"], response_row)
+                cursor.execute(_items_sql(vendor, len(batch)), _item_params(batch))
+            cursor.execute(sql["response"], response)
             return bool(cursor.rowcount)
 
 
-def _items_sql(batch: list[Any], width: int) -> str:
-    sql = _sql(_vendor())
-    return f"{sql['items']}{', '.join([sql['item_row']] * (len(batch) // width))} ON CONFLICT DO NOTHING"
+def _item_params(rows: list[list[Any]]) -> dict[str, Any]:
+    """The values of a batch of item rows by the names of their placeholders (``_items_sql``)."""
+    return dict(zip(_ITEM_NAMES, [value for row in rows for value in row], strict=False))
 
 
 def parent_row(
@@ -240,7 +260,7 @@ def parent_row(
     there is none."""
     sql = _sql(_vendor())["status_ids" if with_item_ids else "status"]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [response_id, owner])
+        cursor.execute(sql, {"id": response_id, "owner": owner})
         row = cursor.fetchone()
     if row is None:
         return None

@@ -296,3 +296,21 @@ def test_a_stored_response_writes_only_the_indexes_a_query_needs() -> None:
     assert "status" in condition and "'queued'" in condition and "'in_progress'" in condition, condition
     assert not any(f"'{done}'" in condition for done in ("completed", "incomplete", "failed", "cancelled"))
     assert set(_indexes(Item)) == {("created_at",)}
+
+
+def test_a_response_with_more_items_than_one_insert_holds_is_stored_whole(gw: Gateway) -> None:
+    """Items are inserted 150 to a statement: 320 input items take three statements (SQLite) or
+    the statement sequence without the single-statement CTE (PostgreSQL); every one is stored and
+    referenced by the checkpoint, in order."""
+    gw.script(text("ok"))
+    messages = [{"type": "message", "role": "user", "content": f"line {i}"} for i in range(320)]
+    answer = gw.post({"model": "m", "input": messages})
+    assert answer.status_code == 200, answer.text
+    row = Response.objects.get(id=answer.json()["id"])
+    assert row.status == "completed" and row.input_item_count == 320
+    assert len(row.history_item_ids) == 321
+    stored = dict(Item.objects.filter(id__in=row.history_item_ids).values_list("id", "data"))
+    assert [stored[i]["content"][0]["text"] for i in row.history_item_ids[:320]] == [
+        f"line {i}" for i in range(320)
+    ]
+    assert stored[row.history_item_ids[-1]]["type"] == "message"
