@@ -349,7 +349,7 @@ async def summarize(
         # The executor's one-answer rounds read and check an answer the same way (parsers.read_whole).
         payload = await upstream_events.read_answer(response, config.responses.max_upstream_sse_line_bytes)
         if response.status != 200:
-            raise _upstream_refusal(response.status, payload)
+            raise upstream_events.status_error(response.status, payload, "the compaction summary request")
         if path == "/v1/chat/completions":
             summary = _chat_summary(upstream_events.chat_answer(payload))
         else:
@@ -361,22 +361,6 @@ async def summarize(
     if not summary.text.strip():
         raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
     return summary
-
-
-def _upstream_refusal(status: int, payload: bytes) -> errors.GatewayError:
-    message = f"The upstream model server answered {status} to the compaction summary request."
-    try:
-        answer = orjson.loads(payload) if payload else None
-    except orjson.JSONDecodeError:
-        answer = None
-    detail = answer.get("error", answer) if isinstance(answer, dict) else None
-    if isinstance(detail, dict) and isinstance(detail.get("message"), str):
-        message = detail["message"]
-    if 400 <= status < 500:
-        error = errors.GatewayError(message, status=status, code="upstream_error")
-        error.type = "invalid_request_error"
-        return error
-    return errors.UpstreamError(message)
 
 
 def _tier(answer: dict[str, Any]) -> str | None:

@@ -242,6 +242,27 @@ async def read_answer(response: Any, max_bytes: int) -> bytes:
     return bytes(body)
 
 
+def status_error(status: int, raw: bytes, request: str = "") -> errors.GatewayError:
+    """The error an upstream's non-200 answer (``raw``, its body) stands for, with its message when
+    it gave one: a 4xx is the client's (``upstream_error``, ``invalid_request_error``), anything
+    else a 502. ``request`` names what was asked, for the message of an answer that has none."""
+    message = f"The upstream model server answered {status}{f' to {request}' if request else ''}."
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        payload = None
+    detail = payload.get("error", payload) if isinstance(payload, dict) else None
+    if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+        message = detail["message"]
+    elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        message = payload["message"]
+    if 400 <= status < 500:
+        error = errors.GatewayError(message, status=status, code="upstream_error")
+        error.type = "invalid_request_error"
+        return error
+    return errors.UpstreamError(message)
+
+
 def responses_answer(data: bytes) -> dict[str, Any]:
     """A non-streamed ``/v1/responses`` answer: the Responses object, with its checked members
     (every output item has a type: the output is read from here alone)."""

@@ -16,7 +16,7 @@ import orjson
 
 from gateway import errors
 from inference_app.tools.base import GATEWAY_TOOL_TYPES
-from responses_app import async_tools, translate
+from responses_app import async_tools, translate, upstream_events
 from responses_app.domain import Prepared
 from responses_app.events import StreamFailure
 from responses_app.schemas import NOT_FORWARDED
@@ -172,29 +172,14 @@ async def send(upstream: Any, path: str, body: dict[str, Any], headers: dict[str
 
 
 async def status_error(response: Any) -> errors.GatewayError:
-    """The error an upstream's non-200 answer stands for (its message when it gave one): a 4xx
-    is the client's (``upstream_error``, ``invalid_request_error``), anything else a 502."""
+    """The error an upstream's non-200 answer stands for (:func:`upstream_events.status_error`),
+    from at most :data:`MAX_ERROR_BODY` of its body."""
     raw = b""
     async for chunk in response:
         raw += chunk
         if len(raw) > MAX_ERROR_BODY:
             break
-    message = f"The upstream model server answered {response.status}."
-    try:
-        payload = orjson.loads(raw)
-        detail = payload.get("error", payload) if isinstance(payload, dict) else None
-        if isinstance(detail, dict) and isinstance(detail.get("message"), str):
-            message = detail["message"]
-        elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
-            message = payload["message"]
-    except orjson.JSONDecodeError:
-        pass
-    status = response.status
-    if 400 <= status < 500:
-        error = errors.GatewayError(message, status=status, code="upstream_error")
-        error.type = "invalid_request_error"
-        return error
-    return errors.UpstreamError(message)
+    return upstream_events.status_error(response.status, raw)
 
 
 async def drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) -> None:

@@ -158,21 +158,28 @@ def test_postgres_binds_on_the_server_and_prepares_repeated_statements() -> None
     if connection.vendor != "postgresql":
         pytest.skip("prepared statements are a PostgreSQL setting")
     from conversations_app.models import Item
+    from responses_app import rawsql
 
-    for _ in range(7):
+    for n in range(7):
         list(Item.objects.filter(id__in=["item_a", "item_b"], owner="someone"))
+        item = {"type": "message", "id": f"msg_prepared_{n}", "role": "user", "content": []}
+        item_rows, response_row = rawsql.rows(
+            items=[item],
+            owner="someone",
+            response={"id": f"resp_prepared_{n}", "owner": "someone", "status": "completed"},
+        )
+        assert rawsql.store_response(item_rows=item_rows, response_row=response_row)
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [row[0] for row in cursor.fetchall()]
     assert any(
         'FROM "conversations_app_item"' in statement and "$1" in statement for statement in prepared
     ), prepared
+    assert any('INSERT INTO "responses_app_response"' in statement for statement in prepared), prepared
 
 
 def test_prepared_statements_can_be_switched_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`[database] prepared_statements = false` (a pooler in transaction mode): never prepared."""
-    import dataclasses
-
     from gateway import settings as gateway_settings
     from gateway.config import load_config
 
@@ -180,7 +187,7 @@ def test_prepared_statements_can_be_switched_off(monkeypatch) -> None:  # type: 
         config = load_config(
             {"DATABASE_URL": "postgres://gw@db:5432/gateway", "GATEWAY_DATABASE_PREPARED_STATEMENTS": value}
         )
-        monkeypatch.setattr(gateway_settings, "CONFIG", dataclasses.replace(config))
+        monkeypatch.setattr(gateway_settings, "CONFIG", config)
         options = gateway_settings._databases()["default"]["OPTIONS"]
         assert options["server_side_binding"] is True
         assert options["prepare_threshold"] == threshold
