@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import socket
+import weakref
 from collections.abc import Callable
 
 from gateway.config import Config
@@ -52,26 +53,125 @@ def lease_owner_alive(owner: str) -> bool:
     return True
 
 
-def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> asyncio.Task[None]:
-    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until the
-    task is cancelled; ``on_lost()`` once a renewal finds the lease gone (the row was failed by the
-    sweep, cancelled or deleted). Background work and stored streams (``runs.drive``) share it."""
-    return asyncio.get_running_loop().create_task(_heartbeat(response_id, config, on_lost))
+class Heartbeat:
+    """One lease held by this process (:func:`start_heartbeat`); :meth:`cancel` stops renewing it."""
+
+    __slots__ = ("due", "every", "lease_s", "on_lost", "renewals", "response_id")
+
+    def __init__(
+        self,
+        renewals: _Renewals,
+        response_id: str,
+        every: float,
+        lease_s: float,
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.renewals = renewals
+        self.response_id = response_id
+        self.every = every
+        self.lease_s = lease_s
+        self.on_lost = on_lost
+        self.due = 0.0
+
+    def cancel(self) -> None:
+        self.renewals.drop(self)
 
 
-async def _heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> None:
-    from responses_app import services
+class _Renewals:
+    """The leases held on one event loop, renewed together: one timer for all of them, and one
+    ``UPDATE`` for those due at the same moment (``services.response_leases_renew``), instead of a
+    task and a statement per response. A renewal that fails is tried again a heartbeat later (the
+    database may come back before the leases expire); a lease it finds gone is reported lost."""
 
-    owner, every, lease_s = runner_id(), config.responses.heartbeat_s, config.responses.lease_s
-    while True:
-        await asyncio.sleep(every)
-        try:
-            renewed = await run_orm(
-                services.response_lease_renew, id=response_id, lease_owner=owner, lease_s=lease_s
-            )
-        except Exception:
-            log.exception("response %s: lease renewal failed", response_id)
-            continue  # the database may come back before the lease expires
-        if not renewed:  # failed by the sweep, or cancelled: stop working on it
-            on_lost()
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.held: dict[str, Heartbeat] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.renewing = False
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        heartbeat.due = self.loop.time() + heartbeat.every
+        self.held[heartbeat.response_id] = heartbeat
+        self._schedule()
+
+    def drop(self, heartbeat: Heartbeat) -> None:
+        if self.held.get(heartbeat.response_id) is heartbeat:
+            del self.held[heartbeat.response_id]
+        if not self.held and self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _schedule(self) -> None:
+        """The timer at the earliest due renewal (none while a renewal runs: it schedules after)."""
+        if self.renewing or not self.held or self.loop.is_closed():
             return
+        when = min(h.due for h in self.held.values())
+        if self.timer is not None:
+            if self.timer.when() <= when:
+                return
+            self.timer.cancel()
+        self.timer = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        self.renewing = True
+        _keep_running(self.loop.create_task(self._renew()))
+
+    async def _renew(self) -> None:
+        from responses_app import services
+
+        try:
+            now = self.loop.time()
+            due = [h for h in self.held.values() if h.due <= now]
+            by_lease: dict[float, list[Heartbeat]] = {}
+            for heartbeat in due:
+                by_lease.setdefault(heartbeat.lease_s, []).append(heartbeat)
+            owner = runner_id()
+            for lease_s, group in by_lease.items():
+                ids = [h.response_id for h in group]
+                try:
+                    renewed = await run_orm(
+                        services.response_leases_renew, ids=ids, lease_owner=owner, lease_s=lease_s
+                    )
+                except Exception:
+                    log.exception("lease renewal of %d responses failed", len(ids))
+                    renewed = set(ids)  # tried again a heartbeat later
+                for heartbeat in group:
+                    heartbeat.due = self.loop.time() + heartbeat.every
+                    if (
+                        heartbeat.response_id in renewed
+                        or self.held.get(heartbeat.response_id) is not heartbeat
+                    ):
+                        continue
+                    # Failed by the sweep, cancelled or deleted: stop working on it.
+                    self.drop(heartbeat)
+                    heartbeat.on_lost()
+        finally:
+            self.renewing = False
+            self._schedule()
+
+
+_renewals: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Renewals] = weakref.WeakKeyDictionary()
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def _keep_running(task: asyncio.Task[None]) -> None:
+    """Hold a strong reference to ``task`` until it ends (asyncio keeps only weak ones)."""
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> Heartbeat:
+    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until the
+    returned heartbeat is cancelled; ``on_lost()`` once a renewal finds the lease gone (the row was
+    failed by the sweep, cancelled or deleted). Background work and stored streams (``runs.drive``)
+    share it; the leases held on one event loop are renewed together (:class:`_Renewals`)."""
+    loop = asyncio.get_running_loop()
+    renewals = _renewals.get(loop)
+    if renewals is None:
+        renewals = _renewals[loop] = _Renewals(loop)
+    heartbeat = Heartbeat(
+        renewals, response_id, config.responses.heartbeat_s, config.responses.lease_s, on_lost
+    )
+    renewals.add(heartbeat)
+    return heartbeat

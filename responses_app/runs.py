@@ -80,7 +80,7 @@ class _StreamLease:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
         self.run: Interruptible | None = None
-        self.heartbeat: asyncio.Task[None] | None = None
+        self.heartbeat: leases.Heartbeat | None = None
         self.lost = False
         executor.before_start = self.take
         executor.before_store = self.stop

@@ -470,13 +470,16 @@ def response_lease_take(*, id: str, lease_owner: str, lease_s: float) -> bool:
     return True
 
 
-def response_lease_renew(*, id: str, lease_owner: str, lease_s: float) -> bool:
-    """The runner's heartbeat; False when the lease is no longer its own (failed, cancelled, taken)."""
-    return bool(
-        Response.objects.filter(id=id, lease_owner=lease_owner, status__in=_UNFINISHED).update(
-            lease_expires_at=_lease_until(lease_s)
-        )
-    )
+def response_leases_renew(*, ids: list[str], lease_owner: str, lease_s: float) -> set[str]:
+    """The heartbeat of every lease a process holds (``leases.start_heartbeat``), in one statement:
+    the ids whose lease is still ``lease_owner``'s (the others were failed, cancelled or taken)."""
+    until = _lease_until(lease_s)
+    with transaction.atomic():
+        rows = Response.objects.filter(id__in=ids, lease_owner=lease_owner, status__in=_UNFINISHED)
+        renewed = set(rows.select_for_update().values_list("id", flat=True))
+        if renewed:
+            rows.filter(id__in=renewed).update(lease_expires_at=until)
+    return renewed
 
 
 def response_fail_unfinished(

@@ -85,12 +85,74 @@ def test_the_sweep_fails_expired_leases_and_dead_local_runners_only() -> None:
 
 
 def test_a_heartbeat_keeps_the_lease_and_a_lost_lease_is_reported() -> None:
-    row = _row("in_progress", lease_owner=leases.runner_id(), expires_in=-1)
-    assert services.response_lease_renew(id=row.id, lease_owner=leases.runner_id(), lease_s=30)
+    me = leases.runner_id()
+    row = _row("in_progress", lease_owner=me, expires_in=-1)
+    other = _row("queued", lease_owner=me, expires_in=-1)
+
+    def renew(*ids: str, owner: str = me) -> set[str]:
+        return services.response_leases_renew(ids=list(ids), lease_owner=owner, lease_s=30)
+
+    assert renew(row.id, other.id, "resp_unknown") == {row.id, other.id}
     assert tasks.sweep_once() == 0
-    assert not services.response_lease_renew(id=row.id, lease_owner="someone/else/x", lease_s=30)
+    assert Response.objects.get(id=row.id).lease_expires_at > timezone.now()
+    assert renew(row.id, owner="someone/else/x") == set()
     Response.objects.filter(id=row.id).update(status="cancelled")
-    assert not services.response_lease_renew(id=row.id, lease_owner=leases.runner_id(), lease_s=30)
+    before = Response.objects.get(id=row.id).lease_expires_at
+    assert renew(row.id, other.id) == {other.id}
+    assert Response.objects.get(id=row.id).lease_expires_at == before  # a finished row is left alone
+
+
+def test_the_leases_held_on_one_loop_are_renewed_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One renewal statement for every lease due at once (not a task and a statement per response);
+    a lease found gone is reported lost once and no longer renewed; a cancelled one is not renewed
+    again; a lease with a shorter heartbeat that arrives later is renewed on its own time."""
+    from dataclasses import replace
+
+    from gateway.db import run_orm
+
+    config = get_config()
+    slow = replace(config, responses=replace(config.responses, heartbeat_s=0.3, lease_s=30))
+    fast = replace(config, responses=replace(config.responses, heartbeat_s=0.05, lease_s=30))
+    me = leases.runner_id()
+    rows = [_row("in_progress", lease_owner=me, expires_in=1) for _ in range(3)]
+    quick = _row("in_progress", lease_owner=me, expires_in=1)
+    lost: list[str] = []
+    calls: list[list[str]] = []
+    renew = services.response_leases_renew
+
+    def counted(**kwargs: Any) -> set[str]:
+        calls.append(sorted(kwargs["ids"]))
+        return renew(**kwargs)
+
+    monkeypatch.setattr(services, "response_leases_renew", counted)
+
+    def expires(row: Response) -> datetime.datetime:
+        found = Response.objects.get(id=row.id).lease_expires_at
+        assert found is not None
+        return found
+
+    async def run() -> None:
+        beats = [leases.start_heartbeat(r.id, slow, lambda r=r: lost.append(r.id)) for r in rows]
+        await asyncio.sleep(0.01)
+        quick_beat = leases.start_heartbeat(quick.id, fast, lambda: lost.append(quick.id))
+        await asyncio.sleep(0.15)  # the quick lease came due (twice) before the slow ones
+        quick_beat.cancel()
+        assert calls and all(ids == [quick.id] for ids in calls)
+        await run_orm(lambda: Response.objects.filter(id=rows[0].id).update(status="failed"))  # swept
+        beats[1].cancel()
+        calls.clear()
+        await asyncio.sleep(0.3)  # the slow leases came due: rows[0] and rows[2] together
+        assert calls == [sorted([rows[0].id, rows[2].id])]
+        await asyncio.sleep(0.3)  # the next beat: rows[2] only (rows[0] was lost)
+        beats[2].cancel()
+
+    asyncio.run(run())
+    assert lost == [rows[0].id]
+    assert calls[-1] == [rows[2].id]
+    soon = timezone.now() + datetime.timedelta(seconds=5)
+    assert expires(rows[2]) > soon and expires(quick) > soon
+    assert expires(rows[1]) < soon  # cancelled before its first renewal
+    assert Response.objects.get(id=rows[0].id).status == "failed"
 
 
 def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None:
