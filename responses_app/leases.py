@@ -84,13 +84,15 @@ class _Renewals:
     database may come back before the leases expire); a lease it finds gone is reported lost."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # Weak: ``_renewals`` is keyed weakly by the loop, and a closed loop (a Celery task's
+        # ``asyncio.run``) must be collectable.
+        self._loop = weakref.ref(loop)
         self.held: dict[str, Heartbeat] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.renewing = False
 
     def add(self, heartbeat: Heartbeat) -> None:
-        heartbeat.due = self.loop.time() + heartbeat.every
+        heartbeat.due = asyncio.get_running_loop().time() + heartbeat.every
         self.held[heartbeat.response_id] = heartbeat
         self._schedule()
 
@@ -103,25 +105,27 @@ class _Renewals:
 
     def _schedule(self) -> None:
         """The timer at the earliest due renewal (none while a renewal runs: it schedules after)."""
-        if self.renewing or not self.held or self.loop.is_closed():
+        loop = self._loop()
+        if self.renewing or not self.held or loop is None or loop.is_closed():
             return
         when = min(h.due for h in self.held.values())
         if self.timer is not None:
             if self.timer.when() <= when:
                 return
             self.timer.cancel()
-        self.timer = self.loop.call_at(when, self._fire)
+        self.timer = loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         self.timer = None
         self.renewing = True
-        _keep_running(self.loop.create_task(self._renew()))
+        _keep_running(asyncio.get_running_loop().create_task(self._renew()))
 
     async def _renew(self) -> None:
         from responses_app import services
 
         try:
-            now = self.loop.time()
+            loop = asyncio.get_running_loop()
+            now = loop.time()
             due = [h for h in self.held.values() if h.due <= now]
             by_lease: dict[float, list[Heartbeat]] = {}
             for heartbeat in due:
@@ -137,7 +141,7 @@ class _Renewals:
                     log.exception("lease renewal of %d responses failed", len(ids))
                     renewed = set(ids)  # tried again a heartbeat later
                 for heartbeat in group:
-                    heartbeat.due = self.loop.time() + heartbeat.every
+                    heartbeat.due = loop.time() + heartbeat.every
                     if (
                         heartbeat.response_id in renewed
                         or self.held.get(heartbeat.response_id) is not heartbeat
@@ -169,6 +173,8 @@ def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None
     loop = asyncio.get_running_loop()
     renewals = _renewals.get(loop)
     if renewals is None:
+        for closed in [other for other in _renewals if other.is_closed()]:
+            del _renewals[closed]  # a loop closed with a lease still held (its timer holds it)
         renewals = _renewals[loop] = _Renewals(loop)
     heartbeat = Heartbeat(
         renewals, response_id, config.responses.heartbeat_s, config.responses.lease_s, on_lost

@@ -155,6 +155,29 @@ def test_the_leases_held_on_one_loop_are_renewed_together(monkeypatch: pytest.Mo
     assert Response.objects.get(id=rows[0].id).status == "failed"
 
 
+def test_a_closed_event_loop_leaves_no_renewals_behind() -> None:
+    """A Celery worker runs each background response in an ``asyncio.run`` of its own: the leases'
+    shared timer must not keep those loops alive, also when one closes with a lease still held."""
+    import gc
+    import weakref
+
+    row = _row("in_progress", lease_owner=leases.runner_id(), expires_in=60)
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def hold(cancel: bool) -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        heartbeat = leases.start_heartbeat(row.id, get_config(), lambda: None)
+        if cancel:
+            heartbeat.cancel()
+
+    asyncio.run(hold(True))
+    asyncio.run(hold(False))  # closes with the lease held
+    asyncio.run(hold(True))
+    gc.collect()
+    assert [ref() for ref in loops[:2]] == [None, None]
+    assert len(leases._renewals) <= 1
+
+
 def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None:
     expired = _row("in_progress", lease_owner="elsewhere/12/ab", expires_in=-1)
     live = _row("in_progress", lease_owner="elsewhere/13/ab", expires_in=60)
