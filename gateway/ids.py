@@ -1,22 +1,54 @@
 """Public ids minted by the gateway: ``resp_…``, ``msg_…``, ``fc_…``, ``conv_…``, ``req_…``.
 
 Ids start with a millisecond timestamp so they sort by creation time (good index locality), then
-carry enough randomness to be unguessable.
+carry enough randomness to be unguessable: bytes of the operating system's CSPRNG (``os.urandom``),
+drawn 4 KiB at a time and handed out in slices, each once (:class:`_RandomBytes`). ``os.urandom``
+releases the GIL around its system call; once per id (three a stored response) that handed the
+GIL to the ORM thread and back three times a response (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
-import secrets
+import threading
 import time
 
 _VALID_INCOMING_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+class _RandomBytes:
+    """``os.urandom`` bytes drawn ``size`` at a time; each slice is handed out once. A forked child
+    starts with an empty buffer: it must not hand out its parent's bytes again."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.buffer = b""
+        self.offset = 0
+        os.register_at_fork(after_in_child=self.clear)
+
+    def clear(self) -> None:
+        self.buffer, self.offset = b"", 0
+
+    def take(self, n: int) -> bytes:
+        if n > self.size:
+            return os.urandom(n)
+        with self.lock:
+            start = self.offset
+            if start + n > len(self.buffer):
+                self.buffer, start = os.urandom(self.size), 0
+            self.offset = start + n
+            return self.buffer[start : start + n]
+
+
+_random = _RandomBytes()
+
+
 def new_id(prefix: str, random_bytes: int = 18) -> str:
     """``<prefix>_`` + 12 hex digits of time + ``2*random_bytes`` random hex digits."""
-    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(random_bytes)}"
+    return f"{prefix}_{int(time.time() * 1000):012x}{_random.take(random_bytes).hex()}"
 
 
 def new_request_id() -> str:
