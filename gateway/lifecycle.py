@@ -157,6 +157,16 @@ def on_startup(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
         _startup.append(job)
 
 
+# Tasks nobody awaits (a detached stream's run, a lease renewal): held here until they end.
+_unawaited: set[asyncio.Task[Any]] = set()
+
+
+def keep_running(task: asyncio.Task[Any]) -> None:
+    """Hold a strong reference to ``task`` until it ends (asyncio keeps only weak ones)."""
+    _unawaited.add(task)
+    task.add_done_callback(_unawaited.discard)
+
+
 async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
     tasks: list[asyncio.Task[None]] = []
     while True:

@@ -43,7 +43,7 @@ from gateway import errors
 from gateway.auth.websocket import ensure_not_expired
 from gateway.config import Config, get_config
 from gateway.db import run_orm
-from gateway.lifecycle import drain
+from gateway.lifecycle import drain, keep_running
 from gateway.principal import scope_principal
 from inference_app.upstream import forward_headers
 from responses_app import runs, services, steering
@@ -171,7 +171,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if lane.storing and not lane.task.done():
                 # A stored response is finished and stored after its client leaves (as over HTTP):
                 # the id it announced stays retrievable. Its events are no longer sent.
-                runs.keep_running(lane.task)
+                keep_running(lane.task)
             else:
                 tasks.append(lane.task)
         if hasattr(self, "writer"):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from gateway.config import Config
 from gateway.db import run_orm
+from gateway.lifecycle import keep_running
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Heartbeat:
 
 class _Renewals:
     """The leases held on one event loop, renewed together: one timer for all of them, and one
-    ``UPDATE`` for those due at the same moment (``services.response_leases_renew``), instead of a
+    transaction for those due at the same moment (``services.response_leases_renew``), instead of a
     task and a statement per response. A renewal that fails is tried again a heartbeat later (the
     database may come back before the leases expire); a lease it finds gone is reported lost."""
 
@@ -118,7 +119,7 @@ class _Renewals:
     def _fire(self) -> None:
         self.timer = None
         self.renewing = True
-        _keep_running(asyncio.get_running_loop().create_task(self._renew()))
+        keep_running(asyncio.get_running_loop().create_task(self._renew()))
 
     async def _renew(self) -> None:
         from responses_app import services
@@ -156,13 +157,6 @@ class _Renewals:
 
 
 _renewals: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Renewals] = weakref.WeakKeyDictionary()
-_tasks: set[asyncio.Task[None]] = set()
-
-
-def _keep_running(task: asyncio.Task[None]) -> None:
-    """Hold a strong reference to ``task`` until it ends (asyncio keeps only weak ones)."""
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
 
 
 def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> Heartbeat:

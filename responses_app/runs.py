@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.db import run_orm
-from gateway.lifecycle import Interruptible, drain, interruptible
+from gateway.lifecycle import Interruptible, drain, interruptible, keep_running
 from responses_app import leases, services
 from responses_app.events import Event
 from responses_app.executor import Executor
@@ -39,9 +39,6 @@ LEASE_LOST_MESSAGE = (
     "(docs/operations.md); the response was not completed."
 )
 UNSTORED_MESSAGE = "The response stopped before it could be stored; the response was not completed."
-
-# Responses finishing after their client left: kept here so they are not garbage-collected.
-_detached: set[asyncio.Task[None]] = set()
 
 
 async def drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]) -> None:
@@ -123,12 +120,6 @@ class _StreamLease:
             )
         except Exception:  # the lease expires and the sweep fails it
             log.exception("response %s: storing its failure failed", executor.p.response_id)
-
-
-def keep_running(task: asyncio.Task[None]) -> None:
-    """Hold a strong reference to ``task`` until it ends (asyncio keeps only weak ones)."""
-    _detached.add(task)
-    task.add_done_callback(_detached.discard)
 
 
 async def detached(executor: Executor) -> AsyncIterator[Event]:

@@ -471,8 +471,9 @@ def response_lease_take(*, id: str, lease_owner: str, lease_s: float) -> bool:
 
 
 def response_leases_renew(*, ids: list[str], lease_owner: str, lease_s: float) -> set[str]:
-    """The heartbeat of every lease a process holds (``leases.start_heartbeat``), in one statement:
-    the ids whose lease is still ``lease_owner``'s (the others were failed, cancelled or taken)."""
+    """The heartbeat of the leases a process holds (``leases.start_heartbeat``), in one transaction:
+    the rows still ``lease_owner``'s and unfinished are locked and renewed, and their ids returned
+    (the others were failed, cancelled or taken meanwhile)."""
     until = _lease_until(lease_s)
     with transaction.atomic():
         rows = Response.objects.filter(id__in=ids, lease_owner=lease_owner, status__in=_UNFINISHED)
