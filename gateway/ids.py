@@ -20,16 +20,16 @@ _VALID_INCOMING_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 class _RandomBytes:
     """``os.urandom`` bytes drawn ``size`` at a time; each slice is handed out once. A forked child
-    starts with an empty buffer: it must not hand out its parent's bytes again."""
+    starts with an empty buffer (it must not hand out its parent's bytes again) and a new lock (one
+    that another thread of the parent held at the fork would never be released in the child)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self.lock = threading.Lock()
-        self.buffer = b""
-        self.offset = 0
+        self.clear()
         os.register_at_fork(after_in_child=self.clear)
 
     def clear(self) -> None:
+        self.lock = threading.Lock()
         self.buffer, self.offset = b"", 0
 
     def take(self, n: int) -> bytes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 
 from gateway import ids
 
@@ -39,3 +41,30 @@ def test_a_forked_child_never_repeats_its_parents_random_bytes() -> None:
     os.waitpid(pid, 0)
     parent = ids.new_id("resp")
     assert child.startswith("resp_") and _random_part(child) != _random_part(parent)
+
+
+def test_a_child_forked_while_another_thread_mints_an_id_can_mint_its_own() -> None:
+    """A lock another thread of the parent held at the fork is never released in the child: the
+    child gets a new one."""
+    read, write = os.pipe()
+    with ids._random.lock:  # as another thread minting an id at the moment of the fork
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                os.write(write, ids.new_id("resp").encode())
+            finally:
+                os._exit(0)
+    os.close(write)
+    os.set_blocking(read, False)
+    child = b""
+    for _ in range(200):
+        try:
+            child = os.read(read, 200)
+            break
+        except BlockingIOError:
+            time.sleep(0.01)
+    os.close(read)
+    if not child:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert child.startswith(b"resp_"), "the child could not mint an id (it waited on its parent's lock)"
