@@ -7,6 +7,7 @@ other owners and a cold process (after a restart) behave as without it.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 from django.db import connection
 
 from gateway.auth import apikeys
-from responses_app.history_cache import HistoryCache, history_cache
+from responses_app.history_cache import ENTRY_OVERHEAD, HistoryCache, history_cache
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
 from tests.responses.scripts import text
@@ -123,7 +124,7 @@ def test_store_false_responses_are_not_cached(gw: Gateway) -> None:
 def test_the_cache_is_bounded_by_bytes_and_copies_out(gateway_config: Any) -> None:
     cache = HistoryCache()
     item = {"type": "message", "id": "msg_1", "content": [{"type": "input_text", "text": "x" * 1000}]}
-    size = len(orjson.dumps([item]))
+    size = len(orjson.dumps([item])) + ENTRY_OVERHEAD  # what an entry counts against the bound
     gateway_config(responses__history_cache_bytes=size * 8)
     for n in range(10):
         cache.put(f"resp_{n}", "default", [item])
@@ -141,6 +142,45 @@ def test_the_cache_is_bounded_by_bytes_and_copies_out(gateway_config: Any) -> No
     gateway_config(responses__history_cache_bytes=0)
     cache.put("resp_off", "default", [item])
     assert "resp_off" not in cache
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_the_cache_holds_about_the_memory_its_bound_counts(gateway_config: Any) -> None:
+    """A full cache must hold about what ``history_cache_bytes`` says, not several times more.
+
+    orjson's output kept as returned held ~4 KiB of the process's memory for a ~400-byte checkpoint
+    (6x what the bound counted): the server's RSS grew by ~50 MiB every 10,000 stored responses.
+    """
+    gateway_config(responses__history_cache_bytes=1 << 30)
+    cache = HistoryCache()
+    gc.collect()
+    before = _rss_bytes()
+    for n in range(20_000):
+        checkpoint = [
+            {
+                "id": f"msg_{n:048d}a",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hi"}],
+            },
+            {
+                "id": f"msg_{n:048d}b",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "The quick brown fox jumps.", "annotations": []}],
+            },
+        ]
+        cache.put(f"resp_{n:048d}", "default", checkpoint)
+    gc.collect()
+    held = _rss_bytes() - before
+    assert len(cache) == 20_000
+    assert held < 1.5 * cache.size_bytes, (held, cache.size_bytes)
 
 
 # --- the fast path answers as the Django view did -----------------------------------------------
