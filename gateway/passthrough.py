@@ -169,8 +169,11 @@ class DisconnectWatch:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         self._timer.cancel()
-        if self._watcher is not None:
-            self._watcher.cancel()
+        # Dropped, not only cancelled: the cancelled watcher's exception holds its frame, which
+        # holds this watch (a reference cycle that only a full garbage collection would free).
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
         # The client left: the caller closes the upstream work; there is no one to answer.
         return exc_type is asyncio.CancelledError and self.gone and self._task.uncancel() == 0
 

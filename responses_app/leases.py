@@ -76,6 +76,13 @@ class Heartbeat:
 
     def cancel(self) -> None:
         self.renewals.drop(self)
+        # A cancelled lease is never reported lost; dropping the callback also breaks the cycle
+        # with its holder (a stream's lease holds its heartbeat, whose callback is the lease's).
+        self.on_lost = _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Renewals:

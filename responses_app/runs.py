@@ -106,8 +106,14 @@ class _StreamLease:
             self.heartbeat.cancel()
 
     async def release(self) -> None:
-        await self.stop()
         executor = self.executor
+        # The lease is over: unhook it from the executor. The hooks (bound methods of this lease,
+        # which holds the executor) are a reference cycle; left in place, each stored stream's whole
+        # run (executor, emitter, tool loop, task: ~100 objects) outlived it until a full garbage
+        # collection, which the serving process's thresholds make rare (``gateway/asgi.py``): the
+        # server's memory grew ~1 KB a stored stream under sustained load.
+        executor.before_start = executor.before_store = None
+        await self.stop()
         if self.heartbeat is None or executor.stored:
             return  # never taken, or finished by the final store
         refusal = executor.store_refusal
