@@ -103,3 +103,32 @@ def test_a_disconnect_watch_leaves_no_cycle(monkeypatch: pytest.MonkeyPatch, no_
 
     asyncio.run(request())
     assert _cyclic_garbage((passthrough.DisconnectWatch,)) == []
+
+
+def test_a_websocket_response_leaves_no_cycles(gw: Gateway, no_collection: None) -> None:
+    """Codex's transport: stored responses on one WebSocket connection, then the connection closed."""
+    from tests.responses.wsutil import Client, connect, create
+
+    for _ in range(2):
+        gw.script(text("The", " answer."))
+
+    async def scenario() -> list[str]:
+        ids = []
+        async with await connect(gw.url) as ws:
+            client = Client(ws)
+            for _ in range(2):
+                await client.send(create(store=True))
+                terminal = (await client.until_terminal())[-1]
+                assert terminal["type"] == "response.completed", terminal
+                ids.append(terminal["response"]["id"])
+        return ids
+
+    ids = asyncio.run(scenario())
+    deadline = time.monotonic() + 10
+    while True:
+        cyclic = [e for rid in ids for e in _runs_of(rid, _cyclic_garbage((Executor,)))]
+        assert cyclic == [], "a finished run's executor is held in a reference cycle"
+        if not any(_runs_of(rid, _alive(Executor)) for rid in ids):
+            break
+        assert time.monotonic() < deadline, "a run's executor is still referenced"
+        time.sleep(0.05)
