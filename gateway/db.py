@@ -22,6 +22,13 @@ and its writes are run again one by one, each in its own transaction, so one bad
 its own caller. The batches that follow each other on one thread share its connection: it is tidied
 before the first and after the last (and after a batch in which a write failed), not between them.
 Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
+
+A writer built with ``combine`` also takes *combined* writes (:meth:`GroupWriter.put`): values
+rather than functions, which the batch hands to ``combine`` in one call (one statement for all of
+them, where the backend allows it) that answers one result per value. ``combine`` is atomic on its
+own and joins a surrounding transaction: a batch of combined writes alone runs without the batch's
+transaction (on PostgreSQL its one statement is one round trip, instead of ``BEGIN``, a statement
+per write and ``COMMIT``). A failed call is retried one value at a time, like a failed batch.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import close_old_connections
@@ -132,13 +139,14 @@ async def run_orm(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R
 
 
 class _Write:
-    __slots__ = ("call", "context", "future", "loop")
+    __slots__ = ("call", "context", "future", "loop", "value")
 
-    def __init__(self, call: Callable[[], Any]) -> None:
+    def __init__(self, call: Callable[[], Any] | None, value: Any = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.future: asyncio.Future[Any] = self.loop.create_future()
         self.context = contextvars.copy_context()
-        self.call = call
+        self.call = call  # None: a combined write (``value`` goes to the writer's ``combine``)
+        self.value = value
 
 
 class GroupWriter:
@@ -154,14 +162,27 @@ class GroupWriter:
     it again).
     """
 
-    def __init__(self, transaction: Callable[[], AbstractContextManager[Any]]) -> None:
+    def __init__(
+        self,
+        transaction: Callable[[], AbstractContextManager[Any]],
+        combine: Callable[[list[Any]], list[Any]] | None = None,
+    ) -> None:
         self.transaction = transaction
+        self.combine = combine
         self.lock = threading.Lock()
         self.waiting: list[_Write] = []
         self.writing = False
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        write = _Write(functools.partial(fn, *args, **kwargs))
+        return await self._queue(_Write(functools.partial(fn, *args, **kwargs)))  # type: ignore[no-any-return]
+
+    async def put(self, value: Any) -> Any:
+        """A combined write (module docstring): ``value`` joins the batch's one ``combine`` call;
+        its result."""
+        assert self.combine is not None, "a writer without combine takes no combined writes"
+        return await self._queue(_Write(None, value))
+
+    async def _queue(self, write: _Write) -> Any:
         with self.lock:
             self.waiting.append(write)
             start = not self.writing
@@ -171,8 +192,7 @@ class GroupWriter:
             # produce (responses that finished on the same upstream read) join the batch. Not a
             # timer: nothing waits for anything that is not already running.
             write.loop.call_soon(_pool.submit, self._drain)
-        result: R = await write.future
-        return result
+        return await write.future
 
     def _drain(self) -> None:
         """On an ORM thread: write batches until nothing waits. The thread's stale or broken
@@ -212,17 +232,35 @@ class GroupWriter:
         return outcomes
 
     def _together(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]] | None:
-        """The batch in one transaction: every write's result, or None when it was rolled back."""
+        """The batch in one transaction (the combined writes in one ``combine`` call): every write's
+        result, or None when it was rolled back."""
+        calls = [write for write in batch if write.call is not None]
+        combined = [write for write in batch if write.call is None]
+        results: dict[int, Any] = {}
         try:
-            with self.transaction():
-                return [(write.context.run(write.call), None) for write in batch]
+            # Combined writes alone: ``combine`` is atomic on its own, no batch transaction.
+            with self.transaction() if calls else nullcontext():
+                for write in calls:
+                    results[id(write)] = write.context.run(write.call)  # type: ignore[arg-type]
+                if combined:
+                    assert self.combine is not None
+                    values = combined[0].context.run(self.combine, [write.value for write in combined])
+                    if len(values) != len(combined):
+                        raise RuntimeError(
+                            f"combine answered {len(values)} results for {len(combined)} writes"
+                        )
+                    results.update(zip(map(id, combined), values, strict=True))
         except Exception:
             log.info("a batch of %d writes failed; writing them one by one", len(batch), exc_info=True)
             close_old_connections()  # a connection the failure broke is not used for the retries
             return None
+        return [(results[id(write)], None) for write in batch]
 
     def _alone(self, write: _Write) -> tuple[Any, BaseException | None]:
         try:
-            return write.context.run(write.call), None
+            if write.call is not None:
+                return write.context.run(write.call), None
+            assert self.combine is not None
+            return write.context.run(self.combine, [write.value])[0], None
         except BaseException as exc:  # handed to the caller, as run_orm does
             return None, exc

@@ -487,11 +487,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self._error(errors.PayloadTooLarge(exc.message, code="event_too_large"), job.stream_id)
             return False, None
         if prepared.store:
-            await services.final_writes.run(
-                services.response_store_final,
-                prepared=prepared,
-                outcome=services.Outcome("completed", completed, []),
-            )
+            await services.store_final(prepared, services.Outcome("completed", completed, []))
         self._register(job, prepared, sink)
         await self._send(created_event.json)
         await self._send(completed_event.json)

@@ -142,9 +142,7 @@ class Executor(Lifecycle):
             terminal,
             window=self.checkpoint(output_items) if self.compactor.compacted else None,
         )
-        self.stored = await services.final_writes.run(
-            services.response_store_final, prepared=self.p, outcome=outcome
-        )
+        self.stored = await services.store_final(self.p, outcome)
 
     # --- one upstream round ---------------------------------------------------------------------
 

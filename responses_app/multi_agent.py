@@ -745,9 +745,7 @@ class Coordinator(Executor):
             terminal_event=terminal,
             agent_tree=self.agent_tree or self._tree(),
         )
-        self.stored = await services.final_writes.run(
-            services.response_store_final, prepared=self.p, outcome=outcome
-        )
+        self.stored = await services.store_final(self.p, outcome)
 
 
 CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "shell_call", "tool_search_call"})

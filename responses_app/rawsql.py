@@ -14,11 +14,15 @@ and the call answers False.
 One statement sequence per backend, always on Django's connection of the calling thread (ORM work
 from async code runs through ``gateway.db.run_orm``):
 
-- PostgreSQL: the items and the response in one statement (a data-modifying CTE, atomic by
-  itself); a caller's transaction (a conversation append) wraps it when there is one. Its
-  parameters are bound on the server and, from its fifth run on a connection, it runs prepared
-  (``server_side_binding`` and ``prepare_threshold`` in settings: the JSON columns are not quoted
-  into the statement text, and the server parses and plans it once).
+- PostgreSQL: one statement for any number of responses and their items (:func:`store_responses`:
+  a group commit's batch, ``services.final_writes``, or a single response): the rows travel as two
+  JSON documents (one of responses, one of items) that ``jsonb_to_recordset`` unpacks, inserted by
+  data-modifying CTEs, atomic by itself; a caller's transaction (a conversation append) wraps it
+  when there is one. Two parameters instead of one per column and row (psycopg dumped each in Python),
+  and one round trip for a whole batch instead of ``BEGIN``, one statement per response and
+  ``COMMIT``: measured at a fifth of the CPU a stored response cost on the writer thread
+  (``docs/performance.md``). The statement text is the same for every batch, so from its fifth run
+  on a connection it runs prepared (``prepare_threshold`` in settings).
 - SQLite: one ``BEGIN IMMEDIATE`` transaction (``transaction_mode`` in settings) holding the items
   and the response. Writers queue on a process-wide lock, then on an advisory file lock beside the
   database (``flock``) shared by the server processes, before they ask SQLite for the write lock:
@@ -94,7 +98,24 @@ def _sql(vendor: str) -> dict[str, Any]:
     where = f"WHERE {q('id')} = %(id)s AND {q('owner')} = %(owner)s"
     update = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in FINAL_COLUMNS)
     statuses = ", ".join(f"'{status}'" for status in _OPEN)
+
+    def recordset(name: str, model: type[models.Model]) -> str:
+        """``name``'s JSON document as rows of ``model``'s columns, with their database types."""
+        types = ", ".join(f"{q(str(f.column))} {f.db_type(connection)}" for f in model._meta.concrete_fields)
+        return f"SELECT * FROM jsonb_to_recordset(%({name})s::jsonb) AS {name}({types})"
+
+    listed, item_listed = ", ".join(q(c) for c in columns), ", ".join(q(c) for c in item_columns)
     return {
+        # PostgreSQL: any number of responses and their items in one statement (store_responses).
+        "records": (
+            f"WITH new_responses AS ({recordset('responses', Response)}), "
+            f"new_items AS ({recordset('items', Item)}), "
+            f"inserted_items AS (INSERT INTO {items} ({item_listed}) SELECT {item_listed} FROM new_items "
+            f"ON CONFLICT DO NOTHING) "
+            f"INSERT INTO {responses} ({listed}) SELECT {listed} FROM new_responses "
+            f"ON CONFLICT ({q('id')}) DO UPDATE SET {update} "
+            f"WHERE {responses}.{q('status')} IN ({statuses}) RETURNING {q('id')}"
+        ),
         "status": f"SELECT {q('status')}, {q('agent_tree')} FROM {responses} {where}",
         "status_ids": (
             f"SELECT {q('status')}, {q('agent_tree')}, {q('history_item_ids')} FROM {responses} {where}"
@@ -167,15 +188,33 @@ def _row(
     return row
 
 
-def rows(
-    *, items: list[dict[str, Any]], owner: str, response: dict[str, Any]
-) -> tuple[list[list[Any]], list[Any]]:
-    """The item rows (one per stored item) and the response row, from the models' metadata.
+def _record(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
+    """One row of ``model`` for PostgreSQL's JSON payload: every concrete column by name, missing
+    values from the field's default; JSON columns stay values (the payload's own JSON), dates stay
+    aware datetimes (orjson writes them as RFC 3339, which ``timestamptz`` reads)."""
+    record: dict[str, Any] = {}
+    for name, _kind, field in _columns(model):
+        record[field.column] = values[name] if name in values else field.get_default()
+    return record
+
+
+def rows(*, items: list[dict[str, Any]], owner: str, response: dict[str, Any]) -> tuple[list[Any], Any]:
+    """The item rows (one per stored item) and the response row, from the models' metadata, as
+    :func:`store_responses` takes them on this database: on PostgreSQL records for the JSON payload,
+    elsewhere the column values in order, adapted as the ORM would (``_row``).
 
     ``response`` holds the row's values by attribute name (``previous_response_id``); everything
     missing takes the field's default.
     """
     now = timezone.now()
+    if _vendor() == "postgresql":
+        return [
+            _record(
+                Item,
+                {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now},
+            )
+            for item in items
+        ], _record(Response, {"created_at": now, **response})
     adapt = connection.ops.adapt_datetimefield_value  # looked up once: each lookup is a thread-local one
     item_rows = [
         _row(
@@ -221,31 +260,45 @@ def writing() -> Iterator[None]:
         yield
 
 
-def store_response(*, item_rows: list[list[Any]], response_row: list[Any]) -> bool:
+def store_response(*, item_rows: list[Any], response_row: Any) -> bool:
     """Insert the items (existing ids left alone) and insert, or finish, the response row.
 
     Atomic on its own; inside :func:`writing` it joins the caller's transaction. False when the
     row exists and is no longer ``queued`` / ``in_progress`` (cancelled meanwhile): nothing of the
     response changes then (its new items may stay stored: they are referenced by nothing).
     """
+    return store_responses([(item_rows, response_row)])[0]
+
+
+def store_responses(writes: list[tuple[list[Any], Any]]) -> list[bool]:
+    """:func:`store_response` for each of ``writes`` (``(item rows, response row)`` from
+    :func:`rows`), all of them atomically: one statement on PostgreSQL, one transaction elsewhere.
+    One answer per write, in order."""
     vendor = _vendor()
-    sql = _sql(vendor)
-    batches = [item_rows[i : i + _BATCH] for i in range(0, len(item_rows), _BATCH)]
-    response = dict(zip(_RESPONSE_NAMES, response_row, strict=True))
     db = connections[DEFAULT_DB_ALIAS]  # the calling thread's connection, looked up once
     with db.cursor() as cursor:
-        if vendor == "postgresql" and len(batches) <= 1:
-            if batches:
-                statement = f"WITH new_items AS ({_items_sql(vendor, len(batches[0]))}) {sql['response']}"
-                cursor.execute(statement, {**_item_params(batches[0]), **response})
-            else:
-                cursor.execute(sql["response"], response)
-            return bool(cursor.rowcount)
+        if vendor == "postgresql":
+            responses = [row for _, row in writes]
+            items = [item for item_rows, _ in writes for item in item_rows]
+            cursor.execute(
+                _sql(vendor)["records"],
+                {
+                    "responses": orjson.dumps(responses, option=_OPTS).decode(),
+                    "items": orjson.dumps(items, option=_OPTS).decode(),
+                },
+            )
+            written = {row[0] for row in cursor.fetchall()}
+            return [row["id"] in written for row in responses]
+        sql = _sql(vendor)
+        stored = []
         with nullcontext() if db.in_atomic_block else writing():
-            for batch in batches:
-                cursor.execute(_items_sql(vendor, len(batch)), _item_params(batch))
-            cursor.execute(sql["response"], response)
-            return bool(cursor.rowcount)
+            for item_rows, response_row in writes:
+                for start in range(0, len(item_rows), _BATCH):
+                    batch = item_rows[start : start + _BATCH]
+                    cursor.execute(_items_sql(vendor, len(batch)), _item_params(batch))
+                cursor.execute(sql["response"], dict(zip(_RESPONSE_NAMES, response_row, strict=True)))
+                stored.append(bool(cursor.rowcount))
+        return stored
 
 
 def _item_params(rows: list[list[Any]]) -> dict[str, Any]:

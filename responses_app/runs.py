@@ -85,12 +85,10 @@ class _StreamLease:
     async def take(self) -> None:
         executor = self.executor
         config = executor.config
-        await services.final_writes.run(
-            services.response_create_in_progress,
-            prepared=executor.p,
-            snapshot=executor.snapshot("in_progress"),
-            lease_owner=leases.runner_id(),
-            lease_s=config.responses.lease_s,
+        await services.final_writes.put(
+            services.InProgressWrite(
+                executor.p, executor.snapshot("in_progress"), leases.runner_id(), config.responses.lease_s
+            )
         )
         self.heartbeat = leases.start_heartbeat(executor.p.response_id, config, self._lose)
 

@@ -251,7 +251,73 @@ class Outcome:
 
 # The group commit of finished responses (and of the rows stored streams write before they start):
 # concurrent writes share one transaction and one ORM thread hop (gateway.db.GroupWriter).
-final_writes = GroupWriter(rawsql.writing)
+@dataclass
+class FinalWrite:
+    """A finished response to store (:func:`response_store_final`)."""
+
+    prepared: Prepared
+    outcome: Outcome
+
+
+@dataclass
+class InProgressWrite:
+    """The ``in_progress`` row of a stored stream (:func:`response_create_in_progress`)."""
+
+    prepared: Prepared
+    snapshot: dict[str, Any]
+    lease_owner: str
+    lease_s: float
+
+
+def response_store_rows(writes: list[FinalWrite | InProgressWrite]) -> list[bool]:
+    """Store ``writes`` that touch nothing but their items and row, all in one statement
+    (:func:`rawsql.store_responses`): a batch of :data:`final_writes`. One answer per write (False:
+    a finished response cancelled meanwhile); a stored final write's checkpoint is cached once
+    committed."""
+    built = [
+        _final_rows(write.prepared, write.outcome)
+        if isinstance(write, FinalWrite)
+        else _in_progress_rows(write)
+        for write in writes
+    ]
+    stored = rawsql.store_responses(built)
+    for write, ok in zip(writes, stored, strict=True):
+        if ok and isinstance(write, FinalWrite):
+            _cache_on_commit(write.prepared, write.outcome)
+    return stored
+
+
+# The group commit of the stored-response writes: a plain finished response and a stream's
+# ``in_progress`` row are combined into one statement with the others of their batch (put); a
+# response with more to write (its conversation, a background response's terminal event) runs its
+# own function in the batch's transaction (run). ``store_final`` chooses.
+final_writes = GroupWriter(rawsql.writing, combine=response_store_rows)
+
+
+async def store_final(prepared: Prepared, outcome: Outcome) -> bool:
+    """Store a finished response through :data:`final_writes` (from async code)."""
+    if _writes_alone(prepared, outcome):
+        return await final_writes.run(response_store_final, prepared=prepared, outcome=outcome)
+    stored: bool = await final_writes.put(FinalWrite(prepared, outcome))
+    return stored
+
+
+def _writes_alone(p: Prepared, outcome: Outcome) -> bool:
+    """Whether storing this response writes more than its items and row."""
+    return bool(p.conversation_id) or (p.background and outcome.terminal_event is not None)
+
+
+def _final_rows(p: Prepared, outcome: Outcome) -> tuple[list[Any], Any]:
+    return rawsql.rows(
+        items=[*p.items_to_insert, *outcome.output_items],
+        owner=p.owner,
+        response=_response_values(p, outcome),
+    )
+
+
+def _cache_on_commit(p: Prepared, outcome: Outcome) -> None:
+    # Once committed (a group commit may roll the batch back and write it again).
+    transaction.on_commit(lambda: history_cache.put(p.response_id, p.owner, _window(p, outcome)))
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
@@ -259,36 +325,31 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
     transaction (with the terminal event of a background response, and the append to its
     conversation). False when the response was cancelled meanwhile (its row stays as it is).
 
-    Every finished response takes this path (:func:`rawsql.store_response`); the checkpoint is
+    Every finished response takes this path (:func:`rawsql.store_responses`); the checkpoint is
     then cached for a continuation on this process.
     """
     p = prepared
-    item_rows, response_row = rawsql.rows(
-        items=[*p.items_to_insert, *outcome.output_items],
-        owner=p.owner,
-        response=_response_values(p, outcome),
-    )
+    if not _writes_alone(p, outcome):
+        return response_store_rows([FinalWrite(p, outcome)])[0]
     terminal_event = outcome.terminal_event if p.background else None
-    if terminal_event is None and not p.conversation_id:
+    item_rows, response_row = _final_rows(p, outcome)
+    with rawsql.writing():
         stored = rawsql.store_response(item_rows=item_rows, response_row=response_row)
-    else:
-        with rawsql.writing():
-            stored = rawsql.store_response(item_rows=item_rows, response_row=response_row)
-            if stored and terminal_event is not None:
-                ResponseEvent.objects.create(
-                    response_id=p.response_id,
-                    sequence_number=terminal_event[0],
-                    data=terminal_event[1].decode(),
-                )
-            if stored and p.conversation_id:
-                conversation_services.conversation_append_items(
-                    conversation_id=p.conversation_id,
-                    owner=p.owner,
-                    item_ids=[item["id"] for item in (*p.new_items, *outcome.output_items)],
-                    expected_revision=p.conversation_revision,
-                )
-    if stored:  # once committed (a group commit may roll the batch back and write it again)
-        transaction.on_commit(lambda: history_cache.put(p.response_id, p.owner, _window(p, outcome)))
+        if stored and terminal_event is not None:
+            ResponseEvent.objects.create(
+                response_id=p.response_id,
+                sequence_number=terminal_event[0],
+                data=terminal_event[1].decode(),
+            )
+        if stored and p.conversation_id:
+            conversation_services.conversation_append_items(
+                conversation_id=p.conversation_id,
+                owner=p.owner,
+                item_ids=[item["id"] for item in (*p.new_items, *outcome.output_items)],
+                expected_revision=p.conversation_revision,
+            )
+    if stored:
+        _cache_on_commit(p, outcome)
     return stored
 
 
@@ -376,16 +437,19 @@ def response_create_in_progress(
     ``in_progress`` under ``lease_owner``'s lease before ``response.created``, so the sweep fails it
     if its process dies (docs/operations.md). :func:`response_store_final` finishes it; until then
     it references no item (its items are stored with it at the end)."""
-    values = _response_values(prepared, Outcome(Response.Status.IN_PROGRESS.value, snapshot, []))
+    response_store_rows([InProgressWrite(prepared, snapshot, lease_owner, lease_s)])
+
+
+def _in_progress_rows(write: InProgressWrite) -> tuple[list[Any], Any]:
+    values = _response_values(write.prepared, Outcome(Response.Status.IN_PROGRESS.value, write.snapshot, []))
     values.update(
         history_item_ids=[],
         input_item_count=0,
         completed_at=None,
-        lease_owner=lease_owner,
-        lease_expires_at=_lease_until(lease_s),
+        lease_owner=write.lease_owner,
+        lease_expires_at=_lease_until(write.lease_s),
     )
-    _, row = rawsql.rows(items=[], owner=prepared.owner, response=values)
-    rawsql.store_response(item_rows=[], response_row=row)
+    return rawsql.rows(items=[], owner=write.prepared.owner, response=values)
 
 
 def response_delete_unsent(*, id: str) -> None:

@@ -278,3 +278,78 @@ def test_a_failed_batch_tidies_before_the_next(monkeypatch: pytest.MonkeyPatch) 
     assert rest == [0, 1, 2]
     _settled(writer, calls, 3)
     assert len(calls) == 3
+
+
+# --- GroupWriter: combined writes ---------------------------------------------------------------
+
+
+class _Combine:
+    """A ``combine`` that stores an item row per value (all in one transaction, atomic on its own),
+    records each call's values and whether it ran inside a batch's transaction, and fails the call
+    that holds the value ``"bad"``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], bool]] = []
+
+    def __call__(self, values: list[str]) -> list[str]:
+        self.calls.append((list(values), connection.in_atomic_block))
+        with transaction.atomic():
+            for value in values:
+                Item.objects.create(id=value, owner="o", type="message", data={"id": value})
+            if "bad" in values:
+                raise ValueError("bad value")
+        return [f"{value}:{request_id.get()}" for value in values]
+
+
+def _combined_run(writer: GroupWriter, values: list[str], *, calls: int = 0) -> list[Any]:
+    """A first write holds the writer; then ``values`` are put (and ``calls`` plain writes run),
+    each from a task with its own request id, and wait together."""
+    gate = threading.Event()
+
+    async def put(value: str) -> Any:
+        request_id.set(f"req_{value}")
+        return await writer.put(value)
+
+    async def main() -> list[Any]:
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
+        await asyncio.sleep(0.05)
+        tasks = [asyncio.ensure_future(put(value)) for value in values]
+        tasks += [asyncio.ensure_future(writer.run(_write_item, f"i_call_{n}")) for n in range(calls)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, *tasks, return_exceptions=True)
+
+    return asyncio.run(main())[1:]
+
+
+def test_combined_writes_that_wait_together_are_one_call_without_the_batch_transaction() -> None:
+    atomic = _CountingTransaction()
+    combine = _Combine()
+    writer = GroupWriter(atomic, combine=combine)
+    results = _combined_run(writer, ["a", "b", "c"])
+    # One call for the three, outside any batch transaction (combine is atomic on its own); each
+    # caller gets its own result (the call runs in the first caller's context).
+    assert combine.calls == [(["a", "b", "c"], False)]
+    assert atomic.batches == 0
+    assert results == ["a:req_a", "b:req_a", "c:req_a"]
+    assert set(Item.objects.filter(owner="o").values_list("id", flat=True)) == {"i_first", "a", "b", "c"}
+
+
+def test_a_failing_combined_call_is_retried_one_value_at_a_time() -> None:
+    combine = _Combine()
+    writer = GroupWriter(transaction.atomic, combine=combine)
+    results = _combined_run(writer, ["a", "bad", "c"])
+    assert [values for values, _ in combine.calls] == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
+    assert results[0] == "a:req_a" and results[2] == "c:req_c"
+    assert isinstance(results[1], ValueError)
+    assert set(Item.objects.filter(owner="o").values_list("id", flat=True)) == {"i_first", "a", "c"}
+
+
+def test_combined_and_plain_writes_of_one_batch_share_its_transaction() -> None:
+    atomic = _CountingTransaction()
+    combine = _Combine()
+    writer = GroupWriter(atomic, combine=combine)
+    results = _combined_run(writer, ["a", "b"], calls=2)
+    assert atomic.batches == 1
+    assert combine.calls == [(["a", "b"], True)]  # inside the batch's transaction
+    assert results == ["a:req_a", "b:req_a", "i_call_0:True", "i_call_1:True"]

@@ -151,6 +151,42 @@ def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ign
         assert cursor.fetchone()[0] == f"{get_config().database.statement_timeout_ms // 1000}s"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_store_responses_writes_a_batch_in_one_statement() -> None:
+    """Three responses and their items in one call: one statement on PostgreSQL (counted with
+    Django's query log), one transaction on SQLite. A row that is no longer open (completed
+    meanwhile) is left as it is and answers False; the others are stored with every item."""
+    from django.db import reset_queries
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations_app.models import Item
+    from responses_app import rawsql
+    from responses_app.models import Response
+
+    Response.objects.create(id="resp_done", owner="o", status="completed", model="m", snapshot={"a": 1})
+    writes = []
+    for name in ("resp_one", "resp_done", "resp_two"):
+        items = [
+            {"type": "message", "id": f"msg_{name}_{n}", "role": "user", "content": []} for n in range(2)
+        ]
+        writes.append(
+            rawsql.rows(
+                items=items,
+                owner="o",
+                response={"id": name, "owner": "o", "status": "completed", "snapshot": {"id": name}},
+            )
+        )
+    reset_queries()
+    with CaptureQueriesContext(connection) as queries:
+        assert rawsql.store_responses(writes) == [True, False, True]
+    if connection.vendor == "postgresql":
+        assert len(queries) == 1, [q["sql"][:80] for q in queries]
+    assert Response.objects.get(id="resp_done").snapshot == {"a": 1}
+    assert Response.objects.get(id="resp_two").snapshot == {"id": "resp_two"}
+    assert Item.objects.filter(owner="o").count() == 6
+    assert Item.objects.get(id="msg_resp_one_1").data["id"] == "msg_resp_one_1"
+
+
 @pytest.mark.django_db
 def test_postgres_binds_on_the_server_and_prepares_repeated_statements() -> None:
     """A statement a connection runs often is prepared (psycopg's prepare_threshold), which needs

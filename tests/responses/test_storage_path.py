@@ -194,18 +194,19 @@ def test_a_store_that_fails_after_generation_ends_failed(gw: Gateway, stream: bo
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL refuses \\u0000 in jsonb")
 def test_one_bad_response_in_a_group_commit_fails_alone(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seven stored responses wait for the write lock; six of them (one with text PostgreSQL
-    refuses) are then written as one batch. The batch fails, its members are written again one by
-    one: the six good ones are stored completed, the bad one alone ends failed (500)."""
+    refuses) are then written as one batch (one statement). The batch fails, its members are
+    written again one by one: the six good ones are stored completed, the bad one alone ends failed (500)."""
     from responses_app import services
 
-    batches: list[int] = []
-    atomic = services.final_writes.transaction
+    batches: list[int] = []  # the number of responses of each statement that stores responses
+    combine = services.final_writes.combine
+    assert combine is not None
 
-    def counting() -> Any:
-        batches.append(1)
-        return atomic()
+    def counting(writes: list[Any]) -> list[Any]:
+        batches.append(len(writes))
+        return combine(writes)
 
-    monkeypatch.setattr(services.final_writes, "transaction", counting)
+    monkeypatch.setattr(services.final_writes, "combine", counting)
     gw.script(text("first"))
     for n in range(5):
         gw.script(text(f"good {n}"))
@@ -226,7 +227,9 @@ def test_one_bad_response_in_a_group_commit_fails_alone(gw: Gateway, monkeypatch
         assert not answers
     for thread in [first, *rest]:
         thread.join(30)
-    assert batches == [1]  # the six were tried together once
+    # The first alone; the six tried together once (one statement), then one by one (and the bad
+    # one's ``failed`` row after them).
+    assert batches[:2] == [1, 6] and batches[2:] == [1] * 7, batches
     assert sorted(r.status_code for r in answers) == [200] * 6 + [500]
     bad = next(r for r in answers if r.status_code == 500)
     assert bad.json()["error"]["code"] == "storage_error"
