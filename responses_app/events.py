@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -101,32 +100,59 @@ def _line_too_long(limit: int) -> StreamFailure:
     )
 
 
-@dataclass
 class Event:
-    type: str
-    data: dict[str, Any]
-    frame: bytes  # the SSE frame: ``event: <type>\ndata: <json>\n\n``
+    """One outbound event: its type, its members and its SSE frame
+    (``event: <type>\ndata: <json>\n\n``). An event nobody reads (:attr:`EventSink.unread`) is
+    made without its frame; asking for it serializes the members as they are then."""
+
+    __slots__ = ("_frame", "data", "type")
+
+    def __init__(self, type: str, data: dict[str, Any], frame: bytes | None = None) -> None:
+        self.type = type
+        self.data = data
+        self._frame = frame
+
+    @property
+    def frame(self) -> bytes:
+        if self._frame is None:
+            self._frame = _frame(self.type, orjson.dumps(self.data))
+        return self._frame
 
     @property
     def json(self) -> bytes:
         return self.frame[self.frame.index(b"data: ") + 6 : -2]
 
+    def __repr__(self) -> str:
+        return f"Event({self.type!r}, {self.data!r})"
+
+
+def _frame(type_: str, body: bytes) -> bytes:
+    return b"event: " + type_.encode() + b"\ndata: " + body + b"\n\n"
+
 
 class EventSink:
-    """Numbers, serializes and size-checks outbound events."""
+    """Numbers, serializes and size-checks outbound events.
+
+    ``unread``: nobody reads these events as they are made (a JSON client's response: its answer is
+    the final object); they are numbered but neither serialized nor size-checked
+    (``max_stream_event_bytes`` bounds what is sent as an event)."""
 
     def __init__(self, max_event_bytes: int, start: int = 0, extra: dict[str, Any] | None = None) -> None:
         self.sequence_number = start
         self.max_event_bytes = max_event_bytes
         self.extra = extra or {}
+        self.unread = False
 
     def make(self, type_: str, **fields: Any) -> Event:
         data = {"type": type_, **fields, "sequence_number": self.sequence_number, **self.extra}
+        if self.unread:
+            self.sequence_number += 1
+            return Event(type_, data)
         body = orjson.dumps(data)
         if len(body) > self.max_event_bytes:
             raise EventTooLarge(len(body), self.max_event_bytes)
         self.sequence_number += 1
-        return Event(type_, data, b"event: " + type_.encode() + b"\ndata: " + body + b"\n\n")
+        return Event(type_, data, _frame(type_, body))
 
 
 def error_frame(*, code: str | None, message: str, param: str | None, sequence_number: int) -> Event:

@@ -218,7 +218,11 @@ class Lifecycle:
             try:
                 if self.before_store is not None:
                     await self.before_store()
-                await self.store(status, snapshot, (terminal.data["sequence_number"], terminal.json))
+                # Only a background response stores its terminal event (its stream is replayed).
+                stored_event = (
+                    (terminal.data["sequence_number"], terminal.json) if self.p.background else None
+                )
+                await self.store(status, snapshot, stored_event)
             except errors.GatewayError as exc:
                 # A refusal at commit time (a conversation race: 409 conversation_locked) is the
                 # client's answer, not a storage failure.

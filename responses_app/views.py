@@ -113,7 +113,9 @@ async def create(call: Call) -> Outcome:
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
         return _stream(_frames(executor))
-    executor.stream_rounds = False  # nobody reads the events as they come: one answer a round
+    # Nobody reads the events as they come: one answer a round, and events made without their frames.
+    executor.stream_rounds = False
+    executor.sink.unread = True
     await runs.drive(executor, _ignore)
     if executor.store_refusal is not None:
         raise executor.store_refusal

@@ -95,6 +95,34 @@ def test_max_stream_event_bytes(gw: Gateway, gateway_config: Any) -> None:
     assert Response.objects.get().status == "failed"
 
 
+def test_max_stream_event_bytes_does_not_bound_a_json_answer(gw: Gateway, gateway_config: Any) -> None:
+    """A JSON client receives no events (its answer is the response object), so the limit on an
+    outbound event does not apply: the same response that fails as a stream above completes."""
+    gateway_config(llm_api_base=gw.upstream.url, upstream_api=gw.wire, responses__max_stream_event_bytes=1500)
+    gw.script(text("a" * 400, "b" * 400))
+    r = gw.post({"model": "m", "input": "x"})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["status"] == "completed"
+    assert answer["output"][0]["content"][0]["text"] == "a" * 400 + "b" * 400
+    assert Response.objects.get(id=answer["id"]).status == "completed"
+
+
+def test_an_unread_event_is_numbered_and_serialized_only_when_asked() -> None:
+    from responses_app.events import EventSink
+
+    sink = EventSink(10)  # smaller than any event: an unread one is not size-checked
+    sink.unread = True
+    first = sink.make("response.created", response={"id": "r"})
+    second = sink.make("response.in_progress", response={"id": "r"})
+    assert (first.data["sequence_number"], second.data["sequence_number"]) == (0, 1)
+    assert second.frame == (
+        b'event: response.in_progress\ndata: {"type":"response.in_progress","response":{"id":"r"},'
+        b'"sequence_number":1}\n\n'
+    )
+    assert second.json == b'{"type":"response.in_progress","response":{"id":"r"},"sequence_number":1}'
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL refuses \\u0000 in JSON text")
 def test_snapshot_write_failure_is_an_error_event(gw: Gateway) -> None:
     # Client strings with U+0000 are refused up front (test_hostile_input); an upstream's are not.
