@@ -207,24 +207,15 @@ def rows(*, items: list[dict[str, Any]], owner: str, response: dict[str, Any]) -
     missing takes the field's default.
     """
     now = timezone.now()
-    if _vendor() == "postgresql":
-        return [
-            _record(
-                Item,
-                {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now},
-            )
-            for item in items
-        ], _record(Response, {"created_at": now, **response})
-    adapt = connection.ops.adapt_datetimefield_value  # looked up once: each lookup is a thread-local one
-    item_rows = [
-        _row(
-            Item,
-            {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now},
-            adapt,
-        )
+    item_values = [
+        {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now}
         for item in items
     ]
-    return item_rows, _row(Response, {"created_at": now, **response}, adapt)
+    response_values = {"created_at": now, **response}
+    if _vendor() == "postgresql":
+        return [_record(Item, values) for values in item_values], _record(Response, response_values)
+    adapt = connection.ops.adapt_datetimefield_value  # looked up once: each lookup is a thread-local one
+    return [_row(Item, values, adapt) for values in item_values], _row(Response, response_values, adapt)
 
 
 def _writers_lock() -> int:

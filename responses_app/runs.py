@@ -85,10 +85,8 @@ class _StreamLease:
     async def take(self) -> None:
         executor = self.executor
         config = executor.config
-        await services.final_writes.put(
-            services.InProgressWrite(
-                executor.p, executor.snapshot("in_progress"), leases.runner_id(), config.responses.lease_s
-            )
+        await services.store_in_progress(
+            executor.p, executor.snapshot("in_progress"), leases.runner_id(), config.responses.lease_s
         )
         self.heartbeat = leases.start_heartbeat(executor.p.response_id, config, self._lose)
 

@@ -249,8 +249,6 @@ class Outcome:
     agent_tree: dict[str, Any] | None = None  # a multi-agent response's tree snapshot
 
 
-# The group commit of finished responses (and of the rows stored streams write before they start):
-# concurrent writes share one transaction and one ORM thread hop (gateway.db.GroupWriter).
 @dataclass
 class FinalWrite:
     """A finished response to store (:func:`response_store_final`)."""
@@ -300,6 +298,13 @@ async def store_final(prepared: Prepared, outcome: Outcome) -> bool:
         return await final_writes.run(response_store_final, prepared=prepared, outcome=outcome)
     stored: bool = await final_writes.put(FinalWrite(prepared, outcome))
     return stored
+
+
+async def store_in_progress(
+    prepared: Prepared, snapshot: dict[str, Any], lease_owner: str, lease_s: float
+) -> None:
+    """Write a stored stream's ``in_progress`` row through :data:`final_writes` (from async code)."""
+    await final_writes.put(InProgressWrite(prepared, snapshot, lease_owner, lease_s))
 
 
 def _writes_alone(p: Prepared, outcome: Outcome) -> bool:
