@@ -69,7 +69,8 @@ class Lifecycle:
         self._finishing = False  # _finish has begun: an error there ends with an ``error`` event
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
-        # A stored stream writes its ``in_progress`` row here, before response.created (runs.drive).
+        # A stored stream's ``in_progress`` row is written (SSE: begun) here, before response.created
+        # (runs._StreamLease.take).
         self.before_start: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
         self._base: dict[str, Any] | None = None

@@ -10,9 +10,14 @@ ever read it).
 
 A stored response whose id is announced before it ends (an SSE stream, every WebSocket response)
 holds a lease like background work (:class:`_StreamLease`): its row is written ``in_progress``
-under this process's lease just before ``response.created`` and renewed while it runs, so if the
-process dies the sweep stores it ``failed`` instead of the id answering 404. A stored JSON response
-announces nothing before it ends and writes only its final row.
+under this process's lease before ``response.created`` reaches the client and renewed while it
+runs, so if the process dies the sweep stores it ``failed`` instead of the id answering 404. A
+stored JSON response announces nothing before it ends and writes only its final row.
+
+An SSE stream (:func:`detached`) does not wait for that row to start its work: the row is written
+while the upstream request goes out, and the client is sent nothing until the row is committed
+(the events made meanwhile wait in the queue). The id is announced no earlier than before; the
+first token comes sooner by the write's time (``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from gateway.db import run_orm
 from gateway.lifecycle import Interruptible, drain, interruptible, keep_running
 from responses_app import leases, services
-from responses_app.events import Event
+from responses_app.events import Event, error_frame
 from responses_app.executor import Executor
 
 log = logging.getLogger("responses.runs")
@@ -44,14 +49,25 @@ UNSTORED_MESSAGE = "The response stopped before it could be stored; the response
 async def drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]) -> None:
     """Every event of ``executor``'s run to ``on_event``, in order, ending with exactly one
     terminal or error event, also when the shutdown deadline interrupts it."""
-    with drain.held():  # the shutdown waits for an interrupted run's failure to be stored
-        await _drive(executor, on_event)
+    await _held(executor, on_event, _StreamLease(executor) if _leased(executor) else None)
 
 
-async def _drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]) -> None:
-    events = executor.run()
+def _leased(executor: Executor) -> bool:
     p = executor.p
-    lease = _StreamLease(executor) if p.store and p.request.stream and not p.background else None
+    return p.store and bool(p.request.stream) and not p.background
+
+
+async def _held(
+    executor: Executor, on_event: Callable[[Event], Awaitable[None]], lease: _StreamLease | None
+) -> None:
+    with drain.held():  # the shutdown waits for an interrupted run's failure to be stored
+        await _drive(executor, on_event, lease)
+
+
+async def _drive(
+    executor: Executor, on_event: Callable[[Event], Awaitable[None]], lease: _StreamLease | None
+) -> None:
+    events = executor.run()
     try:
         async with interruptible() as run:
             if lease is not None:
@@ -60,7 +76,11 @@ async def _drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]
                 await on_event(event)
         if run.interrupted:
             await events.aclose()  # type: ignore[attr-defined]
-            message = LEASE_LOST_MESSAGE if lease is not None and lease.lost else SHUTDOWN_MESSAGE
+            message = SHUTDOWN_MESSAGE
+            if lease is not None and lease.unwritten is not None:
+                message = f"The response could not be stored: {type(lease.unwritten).__name__}."
+            elif lease is not None and lease.lost:
+                message = LEASE_LOST_MESSAGE
             async for event in executor.interrupt(message):
                 await on_event(event)
     finally:
@@ -69,26 +89,72 @@ async def _drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]
 
 
 class _StreamLease:
-    """The lease of a stored stream (module docstring): taken by the executor just before
-    ``response.created``, renewed by :func:`leases.start_heartbeat` until the final store begins. A
-    lost lease (the sweep failed the row) interrupts the run: it ends ``failed``. A run that ends
-    without storing (a commit-time refusal, a cancelled task, the database down) fails its row."""
+    """The lease of a stored stream (module docstring): its ``in_progress`` row is written by the
+    executor just before ``response.created`` (:meth:`take`), renewed by
+    :func:`leases.start_heartbeat` until the final store begins. A lost lease (the sweep failed the
+    row) interrupts the run: it ends ``failed``. A run that ends without storing (a commit-time
+    refusal, a cancelled task, the database down) fails its row.
 
-    def __init__(self, executor: Executor) -> None:
+    ``overlap`` (an SSE stream, :func:`detached`): :meth:`take` only starts the row's write; the
+    run goes on, and its reader waits for :meth:`announced` before sending anything. A write that
+    fails interrupts the run (unless its final store has begun: that one writes the row)."""
+
+    def __init__(self, executor: Executor, overlap: bool = False) -> None:
         self.executor = executor
+        self.overlap = overlap
         self.run: Interruptible | None = None
         self.heartbeat: leases.Heartbeat | None = None
+        self.row: asyncio.Future[None] | None = None  # the in_progress row's write
+        self.written = False  # the in_progress row is committed
+        self.storing = False  # the final store has begun
         self.lost = False
+        self.unwritten: BaseException | None = None  # why the in_progress row could not be written
         executor.before_start = self.take
         executor.before_store = self.stop
 
     async def take(self) -> None:
         executor = self.executor
-        config = executor.config
-        await services.store_in_progress(
-            executor.p, executor.snapshot("in_progress"), leases.runner_id(), config.responses.lease_s
+        write = services.store_in_progress(
+            executor.p,
+            executor.snapshot("in_progress"),
+            leases.runner_id(),
+            executor.config.responses.lease_s,
         )
-        self.heartbeat = leases.start_heartbeat(executor.p.response_id, config, self._lose)
+        if not self.overlap:
+            await write
+            self._hold()
+            return
+        self.row = asyncio.ensure_future(write)
+        self.row.add_done_callback(self._row_done)
+
+    def _row_done(self, row: asyncio.Future[None]) -> None:
+        error = row.exception() if not row.cancelled() else asyncio.CancelledError()
+        if error is None:
+            if not self.storing:
+                self._hold()
+            else:
+                self.written = True
+            return
+        self.unwritten = error
+        if not self.storing and self.run is not None:
+            log.warning(
+                "response %s: its in_progress row could not be written (%r), ending it failed",
+                self.executor.p.response_id,
+                error,
+            )
+            self.run.interrupt()
+
+    def _hold(self) -> None:
+        self.written = True
+        self.heartbeat = leases.start_heartbeat(self.executor.p.response_id, self.executor.config, self._lose)
+
+    async def announced(self) -> bool:
+        """Whether the response's first event may be sent: its in_progress row is committed (or
+        was never to be written: the run ended before it began). Waits for the write."""
+        if self.row is None:
+            return True
+        await asyncio.wait([self.row])
+        return self.written
 
     def _lose(self) -> None:
         log.warning("response %s: lease lost, ending it failed", self.executor.p.response_id)
@@ -97,7 +163,11 @@ class _StreamLease:
             self.run.interrupt()
 
     async def stop(self) -> None:
-        """The final store begins: it ends the lease (a renewal racing it must not interrupt it)."""
+        """The final store begins: it ends the lease (a renewal racing it must not interrupt it),
+        after the in_progress row's write (the final row must come after it)."""
+        self.storing = True
+        if self.row is not None and not self.row.done():
+            await asyncio.wait([self.row])
         if self.heartbeat is not None:
             self.heartbeat.cancel()
 
@@ -110,8 +180,8 @@ class _StreamLease:
         # server's memory grew ~1 KB a stored stream under sustained load.
         executor.before_start = executor.before_store = None
         await self.stop()
-        if self.heartbeat is None or executor.stored:
-            return  # never taken, or finished by the final store
+        if not self.written or executor.stored:
+            return  # never written, or finished by the final store
         refusal = executor.store_refusal
         try:
             await run_orm(
@@ -125,21 +195,43 @@ class _StreamLease:
 
 
 async def detached(executor: Executor) -> AsyncIterator[Event]:
-    """``executor``'s events, produced by a task of their own (see the module docstring)."""
+    """``executor``'s events, produced by a task of their own (see the module docstring); a stored
+    stream's first event waits for its row (:meth:`_StreamLease.announced`)."""
     queue: asyncio.Queue[Event | None] = asyncio.Queue()
+    lease = _StreamLease(executor, overlap=True) if _leased(executor) else None
 
     async def produce() -> None:
         try:
-            await drive(executor, queue.put)
+            await _held(executor, queue.put, lease)
         finally:
             queue.put_nowait(None)
 
     task = asyncio.get_running_loop().create_task(produce())
     keep_running(task)
     try:
-        while (event := await queue.get()) is not None:
+        event = await queue.get()
+        if event is not None and lease is not None and not await _announced(lease, task):
+            error = lease.unwritten
+            yield error_frame(
+                code="storage_error",
+                message=f"The response could not be stored: {type(error).__name__}.",
+                param=None,
+                sequence_number=0,
+            )
+            return
+        while event is not None:
             yield event
+            event = await queue.get()
         await task  # its exception, if it ended with one
     finally:
         if not task.done() and not executor.p.store:
             task.cancel()
+
+
+async def _announced(lease: _StreamLease, task: asyncio.Task[None]) -> bool:
+    """Whether the stream may be sent: its row is written, or its write failed and the run (which
+    that interrupted) still stored its final row."""
+    if await lease.announced():
+        return True
+    await asyncio.wait([task])
+    return lease.executor.stored

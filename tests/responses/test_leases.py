@@ -333,6 +333,107 @@ class _Exploding:
         raise RuntimeError("boom")
 
 
+class _Recorded:
+    """An upstream that records when it is asked, then breaks once told to (the run ends ``failed``)."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        self.asked.set()
+        await self.go.wait()
+        raise RuntimeError("boom")
+
+
+def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent_before_it() -> None:
+    """A stored SSE stream (``runs.detached``): the upstream is asked while the in_progress row is
+    still being written, but the client gets its first event only once that row is committed; the
+    final row follows it."""
+    from gateway.db import run_orm
+    from responses_app import runs
+    from responses_app.executor import Executor
+
+    upstream = _Recorded()
+    executor = Executor(_stored_stream(), get_config(), upstream=upstream)
+    rid = executor.p.response_id
+    real = services.store_in_progress
+    release = asyncio.Event()
+
+    async def held_write(*args: Any, **kwargs: Any) -> None:
+        await release.wait()
+        await real(*args, **kwargs)
+
+    async def run() -> list[tuple[str, str]]:
+        seen: list[tuple[str, str]] = []
+        events = runs.detached(executor)
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.wait_for(upstream.asked.wait(), 10)  # the work started, the row not written
+        await asyncio.sleep(0.05)
+        assert not first.done()
+        assert not await run_orm(lambda: Response.objects.filter(id=rid).exists())
+        release.set()
+        event = await asyncio.wait_for(first, 10)
+        while True:
+            row = await run_orm(lambda: Response.objects.get(id=rid))
+            seen.append((event.type, row.status))
+            upstream.go.set()
+            try:
+                event = await asyncio.wait_for(anext(events), 10)
+            except StopAsyncIteration:
+                return seen
+
+    services_patch = pytest.MonkeyPatch()
+    services_patch.setattr(services, "store_in_progress", held_write)
+    try:
+        seen = asyncio.run(run())
+    finally:
+        services_patch.undo()
+    assert seen[0] == ("response.created", "in_progress")
+    assert [kind for kind, _ in seen] == ["response.created", "response.in_progress", "response.failed"]
+    row = Response.objects.get(id=rid)
+    assert row.status == "failed" and row.lease_expires_at is None
+
+
+@pytest.mark.parametrize("final_store", ["works", "fails"])
+def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
+    monkeypatch: pytest.MonkeyPatch, final_store: str
+) -> None:
+    """The in_progress row's write fails: the run is interrupted. When its final row cannot be
+    stored either, the client gets one ``error`` event (``storage_error``) and no id; when it can,
+    the client gets the events that row stands for, ending ``response.failed``."""
+    from django.db import OperationalError
+
+    from responses_app import runs
+    from responses_app.executor import Executor
+
+    real = services.final_writes.combine
+    assert real is not None
+
+    def failing(writes: list[Any]) -> list[bool]:
+        if final_store == "fails" or any(isinstance(w, services.InProgressWrite) for w in writes):
+            raise OperationalError("the database is down")
+        return real(writes)
+
+    monkeypatch.setattr(services.final_writes, "combine", failing)
+    executor = Executor(_stored_stream(), get_config(), upstream=_Hanging())
+    rid = executor.p.response_id
+
+    async def run() -> list[dict[str, Any]]:
+        return [event.data async for event in runs.detached(executor)]
+
+    events = asyncio.run(asyncio.wait_for(run(), 20))
+    message = "The response could not be stored: OperationalError."
+    if final_store == "fails":
+        assert [(e["type"], e["code"], e["message"]) for e in events] == [("error", "storage_error", message)]
+        assert events[0]["sequence_number"] == 0
+        assert not Response.objects.filter(id=rid).exists()
+    else:
+        assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+        assert events[-1]["response"]["error"]["message"] == message
+        assert Response.objects.get(id=rid).status == "failed"
+
+
 def test_an_exception_in_background_work_stores_failed_with_an_error() -> None:
     config = get_config()
     request = ResponseCreateRequest.model_validate({"model": "m", "input": "x", "background": True})
