@@ -60,21 +60,17 @@ async def read_sse(
                 raise _line_too_long(max_line_bytes)
             continue
         buffer = b"".join([*pending, chunk]) if pending else chunk
-        pending, pending_len = [], 0
-        start = 0
-        while True:
-            newline = buffer.find(b"\n", start)
-            if newline < 0:
-                break
-            line = buffer[start:newline]
-            start = newline + 1
-            if len(line) > max_line_bytes:
+        lines = buffer.split(b"\n")
+        tail = lines.pop()  # after the last newline: the next chunk continues it
+        short = len(buffer) <= max_line_bytes  # then no line in it can be over the limit
+        for line in lines:
+            if not short and len(line) > max_line_bytes:
                 raise _line_too_long(max_line_bytes)
-            if line.endswith(b"\r"):
+            if line[-1:] == b"\r":
                 line = line[:-1]
             if not line:
                 if data:
-                    yield event, b"\n".join(data)
+                    yield event, data[0] if len(data) == 1 else b"\n".join(data)
                 event, data = None, []
                 continue
             if line[:1] == b":":
@@ -86,11 +82,9 @@ async def read_sse(
                 data.append(value)
             elif name == b"event":
                 event = value.decode("utf-8", "replace")
-        if start < len(buffer):
-            pending = [buffer[start:]]
-            pending_len = len(buffer) - start
-            if pending_len > max_line_bytes:
-                raise _line_too_long(max_line_bytes)
+        pending, pending_len = ([tail], len(tail)) if tail else ([], 0)
+        if pending_len > max_line_bytes:
+            raise _line_too_long(max_line_bytes)
 
 
 def _line_too_long(limit: int) -> StreamFailure:
