@@ -29,6 +29,10 @@ them, where the backend allows it) that answers one result per value. ``combine`
 own and joins a surrounding transaction: a batch of combined writes alone runs without the batch's
 transaction (on PostgreSQL its one statement is one round trip, instead of ``BEGIN``, a statement
 per write and ``COMMIT``). A failed call is retried one value at a time, like a failed batch.
+A combined write that no batch has taken yet can be withdrawn (:meth:`GroupWriter.withdraw`).
+
+One batch is written at a time: a write queued while a batch is being written goes into a later
+batch, committed after it.
 """
 
 from __future__ import annotations
@@ -179,10 +183,35 @@ class GroupWriter:
     async def put(self, value: Any) -> Any:
         """A combined write (module docstring): ``value`` joins the batch's one ``combine`` call;
         its result."""
+        return await self.submit(value)
+
+    def submit(self, value: Any) -> asyncio.Future[Any]:
+        """:meth:`put`, queued now: the future of its result, which :meth:`withdraw` may take back
+        while the write still waits (from the event loop that queued it)."""
         assert self.combine is not None, "a writer without combine takes no combined writes"
-        return await self._queue(_Write(None, value))
+        write = _Write(None, value)
+        self._enqueue(write)
+        return write.future
+
+    def withdraw(self, future: asyncio.Future[Any]) -> bool:
+        """Take back the combined write of ``future`` (:meth:`submit`) if no batch has taken it yet:
+        it is never written and ``future`` answers None. False when it is being written or was."""
+        with self.lock:
+            for position, write in enumerate(self.waiting):
+                if write.future is future:
+                    del self.waiting[position]
+                    break
+            else:
+                return False
+        if not future.done():
+            future.set_result(None)
+        return True
 
     async def _queue(self, write: _Write) -> Any:
+        self._enqueue(write)
+        return await write.future
+
+    def _enqueue(self, write: _Write) -> None:
         with self.lock:
             self.waiting.append(write)
             start = not self.writing
@@ -192,7 +221,6 @@ class GroupWriter:
             # produce (responses that finished on the same upstream read) join the batch. Not a
             # timer: nothing waits for anything that is not already running.
             write.loop.call_soon(_pool.submit, self._drain)
-        return await write.future
 
     def _drain(self) -> None:
         """On an ORM thread: write batches until nothing waits. The thread's stale or broken

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from gateway.db import run_orm
 from gateway.lifecycle import Interruptible, drain, interruptible, keep_running
@@ -95,8 +96,10 @@ class _StreamLease:
     row) interrupts the run: it ends ``failed``. A run that ends without storing (a commit-time
     refusal, a cancelled task, the database down) fails its row.
 
-    ``overlap`` (an SSE stream, :func:`detached`): :meth:`take` only starts the row's write; the
-    run goes on, and its reader waits for :meth:`announced` before sending anything. A write that
+    ``overlap`` (an SSE stream, :func:`detached`): :meth:`take` only queues the row's write; the
+    run goes on, and its reader waits for :meth:`announced` before sending anything. The final
+    store does not wait for that write: it follows it on the same writer (a later batch), or takes
+    its place when no batch has taken it yet (:func:`services.withdraw_in_progress`). A write that
     fails interrupts the run (unless its final store has begun: that one writes the row)."""
 
     def __init__(self, executor: Executor, overlap: bool = False) -> None:
@@ -104,9 +107,10 @@ class _StreamLease:
         self.overlap = overlap
         self.run: Interruptible | None = None
         self.heartbeat: leases.Heartbeat | None = None
-        self.row: asyncio.Future[None] | None = None  # the in_progress row's write
+        self.row: asyncio.Future[Any] | None = None  # the in_progress row's write
         self.written = False  # the in_progress row is committed
         self.storing = False  # the final store has begun
+        self.withdrawn = False  # the final store took the in_progress row's place
         self.lost = False
         self.unwritten: BaseException | None = None  # why the in_progress row could not be written
         executor.before_start = self.take
@@ -114,26 +118,26 @@ class _StreamLease:
 
     async def take(self) -> None:
         executor = self.executor
-        write = services.store_in_progress(
+        row = services.store_in_progress(
             executor.p,
             executor.snapshot("in_progress"),
             leases.runner_id(),
             executor.config.responses.lease_s,
         )
         if not self.overlap:
-            await write
+            await row
             self._hold()
             return
-        self.row = asyncio.ensure_future(write)
-        self.row.add_done_callback(self._row_done)
+        self.row = row
+        row.add_done_callback(self._row_done)
 
-    def _row_done(self, row: asyncio.Future[None]) -> None:
+    def _row_done(self, row: asyncio.Future[Any]) -> None:
         error = row.exception() if not row.cancelled() else asyncio.CancelledError()
         if error is None:
-            if not self.storing:
-                self._hold()
+            if self.storing:
+                self.written = not self.withdrawn
             else:
-                self.written = True
+                self._hold()
             return
         self.unwritten = error
         if not self.storing and self.run is not None:
@@ -150,7 +154,8 @@ class _StreamLease:
 
     async def announced(self) -> bool:
         """Whether the response's first event may be sent: its in_progress row is committed (or
-        was never to be written: the run ended before it began). Waits for the write."""
+        was never to be written: the run ended before it began). Waits for the write; False when
+        it failed or the final store took its place (then the run's end decides)."""
         if self.row is None:
             return True
         await asyncio.wait([self.row])
@@ -163,11 +168,11 @@ class _StreamLease:
             self.run.interrupt()
 
     async def stop(self) -> None:
-        """The final store begins: it ends the lease (a renewal racing it must not interrupt it),
-        after the in_progress row's write (the final row must come after it)."""
+        """The final store begins: it ends the lease (a renewal racing it must not interrupt it).
+        An in_progress row still waiting to be written is taken back: the final row replaces it."""
         self.storing = True
         if self.row is not None and not self.row.done():
-            await asyncio.wait([self.row])
+            self.withdrawn = services.withdraw_in_progress(self.row)
         if self.heartbeat is not None:
             self.heartbeat.cancel()
 
@@ -180,6 +185,8 @@ class _StreamLease:
         # server's memory grew ~1 KB a stored stream under sustained load.
         executor.before_start = executor.before_store = None
         await self.stop()
+        if self.row is not None and not self.row.done():
+            await asyncio.wait([self.row])  # being written: then it can be failed
         if not self.written or executor.stored:
             return  # never written, or finished by the final store
         refusal = executor.store_refusal
@@ -214,7 +221,8 @@ async def detached(executor: Executor) -> AsyncIterator[Event]:
             error = lease.unwritten
             yield error_frame(
                 code="storage_error",
-                message=f"The response could not be stored: {type(error).__name__}.",
+                message="The response could not be stored"
+                + (f": {type(error).__name__}." if error is not None else "."),
                 param=None,
                 sequence_number=0,
             )

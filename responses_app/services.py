@@ -8,6 +8,7 @@ go through :data:`final_writes`, their group commit.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import time
@@ -300,11 +301,17 @@ async def store_final(prepared: Prepared, outcome: Outcome) -> bool:
     return stored
 
 
-async def store_in_progress(
+def store_in_progress(
     prepared: Prepared, snapshot: dict[str, Any], lease_owner: str, lease_s: float
-) -> None:
-    """Write a stored stream's ``in_progress`` row through :data:`final_writes` (from async code)."""
-    await final_writes.put(InProgressWrite(prepared, snapshot, lease_owner, lease_s))
+) -> asyncio.Future[Any]:
+    """Queue a stored stream's ``in_progress`` row on :data:`final_writes` (from the event loop): the
+    future of its write, which :func:`withdraw_in_progress` may take back until a batch takes it."""
+    return final_writes.submit(InProgressWrite(prepared, snapshot, lease_owner, lease_s))
+
+
+def withdraw_in_progress(write: asyncio.Future[Any]) -> bool:
+    """Take back an ``in_progress`` row that no batch has taken yet (its final row supersedes it)."""
+    return final_writes.withdraw(write)
 
 
 def _writes_alone(p: Prepared, outcome: Outcome) -> bool:

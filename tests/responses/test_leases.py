@@ -346,10 +346,14 @@ class _Recorded:
         raise RuntimeError("boom")
 
 
-def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent_before_it() -> None:
+def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A stored SSE stream (``runs.detached``): the upstream is asked while the in_progress row is
     still being written, but the client gets its first event only once that row is committed; the
     final row follows it."""
+    import threading
+
     from gateway.db import run_orm
     from responses_app import runs
     from responses_app.executor import Executor
@@ -357,12 +361,16 @@ def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent
     upstream = _Recorded()
     executor = Executor(_stored_stream(), get_config(), upstream=upstream)
     rid = executor.p.response_id
-    real = services.store_in_progress
-    release = asyncio.Event()
+    real = services.final_writes.combine
+    assert real is not None
+    release = threading.Event()
 
-    async def held_write(*args: Any, **kwargs: Any) -> None:
-        await release.wait()
-        await real(*args, **kwargs)
+    def held(writes: list[Any]) -> list[bool]:
+        if any(isinstance(write, services.InProgressWrite) for write in writes):
+            assert release.wait(10)
+        return real(writes)
+
+    monkeypatch.setattr(services.final_writes, "combine", held)
 
     async def run() -> list[tuple[str, str]]:
         seen: list[tuple[str, str]] = []
@@ -383,16 +391,70 @@ def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent
             except StopAsyncIteration:
                 return seen
 
-    services_patch = pytest.MonkeyPatch()
-    services_patch.setattr(services, "store_in_progress", held_write)
-    try:
-        seen = asyncio.run(run())
-    finally:
-        services_patch.undo()
+    seen = asyncio.run(run())
     assert seen[0] == ("response.created", "in_progress")
     assert [kind for kind, _ in seen] == ["response.created", "response.in_progress", "response.failed"]
     row = Response.objects.get(id=rid)
     assert row.status == "failed" and row.lease_expires_at is None
+
+
+def test_a_final_row_ready_before_the_in_progress_row_was_taken_replaces_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer is busy until the stream's work has ended: its in_progress row, still waiting, is
+    withdrawn and never written; the final row is written alone and the client gets every event."""
+    import threading
+
+    from responses_app import runs
+    from responses_app.executor import Executor
+
+    upstream = _Recorded()
+    upstream.go.set()  # the run ends at once (failed): its final row is ready right away
+    executor = Executor(_stored_stream(), get_config(), upstream=upstream)
+    rid = executor.p.response_id
+    real = services.final_writes.combine
+    assert real is not None
+    written: list[list[str]] = []
+
+    def recording(writes: list[Any]) -> list[bool]:
+        written.append([type(write).__name__ for write in writes])
+        return real(writes)
+
+    monkeypatch.setattr(services.final_writes, "combine", recording)
+    busy, release = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        busy.set()
+        assert release.wait(10)
+
+    blocker = threading.Thread(target=lambda: asyncio.run(services.final_writes.run(occupy)))
+    blocker.start()
+    assert busy.wait(10)
+
+    async def run() -> list[str]:
+        events = runs.detached(executor)
+        first = asyncio.ensure_future(anext(events))
+        for _ in range(200):  # until the final row waits too (the in_progress one taken back)
+            waiting = [type(write.value).__name__ for write in services.final_writes.waiting]
+            if waiting == ["FinalWrite"]:
+                break
+            await asyncio.sleep(0.01)
+        assert waiting == ["FinalWrite"]
+        assert not first.done()
+        release.set()
+        kinds = [(await asyncio.wait_for(first, 10)).type]
+        kinds += [event.type async for event in events]
+        return kinds
+
+    try:
+        kinds = asyncio.run(run())
+    finally:
+        release.set()
+        blocker.join(10)
+    assert kinds == ["response.created", "response.in_progress", "response.failed"]
+    assert written == [["FinalWrite"]]
+    row = Response.objects.get(id=rid)
+    assert row.status == "failed" and row.lease_expires_at is None and row.lease_owner == ""
 
 
 @pytest.mark.parametrize("final_store", ["works", "fails"])
