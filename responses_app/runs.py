@@ -17,7 +17,9 @@ stored JSON response announces nothing before it ends and writes only its final 
 An SSE stream (:func:`detached`) does not wait for that row to start its work: the row is written
 while the upstream request goes out, and the client is sent nothing until the row is committed
 (the events made meanwhile wait in the queue). The id is announced no earlier than before; the
-first token comes sooner by the write's time (``docs/performance.md``).
+first token comes sooner by the write's time. Nor does its final store wait for that row: it
+follows it on the same writer, or replaces it when no batch has taken it yet
+(``docs/operations.md``, ``docs/performance.md``).
 """
 
 from __future__ import annotations
