@@ -220,14 +220,7 @@ async def detached(executor: Executor) -> AsyncIterator[Event]:
     try:
         event = await queue.get()
         if event is not None and lease is not None and not await _announced(lease, task):
-            error = lease.unwritten
-            yield error_frame(
-                code="storage_error",
-                message="The response could not be stored"
-                + (f": {type(error).__name__}." if error is not None else "."),
-                param=None,
-                sequence_number=0,
-            )
+            yield _unannounced(executor, lease)
             return
         while event is not None:
             yield event
@@ -236,6 +229,25 @@ async def detached(executor: Executor) -> AsyncIterator[Event]:
     finally:
         if not task.done() and not executor.p.store:
             task.cancel()
+
+
+def _unannounced(executor: Executor, lease: _StreamLease) -> Event:
+    """The one event of a stream whose response was never stored: the run's own error (a
+    commit-time refusal such as ``conversation_locked``, a storage failure), else the in_progress
+    row's write failure; numbered 0, since nothing before it was sent."""
+    failure = executor.failure_event
+    if failure is not None:
+        data = failure.data
+        return error_frame(
+            code=data.get("code"), message=data["message"], param=data.get("param"), sequence_number=0
+        )
+    error = lease.unwritten
+    return error_frame(
+        code="storage_error",
+        message="The response could not be stored" + (f": {type(error).__name__}." if error else "."),
+        param=None,
+        sequence_number=0,
+    )
 
 
 async def _announced(lease: _StreamLease, task: asyncio.Task[None]) -> bool:

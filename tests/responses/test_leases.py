@@ -457,6 +457,56 @@ def test_a_final_row_ready_before_the_in_progress_row_was_taken_replaces_it(
     assert row.status == "failed" and row.lease_expires_at is None and row.lease_owner == ""
 
 
+def test_a_refused_final_store_that_replaced_the_in_progress_row_is_the_streams_one_event() -> None:
+    """The writer is busy until the run ended, so the in_progress row is withdrawn; the final store
+    is then refused at commit (``409 conversation_locked``): nothing was announced and nothing is
+    stored, and the client gets that refusal as the stream's one event (not a generic error)."""
+    import threading
+
+    from conversations_app import services as conversation_services
+    from conversations_app.models import Conversation
+    from responses_app import runs
+    from responses_app.executor import Executor
+
+    conversation, _ = conversation_services.conversation_create(owner="tester", metadata={}, items=[])
+    prepared = _stored_stream(conversation=conversation.id)
+    Conversation.objects.filter(id=conversation.id).update(revision=7)  # another writer appended
+    upstream = _Recorded()
+    upstream.go.set()
+    executor = Executor(prepared, get_config(), upstream=upstream)
+    busy, release = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        busy.set()
+        assert release.wait(10)
+
+    blocker = threading.Thread(target=lambda: asyncio.run(services.final_writes.run(occupy)))
+    blocker.start()
+    assert busy.wait(10)
+
+    async def run() -> list[dict[str, Any]]:
+        events = runs.detached(executor)
+        first = asyncio.ensure_future(anext(events))
+        for _ in range(200):  # until only the final store waits (the in_progress row taken back)
+            waiting = services.final_writes.waiting
+            if len(waiting) == 1 and waiting[0].value is None:
+                break
+            await asyncio.sleep(0.01)
+        assert len(waiting) == 1 and waiting[0].value is None
+        release.set()
+        return [(await asyncio.wait_for(first, 10)).data] + [event.data async for event in events]
+
+    try:
+        events = asyncio.run(run())
+    finally:
+        release.set()
+        blocker.join(10)
+    assert [(e["type"], e["code"], e["sequence_number"]) for e in events] == [
+        ("error", "conversation_locked", 0)
+    ]
+    assert not Response.objects.filter(id=prepared.response_id).exists()
+
+
 @pytest.mark.parametrize("final_store", ["works", "fails"])
 def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
     monkeypatch: pytest.MonkeyPatch, final_store: str
