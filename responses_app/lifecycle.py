@@ -39,6 +39,11 @@ from responses_app.translate import ToolMap
 log = logging.getLogger("responses.executor")  # the executor's own log: this is its base class
 
 
+def unstored_message(error: BaseException | None) -> str:
+    """The message of a response that could not be stored (``error``: why, when known)."""
+    return "The response could not be stored" + (f": {type(error).__name__}." if error is not None else ".")
+
+
 class Lifecycle:
     """The events around one response's work and its one end (see the module docstring)."""
 
@@ -238,7 +243,7 @@ class Lifecycle:
                 return
             except Exception as exc:
                 log.exception("storing response %s failed", self.p.response_id)
-                message = f"The response could not be stored: {type(exc).__name__}."
+                message = unstored_message(exc)
                 # What was generated is not stored; the row says failed, never completed.
                 self.emitter.output = []
                 await self._store_failed(message)

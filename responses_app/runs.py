@@ -34,6 +34,7 @@ from gateway.lifecycle import Interruptible, drain, interruptible, keep_running
 from responses_app import leases, services
 from responses_app.events import Event, error_frame
 from responses_app.executor import Executor
+from responses_app.lifecycle import unstored_message
 
 log = logging.getLogger("responses.runs")
 
@@ -81,7 +82,7 @@ async def _drive(
             await events.aclose()  # type: ignore[attr-defined]
             message = SHUTDOWN_MESSAGE
             if lease is not None and lease.unwritten is not None:
-                message = f"The response could not be stored: {type(lease.unwritten).__name__}."
+                message = unstored_message(lease.unwritten)
             elif lease is not None and lease.lost:
                 message = LEASE_LOST_MESSAGE
             async for event in executor.interrupt(message):
@@ -241,12 +242,8 @@ def _unannounced(executor: Executor, lease: _StreamLease) -> Event:
         return error_frame(
             code=data.get("code"), message=data["message"], param=data.get("param"), sequence_number=0
         )
-    error = lease.unwritten
     return error_frame(
-        code="storage_error",
-        message="The response could not be stored" + (f": {type(error).__name__}." if error else "."),
-        param=None,
-        sequence_number=0,
+        code="storage_error", message=unstored_message(lease.unwritten), param=None, sequence_number=0
     )
 
 

@@ -398,14 +398,49 @@ def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent
     assert row.status == "failed" and row.lease_expires_at is None
 
 
+def _behind_a_busy_writer(executor: Any, final_waits: Any) -> list[Any]:
+    """Run ``executor`` through ``runs.detached`` while the stored-response writer is busy with
+    another write, until ``final_waits(waiting)`` says its final store waits alone (its in_progress
+    row taken back); nothing may have been sent by then. Every event of the stream."""
+    import threading
+
+    from responses_app import runs
+
+    busy, release = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        busy.set()
+        assert release.wait(10)
+
+    blocker = threading.Thread(target=lambda: asyncio.run(services.final_writes.run(occupy)))
+    blocker.start()
+    assert busy.wait(10)
+
+    async def run() -> list[Any]:
+        events = runs.detached(executor)
+        first = asyncio.ensure_future(anext(events))
+        for _ in range(200):
+            if final_waits(services.final_writes.waiting):
+                break
+            await asyncio.sleep(0.01)
+        assert final_waits(services.final_writes.waiting)
+        assert not first.done()
+        release.set()
+        return [await asyncio.wait_for(first, 10)] + [event async for event in events]
+
+    try:
+        return asyncio.run(run())
+    finally:
+        release.set()
+        blocker.join(10)
+
+
 def test_a_final_row_ready_before_the_in_progress_row_was_taken_replaces_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The writer is busy until the stream's work has ended: its in_progress row, still waiting, is
     withdrawn and never written; the final row is written alone and the client gets every event."""
-    import threading
 
-    from responses_app import runs
     from responses_app.executor import Executor
 
     upstream = _Recorded()
@@ -421,36 +456,10 @@ def test_a_final_row_ready_before_the_in_progress_row_was_taken_replaces_it(
         return real(writes)
 
     monkeypatch.setattr(services.final_writes, "combine", recording)
-    busy, release = threading.Event(), threading.Event()
-
-    def occupy() -> None:
-        busy.set()
-        assert release.wait(10)
-
-    blocker = threading.Thread(target=lambda: asyncio.run(services.final_writes.run(occupy)))
-    blocker.start()
-    assert busy.wait(10)
-
-    async def run() -> list[str]:
-        events = runs.detached(executor)
-        first = asyncio.ensure_future(anext(events))
-        for _ in range(200):  # until the final row waits too (the in_progress one taken back)
-            waiting = [type(write.value).__name__ for write in services.final_writes.waiting]
-            if waiting == ["FinalWrite"]:
-                break
-            await asyncio.sleep(0.01)
-        assert waiting == ["FinalWrite"]
-        assert not first.done()
-        release.set()
-        kinds = [(await asyncio.wait_for(first, 10)).type]
-        kinds += [event.type async for event in events]
-        return kinds
-
-    try:
-        kinds = asyncio.run(run())
-    finally:
-        release.set()
-        blocker.join(10)
+    events = _behind_a_busy_writer(
+        executor, lambda waiting: [type(write.value).__name__ for write in waiting] == ["FinalWrite"]
+    )
+    kinds = [event.type for event in events]
     assert kinds == ["response.created", "response.in_progress", "response.failed"]
     assert written == [["FinalWrite"]]
     row = Response.objects.get(id=rid)
@@ -461,11 +470,9 @@ def test_a_refused_final_store_that_replaced_the_in_progress_row_is_the_streams_
     """The writer is busy until the run ended, so the in_progress row is withdrawn; the final store
     is then refused at commit (``409 conversation_locked``): nothing was announced and nothing is
     stored, and the client gets that refusal as the stream's one event (not a generic error)."""
-    import threading
 
     from conversations_app import services as conversation_services
     from conversations_app.models import Conversation
-    from responses_app import runs
     from responses_app.executor import Executor
 
     conversation, _ = conversation_services.conversation_create(owner="tester", metadata={}, items=[])
@@ -474,33 +481,12 @@ def test_a_refused_final_store_that_replaced_the_in_progress_row_is_the_streams_
     upstream = _Recorded()
     upstream.go.set()
     executor = Executor(prepared, get_config(), upstream=upstream)
-    busy, release = threading.Event(), threading.Event()
-
-    def occupy() -> None:
-        busy.set()
-        assert release.wait(10)
-
-    blocker = threading.Thread(target=lambda: asyncio.run(services.final_writes.run(occupy)))
-    blocker.start()
-    assert busy.wait(10)
-
-    async def run() -> list[dict[str, Any]]:
-        events = runs.detached(executor)
-        first = asyncio.ensure_future(anext(events))
-        for _ in range(200):  # until only the final store waits (the in_progress row taken back)
-            waiting = services.final_writes.waiting
-            if len(waiting) == 1 and waiting[0].value is None:
-                break
-            await asyncio.sleep(0.01)
-        assert len(waiting) == 1 and waiting[0].value is None
-        release.set()
-        return [(await asyncio.wait_for(first, 10)).data] + [event.data async for event in events]
-
-    try:
-        events = asyncio.run(run())
-    finally:
-        release.set()
-        blocker.join(10)
+    events = [
+        event.data
+        for event in _behind_a_busy_writer(
+            executor, lambda waiting: len(waiting) == 1 and waiting[0].value is None
+        )
+    ]
     assert [(e["type"], e["code"], e["sequence_number"]) for e in events] == [
         ("error", "conversation_locked", 0)
     ]
