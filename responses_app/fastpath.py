@@ -11,9 +11,10 @@ path did, in the same order, and then runs the one implementation, :func:`respon
    ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
 3. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
    (what ``GatewayErrorMiddleware`` does on ``/v1``);
-4. a streamed answer is sent as it is produced (frames produced together in one write, see
-   :func:`responses_app.events.coalesce`); a client that disconnects cancels the work (as Django
-   does), watched by a task started only for requests still running after ``WATCH_AFTER_S``.
+4. a streamed answer is sent as it is produced, its head together with its first frames (frames
+   produced together in one write, see :func:`responses_app.events.coalesce`); a client that
+   disconnects cancels the work (as Django does), watched by a task started only for requests
+   still running after ``WATCH_AFTER_S``.
 
 ``ResponsesAppConfig.ready()`` registers this handler in :mod:`gateway.fastroutes`. Other paths
 under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
@@ -100,15 +101,28 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
         exchange.finished = True
         await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
         return
-    await send({"type": "http.response.start", "status": outcome.status, "headers": raw})
-    # Events produced together (one upstream chunk carries many) go out in one write; the
-    # coalescer is closed first on every exit, so it unwinds a source it left waiting.
-    async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
-        async for frame in frames:
-            if frame:
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
+    start = {"type": "http.response.start", "status": outcome.status, "headers": raw}
+    # The head goes out with the first events (one write: a stored stream's first event waits for
+    # its row, and a head sent alone costs the client a read of its own); events produced together
+    # (one upstream chunk carries many) go out in one write. The coalescer is closed first on
+    # every exit, so it unwinds a source it left waiting.
+    try:
+        async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
+            async for frame in frames:
+                if frame:
+                    if start:
+                        start = await _start(send, start)
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+    finally:
+        if start:  # no event was sent: the head all the same (the end, or a failure, follows)
+            await _start(send, start)
     exchange.finished = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _start(send: Send, start: dict[str, Any]) -> dict[str, Any]:
+    await send(start)
+    return {}
 
 
 async def _close(outcome: Outcome) -> None:

@@ -96,3 +96,64 @@ async def test_closing_early_closes_the_source() -> None:
     assert await frames.__anext__() == b"a"
     await frames.aclose()
     assert closed == [True]
+
+
+# --- the fast path's stream: its head goes out with its first frames ------------------------------
+
+
+def _stream(source: AsyncIterator[bytes]) -> tuple[list[dict[str, object]], asyncio.Future[None]]:
+    from gateway.passthrough import Exchange
+    from responses_app import fastpath
+    from responses_app.views import Outcome
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    outcome = Outcome(headers=[("Content-Type", "text/event-stream")], frames=source)
+    return sent, asyncio.ensure_future(fastpath._send(outcome, send, Exchange(), []))
+
+
+async def test_a_streams_head_waits_for_its_first_frames_and_goes_out_with_them() -> None:
+    first = asyncio.Event()
+
+    async def source() -> AsyncIterator[bytes]:
+        await first.wait()  # a stored stream's first event waits for its row
+        yield b"a"
+        yield b"b"
+        await asyncio.sleep(0)
+        yield b"c"
+
+    sent, done = _stream(source())
+    await asyncio.sleep(0.01)
+    assert sent == []  # no head alone: it would cost the client a read of its own
+    first.set()
+    await done
+    assert [(m["type"], m.get("body")) for m in sent] == [
+        ("http.response.start", None),
+        ("http.response.body", b"ab"),
+        ("http.response.body", b"c"),
+        ("http.response.body", b""),
+    ]
+    assert sent[0]["status"] == 200 and (b"content-type", b"text/event-stream") in sent[0]["headers"]  # type: ignore[operator]
+
+
+async def test_a_stream_without_frames_or_failing_before_one_still_gets_its_head() -> None:
+    async def empty() -> AsyncIterator[bytes]:
+        return
+        yield b""
+
+    sent, done = _stream(empty())
+    await done
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+    async def broken() -> AsyncIterator[bytes]:
+        await asyncio.sleep(0)
+        raise RuntimeError("broken")
+        yield b""
+
+    sent, done = _stream(broken())
+    with pytest.raises(RuntimeError, match="broken"):
+        await done
+    assert [m["type"] for m in sent] == ["http.response.start"]  # as before: the server ends it
