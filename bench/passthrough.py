@@ -42,6 +42,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.responses import cpu_seconds  # noqa: E402
 from tests.servers import GatewayProcess, free_port  # noqa: E402
 
 CONTENT_MARKER = b'"delta":{"content":"'
@@ -112,15 +113,9 @@ class _Conn(asyncio.Protocol):
 # The server process behind each port (the gateways' and the reference's): its CPU time is read
 # around each cell, so the report has CPU per request, which a shared machine disturbs far less
 # than requests/s.
+# A gateway with several server processes is measured as its whole process tree (the supervisor
+# and its workers), as bench/responses.py measures it.
 PIDS: dict[int, int] = {}
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 @dataclass
@@ -231,8 +226,7 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
         procs.append(gateway.proc)
         wait_http(gateway.port)
         targets["ours" if workers == 1 else f"ours-w{workers}"] = gateway.port
-        if workers == 1:
-            PIDS[gateway.port] = gateway.proc.pid  # one process serves (more: the supervisor's pid)
+        PIDS[gateway.port] = gateway.proc.pid  # with its workers, if it has any
     extra: list[tuple[str, dict[str, str], Path]] = []
     if args.relay_off:
         extra.append(("ours-relay-off", {"GATEWAY_SERVER_DIRECT_RELAY": "false"}, ROOT))
