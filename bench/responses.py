@@ -9,13 +9,16 @@ stored, completed response; errors are counted per cell and any error fails the 
 
     .venv/bin/python bench/responses.py [--reference /work/ref-venv/bin/agentic-server]
         [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--quick] [--requests 800]
-        [--concurrency 16,64]
+        [--concurrency 16,64] [--rounds 3]
 
 The gateway runs as ``manage.py serve`` in its default configuration (as ``make run`` starts it);
 the reference as ``agentic-server --llm-api-base … --skip-llm-ready-check``, each on its own SQLite
 file, then each on a fresh PostgreSQL database (``<prefix>_gateway``, ``<prefix>_reference``;
 ``--db-prefix``, default ``bench``). ``--before <checkout>`` runs an earlier commit's gateway beside
-both, from that checkout, in the same configuration.
+both, from that checkout, in the same configuration. ``--rounds N`` measures each cell N times, the
+targets' order reversed every other round (cells move by 20-30 % from run to run on a shared
+2-core machine), and adds a table of medians with each target's req/s over the reference's, round
+by round.
 """
 
 from __future__ import annotations
@@ -263,6 +266,24 @@ def postgres_url(base: str, name: str) -> str:
     return f"{server}/{name}"
 
 
+def _medians(store: str, mode: str, concurrency: int, cell: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The median row of each target of one cell, with its req/s over the reference's, round by round."""
+    reference = cell.get("reference")
+    rows = []
+    for name, runs in cell.items():
+        rps = statistics.median(run["rps"] for run in runs)
+        cpu = statistics.median(run["cpu_ms"] for run in runs)
+        ratios = (
+            [run["rps"] / ref["rps"] for run, ref in zip(runs, reference, strict=True)] if reference else []
+        )
+        by_round = " ".join(f"{ratio:.2f}" for ratio in ratios) or "-"
+        median = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        rows.append(
+            f"| {store} | {mode} | {concurrency} | {name} | {rps:.0f} | {cpu:.2f} | {by_round} | {median} |"
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reference", default="/work/ref-venv/bin/agentic-server")
@@ -277,6 +298,13 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", default="16,64", help="comma-separated levels")
     parser.add_argument("--chain-turns", type=int, default=50)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds a cell, the targets' order reversed every other round; more than one adds a "
+        "table of medians",
+    )
     parser.add_argument("--workers", type=int, default=0, help="our server processes (0: the default)")
     parser.add_argument("--modes", default="json,sse")
     parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
@@ -305,6 +333,7 @@ def main() -> None:
     print("| store | mode | concurrency | target | req/s | p50 ms | CPU ms/req | errors |")
     print("|---|---|---|---|---|---|---|---|")
     chains: list[str] = []
+    medians: list[str] = []
     for store in stores:
         procs: list[subprocess.Popen[Any]] = []
         targets: dict[str, tuple[str, int]] = {}
@@ -330,25 +359,26 @@ def main() -> None:
                 procs.append(ref_proc)
                 targets["reference"] = (url, ref_proc.pid)
             for stream in [mode == "sse" for mode in args.modes.split(",")]:
+                mode = "SSE" if stream else "JSON"
+                body = {"model": "test-model", "input": "Hello there", "stream": stream, "store": True}
                 for concurrency in levels:
-                    for name, (base, pid) in targets.items():
-                        body = {
-                            "model": "test-model",
-                            "input": "Hello there",
-                            "stream": stream,
-                            "store": True,
-                        }
-                        stats = asyncio.run(load(base, body, concurrency, per_level, pid))
-                        cpu_ms = stats["cpu_ms"]
-                        total_errors += stats["errors"]
-                        mode = "SSE" if stream else "JSON"
-                        print(
-                            f"| {store} | {mode} | {concurrency} | {name} | {stats['rps']:.0f} | "
-                            f"{stats['p50_ms']:.1f} | {cpu_ms:.2f} | {stats['errors']} |",
-                            flush=True,
-                        )
-                        if stats["errors"]:
-                            print(f"  first error: {stats['first_error']}", flush=True)
+                    cell: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+                    for round_ in range(args.rounds):
+                        # Every other round in reverse: no target always runs first (or last).
+                        order = list(targets.items())
+                        for name, (base, pid) in order if round_ % 2 == 0 else order[::-1]:
+                            stats = asyncio.run(load(base, body, concurrency, per_level, pid))
+                            cell[name].append(stats)
+                            total_errors += stats["errors"]
+                            print(
+                                f"| {store} | {mode} | {concurrency} | {name} | {stats['rps']:.0f} | "
+                                f"{stats['p50_ms']:.1f} | {stats['cpu_ms']:.2f} | {stats['errors']} |",
+                                flush=True,
+                            )
+                            if stats["errors"]:
+                                print(f"  first error: {stats['first_error']}", flush=True)
+                    if args.rounds > 1:
+                        medians.extend(_medians(store, mode, concurrency, cell))
             for name, (base, _) in targets.items():
                 per_turn, errors = asyncio.run(
                     chain(base, args.chain_turns, {"model": "test-model", "store": True})
@@ -361,6 +391,14 @@ def main() -> None:
             for proc in procs:
                 proc.terminate()
                 proc.wait(10)
+    if medians:
+        print()
+        print(
+            f"| store | mode | concurrency | target | median req/s ({args.rounds} rounds) | median CPU ms/req | "
+            "/ reference by round | median |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(medians))
     print()
     print(
         f"| store | target | chain first third mean ms | last third mean ms | errors ({args.chain_turns} turns) |"
