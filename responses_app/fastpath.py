@@ -102,6 +102,7 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
         await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
         return
     start = {"type": "http.response.start", "status": outcome.status, "headers": raw}
+    started = False
     # The head goes out with the first events (one write: a stored stream's first event waits for
     # its row, and a head sent alone costs the client a read of its own); events produced together
     # (one upstream chunk carries many) go out in one write. The coalescer is closed first on
@@ -110,19 +111,15 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
         async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
             async for frame in frames:
                 if frame:
-                    if start:
-                        start = await _start(send, start)
+                    if not started:
+                        await send(start)
+                        started = True
                     await send({"type": "http.response.body", "body": frame, "more_body": True})
     finally:
-        if start:  # no event was sent: the head all the same (the end, or a failure, follows)
-            await _start(send, start)
+        if not started:  # no event was sent: the head all the same (the end, or a failure, follows)
+            await send(start)
     exchange.finished = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _start(send: Send, start: dict[str, Any]) -> dict[str, Any]:
-    await send(start)
-    return {}
 
 
 async def _close(outcome: Outcome) -> None:
