@@ -112,8 +112,8 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
             async for frame in frames:
                 if frame:
                     if not started:
+                        started = True  # before the send: a send that fails is not repeated below
                         await send(start)
-                        started = True
                     await send({"type": "http.response.body", "body": frame, "more_body": True})
     finally:
         if not started:  # no event was sent: the head all the same (the end, or a failure, follows)

@@ -157,3 +157,23 @@ async def test_a_stream_without_frames_or_failing_before_one_still_gets_its_head
     with pytest.raises(RuntimeError, match="broken"):
         await done
     assert [m["type"] for m in sent] == ["http.response.start"]  # as before: the server ends it
+
+
+async def test_a_head_whose_send_fails_is_not_sent_again() -> None:
+    from gateway.passthrough import Exchange
+    from responses_app import fastpath
+    from responses_app.views import Outcome
+
+    sent: list[str] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(str(message["type"]))
+        raise ConnectionError("the server refused the head")
+
+    async def source() -> AsyncIterator[bytes]:
+        yield b"a"
+
+    outcome = Outcome(headers=[("Content-Type", "text/event-stream")], frames=source())
+    with pytest.raises(ConnectionError, match="refused the head"):
+        await fastpath._send(outcome, send, Exchange(), [])
+    assert sent == ["http.response.start"]  # once: the original failure is the one raised
