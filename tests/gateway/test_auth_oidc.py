@@ -450,3 +450,27 @@ def test_forward_headers_drops_a_consumed_credential(gateway_config: Any) -> Non
     # Not consumed (open gateway): the caller's own credential passes through untouched.
     out = forward_headers(incoming, config, caller_credential_consumed=False)
     assert out["authorization"] == "Bearer id-token"
+
+
+def test_a_gateway_without_oidc_never_loads_the_oidc_module() -> None:
+    """The OIDC module brings aiohttp and PyJWT: importing it on a request (as ``authenticate`` did
+    on every API-key or open gateway, once the key snapshot first went stale) blocked the worker's
+    event loop for about 0.1 s. Checked in a fresh interpreter: this process imported it long ago."""
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    probe = (
+        "import asyncio, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'gateway.settings');"
+        "import django; django.setup(); import gateway.asgi;"
+        "from gateway import auth; from gateway.auth import apikeys; apikeys.pin_no_keys();"
+        "result = asyncio.run(auth.authenticate('/v1/responses', {'authorization': 'Bearer x'}));"
+        "print(result.principal.kind, 'gateway.auth.oidc' in sys.modules)"
+    )
+    env = {"PATH": "/usr/bin:/bin", "GATEWAY_SECRET_KEY": "x" * 50}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["default", "False"], out.stderr
