@@ -7,8 +7,9 @@ class ResponsesAppConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway import fastroutes, lifecycle
-        from responses_app.fastpath import serve_create
+        from responses_app.fastpath import answer, serve_create
         from responses_app.tasks import sweep_forever
 
-        fastroutes.handle("/v1/responses", serve_create)  # served below Django (gateway.fastroutes)
+        # Served below Django (gateway.fastroutes): by the ASGI handler, or on the callback relay.
+        fastroutes.handle("/v1/responses", serve_create, served=answer)
         lifecycle.on_startup(sweep_forever)  # the lease sweep, in every server process
