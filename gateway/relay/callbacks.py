@@ -518,17 +518,8 @@ class Relay:
             self._complete()
 
 
-def _may_stream(body: bytes) -> bool:
-    """Whether a served request's body may ask for an event stream (it names ``"stream"``): such a
-    request is handed to the ASGI path (``Route.divert``). Measured in one interleaved run, a stored
-    stream cost more CPU answered here than there (SQLite, c=16: 1.31 against 1.16 ms), a JSON
-    answer less (``docs/performance.md``). A body that names it without streaming only takes the
-    ASGI path; one that streams without naming it literally (an escaped key) is streamed here."""
-    return b'"stream"' in body
-
-
-# What a served path's ServedRelay stands on: POST only, nothing upstream, streams to ASGI.
-_SERVED_ROUTE = Route("", divert=_may_stream)
+# What a served path's ServedRelay stands on: POST only, nothing upstream, no divert.
+_SERVED_ROUTE = Route("")
 
 
 class ServedRelay(Relay):
