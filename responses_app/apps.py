@@ -7,9 +7,8 @@ class ResponsesAppConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway import fastroutes, lifecycle
-        from responses_app.fastpath import answer, serve_create
+        from responses_app.fastpath import serve_create
         from responses_app.tasks import sweep_forever
 
-        # Served below Django (gateway.fastroutes): by the ASGI handler, or on the callback relay.
-        fastroutes.handle("/v1/responses", serve_create, served=answer)
+        fastroutes.handle("/v1/responses", serve_create)  # served below Django (gateway.fastroutes)
         lifecycle.on_startup(sweep_forever)  # the lease sweep, in every server process

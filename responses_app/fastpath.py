@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Mapping
-from typing import Any, cast
+from typing import Any
 
 from gateway import errors
-from gateway.auth import AuthResult
 from gateway.passthrough import (
     ClientDisconnected,
     DisconnectWatch,
@@ -70,7 +68,14 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
             try:
                 auth = await admitted(passage, headers, _METHODS)
-                outcome = await answer(headers, body, auth)
+                call = Call(
+                    content_type=_media_type(headers.get("content-type", "")),
+                    body=body,
+                    headers=headers,
+                    principal=auth.principal,
+                    credential_consumed=auth.credential_consumed,
+                )
+                outcome = await create(call)
             except errors.GatewayError as exc:
                 exchange.finished = True
                 await send_error(send, scope, exc, passage.cors)
@@ -84,23 +89,6 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
     finally:
         if outcome is not None:
             await _close(outcome)
-
-
-async def answer(headers: Mapping[str, str], body: bytes, auth: AuthResult) -> Outcome:
-    """The answer to an admitted ``POST /v1/responses`` (``headers`` lower-cased): here and, under
-    ``manage.py serve``, on the callback relay (``gateway.fastroutes.SERVED``). A stream's frames
-    come joined as they were produced together (:func:`responses_app.events.coalesce`)."""
-    call = Call(
-        content_type=_media_type(headers.get("content-type", "")),
-        body=body,
-        headers=headers,
-        principal=auth.principal,
-        credential_consumed=auth.credential_consumed,
-    )
-    outcome = await create(call)
-    if outcome.frames is not None:
-        outcome.frames = coalesce(outcome.frames)
-    return outcome
 
 
 async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHeaders) -> None:
@@ -120,7 +108,7 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
     # (one upstream chunk carries many) go out in one write. The coalescer is closed first on
     # every exit, so it unwinds a source it left waiting.
     try:
-        async with contextlib.aclosing(cast(AsyncGenerator[bytes, None], outcome.frames)) as frames:
+        async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
             async for frame in frames:
                 if frame:
                     if not started:

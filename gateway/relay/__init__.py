@@ -8,11 +8,9 @@ What is here, and why (``docs/performance.md``, the decision record):
   writes a response's head together with its first body bytes; ``GatewayServerProtocol`` adds the
   callback relay; ``DrainingWebSocketProtocol`` keeps WebSocket connections open through the
   graceful drain.
-- :mod:`gateway.relay.callbacks`: the pass-through relay on callbacks (``Relay``), the served
-  paths' answers written on the same callbacks (``ServedRelay``: ``POST /v1/responses``, through
-  the app's own function registered in ``gateway.fastroutes.SERVED``), and the one decision of
-  which requests it takes (``start``); it applies the rules through ``gateway.pipeline`` like every
-  other path.
+- :mod:`gateway.relay.callbacks`: the pass-through relay on callbacks (``Relay``) and the one
+  decision of which requests it takes (``start``); it applies the rules through ``gateway.pipeline``
+  like every other path.
 - :mod:`gateway.relay.http_client`: the lean upstream HTTP/1.1 client the relay is designed with
   (asyncio Protocols, ``httptools``' parser, a keep-alive pool per event loop; ``HttpPool.send_on``,
   ``Outbox`` and ``Sink`` are the relay's side of it). It relies on no library internal, so neither

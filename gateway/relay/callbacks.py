@@ -10,12 +10,6 @@ upstream's answer is written to the socket as raw HTTP as it arrives. None of th
 for a small JSON exchange that plumbing cost more CPU than everything else the gateway does
 (``docs/performance.md``).
 
-A served path (:data:`gateway.fastroutes.SERVED`: ``POST /v1/responses``) is taken the same way by
-:class:`ServedRelay`: admitted and finished here, its answer computed by the app's function (the
-one its ASGI handler calls too) in a task and written as raw HTTP. For a stored response that
-spares the ASGI round trip as it does for a pass-through one (measured: a tenth to a fifth of the
-gateway's CPU per stored JSON response, ``docs/performance.md``).
-
 :func:`start` is the one decision point of which requests the relay takes; everything else (a
 chunked or streamed request body, ``Expect: 100-continue``, other methods, an upstream that is not
 HTTP: the embedded engine, the Celery workers) goes to the ASGI fast path (``gateway.fastpath``).
@@ -32,21 +26,19 @@ event (``Route.stream_error``), as on the ASGI path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncGenerator, Coroutine
-from typing import Any, Protocol, cast
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from gateway import errors
 from gateway.auth import AuthResult
 from gateway.config import get_config
-from gateway.fastroutes import Answer, Served
 from gateway.logging import request_id_var
 from gateway.passthrough import SSE_CONTENT_TYPE, RawHeaders, Route, forward_headers, upstream_pool
 from gateway.pipeline import Passage, admit, admit_waiting, finish, release
-from gateway.relay.http_client import Connection, HttpPool, Outbox, describe, outbox_of
+from gateway.relay.http_client import Connection, HttpPool, describe
 
 log = logging.getLogger("gateway")
 
@@ -71,35 +63,23 @@ class Host(Protocol):
     def serve_asgi(self, cycle: Any, body: bytes) -> None: ...
 
 
-def start(protocol: Host, cycle: Any, target: Route | Served) -> bool:
-    """Take this request on callbacks; False: it goes to the ASGI fast path.
+def start(protocol: Host, cycle: Any, route: Route) -> bool:
+    """Relay this request on callbacks; False: it goes to the ASGI fast path.
 
-    ``target`` is a pass-through route (relayed to the upstream) or a served path's function
-    (:data:`gateway.fastroutes.SERVED`, ``POST /v1/responses``: its answer written here). Called
-    when the request's headers are parsed (``cycle.scope`` holds the method, path, query string and
-    raw headers). This is the one place that decides which requests the relay takes.
+    Called when the request's headers are parsed (``cycle.scope`` holds the method, path, query
+    string and raw headers). This is the one place that decides which requests the relay takes.
     """
     scope: dict[str, Any] = cycle.scope
-    if scope["method"] != "POST":
+    if scope["method"] != "POST" or route.stream_request_body:
         return False
-    pool: HttpPool | None = None
-    if isinstance(target, Route):
-        if target.stream_request_body:
-            return False
-        found = upstream_pool(protocol.loop)
-        if not isinstance(found, HttpPool):  # None: not an HTTP upstream
-            return False
-        pool = found
+    pool = upstream_pool(protocol.loop)
+    if not isinstance(pool, HttpPool):  # None: not an HTTP upstream
+        return False
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}  # lower-cased
     declared = headers.get("content-length")
     if declared is None or not declared.isdigit() or "transfer-encoding" in headers or "expect" in headers:
         return False
-    relay: Relay
-    if pool is not None:
-        relay = Relay(protocol, cycle, target, headers, pool, pool.outbox)  # type: ignore[arg-type]
-    else:  # a served path: nothing goes upstream from here (no pool is opened for it)
-        relay = ServedRelay(protocol, cycle, _SERVED_ROUTE, headers, None, outbox_of(protocol.loop))
-        relay.handler = target  # type: ignore[assignment]
+    relay = Relay(protocol, cycle, route, headers, pool)
     protocol.relay = relay
     relay.admit(headers)
     if not cycle.more_body and not relay.over:
@@ -134,7 +114,6 @@ class Relay:
         "finished",
         "forwarded",
         "head",
-        "outbox",
         "over",
         "passage",
         "path",
@@ -155,8 +134,7 @@ class Relay:
         cycle: Any,
         route: Route,
         headers: dict[str, str],
-        pool: HttpPool | None,
-        outbox: Outbox,
+        pool: HttpPool,
     ) -> None:
         scope: dict[str, Any] = cycle.scope
         self.path: str = scope["path"]
@@ -173,8 +151,7 @@ class Relay:
         self.finished = False
         self.extra: RawHeaders = []
         self.route = route
-        self.pool = pool  # None: a served path (nothing goes upstream from here)
-        self.outbox = outbox
+        self.pool = pool
         query = scope["query_string"]
         self.target = route.upstream_path + ("?" + query.decode("latin-1") if query else "")
         self.forwarded: dict[str, str] | None = None  # set once the caller is admitted
@@ -262,7 +239,7 @@ class Relay:
         protocol.serve_asgi(self.cycle, self.body)
 
     def _send_body(self) -> None:
-        assert self.forwarded is not None and self.pool is not None
+        assert self.forwarded is not None
         try:
             self.head = self.pool.head("POST", self.target, self.forwarded, len(self.body))
         except errors.GatewayError as exc:
@@ -271,25 +248,21 @@ class Relay:
         self._send()
 
     def _send(self) -> None:
-        pool = self.pool
-        assert pool is not None
-        conn = pool.idle_connection()
+        conn = self.pool.idle_connection()
         if conn is None:
             self._spawn(self._connect())
             return
         self.conn = conn
-        pool.send_on(conn, self.head, self.body, self)
+        self.pool.send_on(conn, self.head, self.body, self)
 
     async def _connect(self) -> None:
-        pool = self.pool
-        assert pool is not None
         try:
-            conn = await pool.connection()
+            conn = await self.pool.connection()
         except errors.GatewayError as exc:
             self._error(exc)
             return
         self.conn = conn
-        pool.send_on(conn, self.head, self.body, self)
+        self.pool.send_on(conn, self.head, self.body, self)
 
     def _spawn(self, step: Coroutine[Any, Any, None]) -> None:
         """Run a step that has to wait (in the request's log context, the caller's); the relay goes
@@ -308,9 +281,7 @@ class Relay:
         except Exception:
             self._unexpected()
         finally:
-            # Unless this step started the next one (admission that waited, then the answer).
-            if self.task is asyncio.current_task():
-                self.task = None
+            self.task = None
 
     # -- writing the answer ----------------------------------------------------------------------
 
@@ -378,9 +349,9 @@ class Relay:
 
     def _pump(self) -> None:
         conn = self.conn
-        pool = self.pool
-        if conn is None or pool is None:
+        if conn is None:
             return
+        pool = self.pool
         if not self.status:
             if not conn.headers_done:
                 error = conn.error
@@ -445,10 +416,10 @@ class Relay:
 
     def _put(self, data: bytes) -> None:
         if not self.cycle.disconnected:
-            self.outbox.write(self.cycle.transport, data)
+            self.pool.outbox.write(self.cycle.transport, data)
 
     def _close(self) -> None:
-        self.outbox.flush()  # what was put for the client goes out before the close
+        self.pool.outbox.flush()  # what was put for the client goes out before the close
         self.cycle.transport.close()
 
     def _error(self, exc: errors.GatewayError) -> None:
@@ -479,7 +450,7 @@ class Relay:
         """A bug: log it, and answer 500 if nothing was sent yet, else cut the response off."""
         log.exception("unhandled error on %s", self.path)
         conn, self.conn = self.conn, None
-        if conn is not None and self.pool is not None:
+        if conn is not None:
             self.pool.discard(conn)
         if self.over:
             return
@@ -499,7 +470,7 @@ class Relay:
             if task is not None:
                 task.cancel()
             conn, self.conn = self.conn, None
-            if conn is not None and self.pool is not None:
+            if conn is not None:
                 self.pool.discard(conn)
             self._done(False)
         finally:
@@ -516,84 +487,6 @@ class Relay:
         finish(self.passage, self.status if answered else 0, self.path)
         if answered:
             self._complete()
-
-
-# What a served path's ServedRelay stands on: POST only, nothing upstream, no divert.
-_SERVED_ROUTE = Route("")
-
-
-class ServedRelay(Relay):
-    """A served path's request (:data:`gateway.fastroutes.SERVED`: ``POST /v1/responses``) on
-    callbacks: admitted and finished as a relayed one (:class:`Relay`), its answer computed by the
-    path's function in a task and written as raw HTTP: a sized body in one write with its head, or
-    the frames of a stream chunked, each in one write (the head with the first). While the client's
-    socket is full the task waits for it to drain; a client that leaves cancels the task (as the
-    ASGI path's ``DisconnectWatch`` does)."""
-
-    __slots__ = ("auth", "drained", "handler", "request_headers")
-
-    handler: Served
-    auth: AuthResult
-    drained: asyncio.Future[None] | None
-
-    def _admitted(self, headers: dict[str, str], auth: AuthResult) -> None:
-        self.cycle.scope["principal"] = auth.principal
-        self.auth = auth
-        self.request_headers = headers
-        self.drained = None
-        self.forwarded = headers  # admitted (what Relay checks); nothing is forwarded from here
-        if self.body_in:
-            self._send_body()
-
-    def _send_body(self) -> None:
-        self._spawn(self._serve())
-
-    async def _serve(self) -> None:
-        try:
-            answer = await self.handler(self.request_headers, self.body, self.auth)
-        except errors.GatewayError as exc:
-            self._error(exc)
-            return
-        try:
-            await self._write(answer)
-        finally:
-            frames: Any = answer.frames
-            if frames is not None:
-                await frames.aclose()
-            if answer.close is not None:
-                await answer.close()
-
-    async def _write(self, answer: Answer) -> None:
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers]
-        if answer.frames is None:
-            raw.append((b"content-length", b"%d" % len(answer.body)))
-            self._put(self._head(answer.status, raw) + answer.body)
-            self._done(True)
-            return
-        head = self.begin(answer.status, raw)  # no length: chunked
-        flow = self.protocol.flow
-        async with contextlib.aclosing(cast(AsyncGenerator[bytes, None], answer.frames)) as frames:
-            async for frame in frames:
-                if not frame:
-                    continue
-                chunk = b"%x\r\n%b\r\n" % (len(frame), frame)
-                if head:
-                    chunk, head = head + chunk, b""
-                self._put(chunk)
-                if flow.write_paused and not self.cycle.disconnected:
-                    self.drained = self.protocol.loop.create_future()
-                    try:
-                        await self.drained
-                    finally:
-                        self.drained = None
-        self._put(head + _LAST_CHUNK)  # the head too when no frame came
-        self._done(True)
-
-    def _pump(self) -> None:
-        """The client's socket drained (the protocol's ``resume_writing``): the stream goes on."""
-        drained = self.drained
-        if drained is not None and not drained.done():
-            drained.set_result(None)
 
 
 def _content_type(headers: RawHeaders) -> str:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import weakref
 from collections import deque
 from collections.abc import AsyncIterable, Mapping
 from typing import Protocol
@@ -100,18 +99,6 @@ class Outbox:
         for transport, data in items:
             if not transport.is_closing():
                 transport.write(data)  # type: ignore[attr-defined]
-
-
-_outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = weakref.WeakKeyDictionary()
-
-
-def outbox_of(loop: asyncio.AbstractEventLoop) -> Outbox:
-    """The :class:`Outbox` of ``loop``: one for every writer on it (its pool's, the relay's), so that
-    their writes keep their order."""
-    box = _outboxes.get(loop)
-    if box is None:
-        box = _outboxes[loop] = Outbox(loop)
-    return box
 
 
 def _framing(method: str, length: int) -> bytes:
@@ -461,7 +448,7 @@ class HttpPool:
         self.idle: list[Connection] = []
         self.waiters: deque[asyncio.Future[Connection | None]] = deque()
         self.closed = False
-        self.outbox = outbox_of(self.loop)  # send_on()'s writes, and the callback relay's
+        self.outbox = Outbox(self.loop)  # send_on()'s writes, and the callback relay's
 
     # -- requests ----------------------------------------------------------------------------
 

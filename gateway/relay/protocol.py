@@ -390,8 +390,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
 
     A pass-through request on an idle connection (the usual keep-alive case) is recognised when its
     headers are parsed and relayed on callbacks by :class:`~gateway.relay.callbacks.Relay` on a
-    :class:`LeanCycle`, without uvicorn's ASGI scope and request cycle; a served path's
-    (``POST /v1/responses``) likewise by :class:`~gateway.relay.callbacks.ServedRelay`. Pipelined ones (uvicorn
+    :class:`LeanCycle`, without uvicorn's ASGI scope and request cycle. Pipelined ones (uvicorn
     queues them) are offered to :func:`~gateway.relay.callbacks.start` when their turn comes. What
     the relay does not take (:func:`~gateway.relay.callbacks.start` decides: a chunked body, an
     upstream that is not HTTP, other methods) goes to the ASGI app, whose fast path serves it. The
@@ -439,9 +438,8 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         if routes is None:
             from gateway import fastroutes
 
-            targets = {**fastroutes.RELAYED, **fastroutes.SERVED}
             routes = GatewayServerProtocol._lean_routes = {
-                path.encode("ascii"): (path, target) for path, target in targets.items()
+                path.encode("ascii"): (path, route) for path, route in fastroutes.RELAYED.items()
             }
         url = self.url
         mark = url.find(b"?")
@@ -497,7 +495,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
     def _lean_route(self, path: str) -> Any:
         from gateway import fastroutes
 
-        return fastroutes.RELAYED.get(path) or fastroutes.SERVED.get(path)
+        return fastroutes.RELAYED.get(path)
 
     # -- a request's body ----------------------------------------------------------------------
 

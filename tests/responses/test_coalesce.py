@@ -98,7 +98,7 @@ async def test_closing_early_closes_the_source() -> None:
     assert closed == [True]
 
 
-# --- the fast path's stream (coalesced by fastpath.answer): its head goes out with its first frames ------------------------------
+# --- the fast path's stream: its head goes out with its first frames ------------------------------
 
 
 def _stream(source: AsyncIterator[bytes]) -> tuple[list[dict[str, object]], asyncio.Future[None]]:
@@ -111,8 +111,7 @@ def _stream(source: AsyncIterator[bytes]) -> tuple[list[dict[str, object]], asyn
     async def send(message: dict[str, object]) -> None:
         sent.append(message)
 
-    # Coalesced as fastpath.answer hands a stream over.
-    outcome = Outcome(headers=[("Content-Type", "text/event-stream")], frames=coalesce(source))
+    outcome = Outcome(headers=[("Content-Type", "text/event-stream")], frames=source)
     return sent, asyncio.ensure_future(fastpath._send(outcome, send, Exchange(), []))
 
 
@@ -174,7 +173,7 @@ async def test_a_head_whose_send_fails_is_not_sent_again() -> None:
     async def source() -> AsyncIterator[bytes]:
         yield b"a"
 
-    outcome = Outcome(headers=[("Content-Type", "text/event-stream")], frames=coalesce(source()))
+    outcome = Outcome(headers=[("Content-Type", "text/event-stream")], frames=source())
     with pytest.raises(ConnectionError, match="refused the head"):
         await fastpath._send(outcome, send, Exchange(), [])
     assert sent == ["http.response.start"]  # once: the original failure is the one raised
