@@ -281,7 +281,9 @@ class Relay:
         except Exception:
             self._unexpected()
         finally:
-            self.task = None
+            # Unless this step started the next one (an admission that waited, then the connect).
+            if self.task is asyncio.current_task():
+                self.task = None
 
     # -- writing the answer ----------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from gateway.relay.protocol import GatewayServerProtocol, LeanCycle
 from tests.servers import LiveServer, free_port, wait_port
 from tests.upstream import (
     DONE,
+    Gate,
     Recorded,
     ScriptedUpstream,
     chat_chunks,
@@ -457,3 +458,35 @@ def test_the_relays_log_lines_carry_the_request_id(
     assert errors_logged == [a.headers["x-request-id"] for a in answers]
     assert paths["relay"] == 2
     assert request_id_var.get() == "-"
+
+
+def test_a_client_leaving_while_its_relay_waits_for_a_connection_sends_nothing(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
+) -> None:
+    """An admission that had to wait (the key snapshot reloads) hands over to the step that waits
+    for an upstream connection; a client that leaves then cancels that step, so its request never
+    goes out (the admission's end used to drop the relay's hold on the step that followed it)."""
+    from gateway.auth import apikeys
+
+    gateway_config(llm_api_base=upstream.url, upstream__pool_size=1)
+    gate = Gate()
+    upstream.script("/v1/chat/completions", sse(chat_chunks(["a", "b"]), gate=gate, gate_after=1))
+    upstream.script("/v1/chat/completions", json_answer(chat_completion("too late")))
+    url = f"{gw.url}/v1/chat/completions"
+    with httpx.Client(timeout=30) as client, client.stream("POST", url, content=chat(stream=True)) as held:
+        chunks = held.iter_raw()
+        assert next(chunks).startswith(b"data: ")  # it holds the pool's only connection
+        apikeys.reset()  # the next request's authentication waits for a reload
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            body = chat()
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%b" % (len(body), body)
+            )
+            time.sleep(0.5)  # admitted; waiting for the connection
+        time.sleep(0.3)  # the client has left
+        gate.open()
+        assert b"".join(chunks).endswith(DONE)
+    time.sleep(0.5)  # a request still queued for the connection would go out now
+    assert len([r for r in upstream.requests if r.path == "/v1/chat/completions"]) == 1
