@@ -26,7 +26,7 @@ from aiohttp import web
 from gateway.fastpath import FastPathApp
 from gateway.logging import request_id_var
 from gateway.relay import callbacks
-from gateway.relay.http_client import _BODY, Connection
+from gateway.relay.http_client import _BODY, Connection, HttpPool
 from gateway.relay.protocol import GatewayServerProtocol, LeanCycle
 from tests.servers import LiveServer, free_port, wait_port
 from tests.upstream import (
@@ -200,6 +200,10 @@ def test_a_slow_reader_stops_the_upstream_being_read(gw: LiveServer, upstream: S
 
 def _upstream_connections() -> list[Any]:
     return [obj for obj in gc.get_objects() if isinstance(obj, Connection)]
+
+
+def _upstream_pools() -> list[Any]:
+    return [obj for obj in gc.get_objects() if isinstance(obj, HttpPool)]
 
 
 class _ClosingUpstream:
@@ -484,7 +488,11 @@ def test_a_client_leaving_while_its_relay_waits_for_a_connection_sends_nothing(
                 b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n%b" % (len(body), body)
             )
-            time.sleep(0.5)  # admitted; waiting for the connection
+            # Admitted (after the reload) and waiting for the pool's only connection.
+            deadline = time.monotonic() + 10
+            while not any(pool.waiters for pool in _upstream_pools()):
+                assert time.monotonic() < deadline, "the request never waited for a connection"
+                time.sleep(0.02)
         time.sleep(0.3)  # the client has left
         gate.open()
         assert b"".join(chunks).endswith(DONE)
