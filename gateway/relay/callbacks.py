@@ -486,9 +486,12 @@ class Relay:
         protocol = self.protocol
         if protocol.relay is self:
             protocol.relay = None  # before completing: that may start a pipelined request's relay
-        finish(self.passage, self.status if answered else 0, self.path)
         if answered:
+            # Metrics and the access log once the answer is written: not between it and its client.
+            self.pool.outbox.then(finish, self.passage, self.status, self.path)
             self._complete()
+        else:
+            finish(self.passage, 0, self.path)
 
 
 def _content_type(headers: RawHeaders) -> str:

@@ -41,8 +41,8 @@ import asyncio
 import logging
 import ssl
 from collections import deque
-from collections.abc import AsyncIterable, Mapping
-from typing import Protocol
+from collections.abc import AsyncIterable, Callable, Mapping
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -76,20 +76,31 @@ class Outbox:
     """Writes held until the callbacks that are ready on the loop have run, then written in order.
 
     A transport closed in the meantime gets nothing. Whoever closes a transport it wrote to through
-    the outbox calls :meth:`flush` first, so that the bytes go out before the close.
+    the outbox calls :meth:`flush` first, so that the bytes go out before the close. Work that need
+    not delay the bytes (an answered request's metrics and access log) is handed to :meth:`then`:
+    it runs right after the writes, so that with one request in flight the answer is not held up by
+    its own book-keeping.
     """
 
-    __slots__ = ("items", "loop")
+    __slots__ = ("after", "items", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: list[tuple[asyncio.BaseTransport, bytes]] = []
+        self.after: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
 
     def write(self, transport: asyncio.BaseTransport, data: bytes) -> None:
         items = self.items
         if not items:
             self.loop.call_soon(self.flush)
         items.append((transport, data))
+
+    def then(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run ``callback(*args)`` once the held writes are out (now, if none is held)."""
+        if self.items:
+            self.after.append((callback, args))
+        else:
+            callback(*args)
 
     def flush(self) -> None:
         items = self.items
@@ -99,6 +110,14 @@ class Outbox:
         for transport, data in items:
             if not transport.is_closing():
                 transport.write(data)  # type: ignore[attr-defined]
+        after = self.after
+        if after:
+            self.after = []
+            for callback, args in after:
+                try:
+                    callback(*args)
+                except Exception:
+                    log.exception("unhandled error after a write")
 
 
 def _framing(method: str, length: int) -> bytes:

@@ -428,6 +428,44 @@ def test_a_body_arriving_in_pieces_is_relayed_whole(
     assert paths == {"relay": 1, "asgi": 0, "lean": 1}
 
 
+def test_a_relayed_answer_goes_out_before_its_metrics_and_access_log(
+    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The book-keeping of an answered request (``pipeline.finish``) runs once its bytes are written,
+    not between them and the client: with one request in flight it would add to every answer's
+    latency."""
+    held: list[int] = []
+    finish = callbacks.finish
+
+    def recording_finish(*args: Any) -> None:
+        held.append(sum(len(pool.outbox.items) for pool in _upstream_pools()))
+        finish(*args)
+
+    monkeypatch.setattr(callbacks, "finish", recording_finish)
+    answer = chat_completion("Hello!")
+    upstream.script("/v1/chat/completions", json_answer(answer))
+    upstream.script("/v1/chat/completions", sse(chat_chunks(["Hel", "lo"])))
+    with httpx.Client(base_url=gw.url, headers={"content-type": "application/json"}) as client:
+        before = _answered(client.get("/metrics").text)
+        first = client.post("/v1/chat/completions", content=chat())
+        streamed = client.post("/v1/chat/completions", content=chat(stream=True))
+        after = _answered(client.get("/metrics").text)
+    assert first.json() == answer and streamed.status_code == 200
+    assert paths["relay"] == 2
+    assert held == [0, 0]  # each finished with nothing of its answer still held
+    assert after - before == 2  # and still counted, before the next request was served
+
+
+def _answered(metrics: str) -> float:
+    """``gateway_http_requests_total`` of chat completions answered 200, from a /metrics page."""
+    for line in metrics.splitlines():
+        if line.startswith("gateway_http_requests_total{") and all(
+            label in line for label in ('route="/v1/chat/completions"', 'method="POST"', 'status="200"')
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 class _ContextRecorder(logging.Handler):
     """Keeps each record of the ``gateway`` logger with the log context (request id) it was made in."""
 

@@ -603,6 +603,37 @@ async def test_outbox_writes_once_the_ready_callbacks_have_run() -> None:
     assert len(log) == 4
 
 
+async def test_outbox_runs_what_follows_the_writes_once_they_are_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = asyncio.get_running_loop()
+    outbox = http_client.Outbox(loop)
+    log: list[tuple[str, bytes]] = []
+    a = _Recorder(log, "a")
+
+    def note(name: str) -> None:
+        log.append((name, b""))
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    outbox.then(note, "nothing held: at once")
+    assert log == [("nothing held: at once", b"")]
+    outbox.write(a, b"1")
+    outbox.then(note, "after 1")
+    outbox.then(broken)
+    outbox.write(a, b"2")  # held in the same turn: out before what follows the writes
+    outbox.then(note, "after 2")
+    assert log == [("nothing held: at once", b"")]
+    await asyncio.sleep(0)
+    assert log[1:] == [("a", b"1"), ("a", b"2"), ("after 1", b""), ("after 2", b"")]
+    assert "unhandled error after a write" in caplog.text  # logged; the rest still ran
+    outbox.write(a, b"3")
+    outbox.then(note, "after 3")
+    outbox.flush()  # a relay closing its client's connection: the writes, then what follows them
+    assert log[-2:] == [("a", b"3"), ("after 3", b"")]
+
+
 # --- the client of HttpUpstream, whatever serves the gateway ------------------------------------
 
 
