@@ -603,13 +603,13 @@ async def test_outbox_writes_once_the_ready_callbacks_have_run() -> None:
     assert len(log) == 4
 
 
-async def test_outbox_runs_what_follows_the_writes_once_they_are_out(
+async def test_outbox_runs_what_follows_one_connections_writes_after_them(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loop = asyncio.get_running_loop()
     outbox = http_client.Outbox(loop)
     log: list[tuple[str, bytes]] = []
-    a = _Recorder(log, "a")
+    a, b = _Recorder(log, "a"), _Recorder(log, "b")
 
     def note(name: str) -> None:
         log.append((name, b""))
@@ -619,19 +619,31 @@ async def test_outbox_runs_what_follows_the_writes_once_they_are_out(
 
     outbox.then(note, "nothing held: at once")
     assert log == [("nothing held: at once", b"")]
+    del log[:]
+    # One connection's writes (one request in flight): its bytes first, the book-keeping after.
     outbox.write(a, b"1")
     outbox.then(note, "after 1")
     outbox.then(broken)
-    outbox.write(a, b"2")  # held in the same turn: out before what follows the writes
+    outbox.write(a, b"2")
     outbox.then(note, "after 2")
-    assert log == [("nothing held: at once", b"")]
+    assert log == []
     await asyncio.sleep(0)
-    assert log[1:] == [("a", b"1"), ("a", b"2"), ("after 1", b""), ("after 2", b"")]
+    assert log == [("a", b"1"), ("a", b"2"), ("after 1", b""), ("after 2", b"")]
     assert "unhandled error after a write" in caplog.text  # logged; the rest still ran
+    # Several connections' writes: the work first, then the writes that wake their readers.
+    del log[:]
     outbox.write(a, b"3")
     outbox.then(note, "after 3")
-    outbox.flush()  # a relay closing its client's connection: the writes, then what follows them
-    assert log[-2:] == [("a", b"3"), ("after 3", b"")]
+    outbox.write(b, b"4")
+    outbox.then(note, "after 4")
+    await asyncio.sleep(0)
+    assert log == [("after 3", b""), ("after 4", b""), ("a", b"3"), ("b", b"4")]
+    # The next turn starts over: one connection again.
+    del log[:]
+    outbox.write(b, b"5")
+    outbox.then(note, "after 5")
+    outbox.flush()  # a relay closing its client's connection: all of it, at once
+    assert log == [("b", b"5"), ("after 5", b"")]
 
 
 # --- the client of HttpUpstream, whatever serves the gateway ------------------------------------
