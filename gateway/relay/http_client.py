@@ -120,11 +120,13 @@ class Outbox:
                 self._run(after)  # several readers to wake: the work first, then the writes
                 after = []
         self.several = False
-        for transport, data in items:
-            if not transport.is_closing():
-                transport.write(data)  # type: ignore[attr-defined]
-        if after:
-            self._run(after)  # one reader: its bytes go out first
+        try:
+            for transport, data in items:
+                if not transport.is_closing():
+                    transport.write(data)  # type: ignore[attr-defined]
+        finally:
+            if after:
+                self._run(after)  # one reader: its bytes go out first (or a write failed)
 
     @staticmethod
     def _run(after: list[tuple[Callable[..., object], tuple[Any, ...]]]) -> None:

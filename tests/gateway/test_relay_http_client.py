@@ -644,6 +644,15 @@ async def test_outbox_runs_what_follows_one_connections_writes_after_them(
     outbox.then(note, "after 5")
     outbox.flush()  # a relay closing its client's connection: all of it, at once
     assert log == [("b", b"5"), ("after 5", b"")]
+    # A write that fails does not lose the work that follows it.
+    del log[:]
+    broken_transport = _Recorder(log, "broken")
+    broken_transport.write = lambda data: broken()  # type: ignore[method-assign]
+    outbox.write(broken_transport, b"6")
+    outbox.then(note, "after 6")
+    with pytest.raises(RuntimeError):
+        outbox.flush()
+    assert log == [("after 6", b"")]
 
 
 # --- the client of HttpUpstream, whatever serves the gateway ------------------------------------
