@@ -429,7 +429,11 @@ def test_a_body_arriving_in_pieces_is_relayed_whole(
 
 
 def test_a_relayed_answer_goes_out_before_its_metrics_and_access_log(
-    gw: LiveServer, upstream: ScriptedUpstream, paths: dict[str, int], monkeypatch: pytest.MonkeyPatch
+    gw: LiveServer,
+    upstream: ScriptedUpstream,
+    paths: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The book-keeping of an answered request (``pipeline.finish``) runs once its bytes are written,
     not between them and the client: with one request in flight it would add to every answer's
@@ -454,6 +458,8 @@ def test_a_relayed_answer_goes_out_before_its_metrics_and_access_log(
     assert paths["relay"] == 2
     assert held == [0, 0]  # each finished with nothing of its answer still held
     assert after - before == 2  # and still counted, before the next request was served
+    logged = [r.request_id for r in caplog.records if r.name == "gateway.access" and r.route != "/metrics"]  # type: ignore[attr-defined]
+    assert logged == [first.headers["x-request-id"], streamed.headers["x-request-id"]]  # and logged
 
 
 def _answered(metrics: str) -> float:
