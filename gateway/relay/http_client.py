@@ -73,7 +73,9 @@ RequestBody = bytes | AsyncIterable[bytes] | None
 
 
 class Outbox:
-    """Writes held until the callbacks that are ready on the loop have run, then written in order.
+    """Writes held until the callbacks that are ready on the loop have run, then written in order:
+    one write a connection, of everything held for it (a stream's head, its chunk and its
+    terminator put in one turn go out in one ``send()``, as one segment that wakes its reader once).
 
     A transport closed in the meantime gets nothing. Whoever closes a transport it wrote to through
     the outbox calls :meth:`flush` first, so that the bytes go out before the close.
@@ -85,21 +87,24 @@ class Outbox:
     the CPU, and what is left to do here would wait for it.
     """
 
-    __slots__ = ("after", "items", "loop", "several")
+    __slots__ = ("after", "items", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.items: list[tuple[asyncio.BaseTransport, bytes]] = []
-        self.several = False  # the held writes go to more than one connection
+        # What is held for each connection, in the order it was put (connections in the order of
+        # their first write).
+        self.items: dict[asyncio.BaseTransport, list[bytes]] = {}
         self.after: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
 
     def write(self, transport: asyncio.BaseTransport, data: bytes) -> None:
         items = self.items
+        held = items.get(transport)
+        if held is not None:
+            held.append(data)
+            return
         if not items:
             self.loop.call_soon(self.flush)
-        elif transport is not items[0][0]:
-            self.several = True
-        items.append((transport, data))
+        items[transport] = [data]
 
     def then(self, callback: Callable[..., object], *args: Any) -> None:
         """Run ``callback(*args)`` when the held writes go out (now, if none is held)."""
@@ -112,18 +117,17 @@ class Outbox:
         items = self.items
         if not items:
             return
-        self.items = []
+        self.items = {}
         after = self.after
         if after:
             self.after = []
-            if self.several:
+            if len(items) > 1:
                 self._run(after)  # several readers to wake: the work first, then the writes
                 after = []
-        self.several = False
         try:
-            for transport, data in items:
+            for transport, held in items.items():
                 if not transport.is_closing():
-                    transport.write(data)  # type: ignore[attr-defined]
+                    transport.write(held[0] if len(held) == 1 else b"".join(held))  # type: ignore[attr-defined]
         finally:
             if after:
                 self._run(after)  # one reader: its bytes go out first (or a write failed)
