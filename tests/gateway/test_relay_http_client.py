@@ -575,6 +575,9 @@ class _Recorder:
     def write(self, data: bytes) -> None:
         self.log.append((self.name, data))
 
+    def writelines(self, parts: list[bytes]) -> None:
+        self.log.append((self.name + " (lines)", b"".join(parts)))
+
     def is_closing(self) -> bool:
         return self.closing
 
@@ -603,6 +606,12 @@ async def test_outbox_writes_once_the_ready_callbacks_have_run() -> None:
     assert log[-1] == ("a", b"4")
     await asyncio.sleep(0)
     assert len(log) == 3  # the flush scheduled for it finds nothing left
+    # Large pieces are not copied together: one writelines (uvloop: one writev).
+    big = b"x" * (http_client._JOIN_LIMIT + 1)
+    outbox.write(a, b"head")
+    outbox.write(a, big)
+    await asyncio.sleep(0)
+    assert log[-1] == ("a (lines)", b"head" + big)
 
 
 async def test_outbox_runs_what_follows_one_connections_writes_after_them(
