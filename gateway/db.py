@@ -5,8 +5,8 @@ with the caller's context variables, and the thread's stale or broken connection
 before and after (``close_old_connections``; with ``CONN_MAX_AGE = 0`` a pooled PostgreSQL
 connection goes back to the pool after every call). Unlike asgiref's thread-sensitive mode it
 never funnels unrelated requests through one thread: calls run side by side on a pool of up to
-``[database] pool_max_size`` threads, so the pool never holds more threads than the database pool
-has connections to give them.
+``[database] pool_max_size`` threads less the one connection a :class:`GroupWriter` keeps, so the
+threads never need more connections than the database pool has to give them.
 
 The pool is a queue and plain threads that hand each result back with
 ``loop.call_soon_threadsafe``: a ``ThreadPoolExecutor`` round trip (its future, chained to an
@@ -19,9 +19,19 @@ A caller that is cancelled stops waiting at once; work already started finishes 
 together in one transaction on one ORM thread (one thread hop and one commit per batch instead of
 per write), and each caller gets its own result or exception. A batch that fails is rolled back
 and its writes are run again one by one, each in its own transaction, so one bad write fails only
-its own caller. The batches that follow each other on one thread share its connection: it is tidied
-before the first and after the last (and after a batch in which a write failed), not between them.
-Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
+its own caller. Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
+
+A writer's batches run on a thread of its own (one a process, started on first use), which keeps
+its database connection from one batch to the next, and from one burst of writes to the next: with
+PostgreSQL's pool, giving the connection back after a burst and taking it again for the next cost a
+health-check round trip and ~70 µs of the thread's CPU each time (docs/performance.md, session 44).
+The connection is tidied (``close_old_connections``) before the first batch and after a batch in
+which a write failed. A kept connection that died meanwhile (the database restarted) fails its
+batch with a connection error (``OperationalError``, ``InterfaceError``): the batch is written once
+more on a fresh connection. The kept connection counts against ``[database] pool_max_size``:
+:func:`run_orm`'s threads are one fewer; with a pool of one connection the writer gives it back
+after each burst instead. :meth:`GroupWriter.release` gives it back on demand (before the database
+is dropped: the tests' teardown).
 
 A writer built with ``combine`` also takes *combined* writes (:meth:`GroupWriter.put`): values
 rather than functions, which the batch hands to ``combine`` in one call (one statement for all of
@@ -41,13 +51,14 @@ import asyncio
 import contextvars
 import functools
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -108,10 +119,21 @@ def _hand_back(loop: asyncio.AbstractEventLoop, outcomes: list[_Outcome]) -> Non
         log.debug("ORM call finished after its event loop closed")
 
 
-def _max_threads() -> int:
+def _pool_size() -> int:
     from gateway.config import get_config
 
     return max(1, get_config().database.pool_max_size)
+
+
+def _keeps_connection() -> bool:
+    """Whether a writer's thread keeps its connection between bursts (module docstring): not with
+    a pool of one connection, which :func:`run_orm`'s thread needs too."""
+    return _pool_size() >= 2
+
+
+def _max_threads() -> int:
+    """:func:`run_orm`'s threads: one a pooled connection, less the one a writer keeps."""
+    return max(1, _pool_size() - 1)
 
 
 _pool = _Pool()
@@ -176,6 +198,19 @@ class GroupWriter:
         self.lock = threading.Lock()
         self.waiting: list[_Write] = []
         self.writing = False
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.thread_pid = 0  # the process whose writer thread runs (a forked child starts its own)
+        # Per thread, as Django's connections are: whether the thread's connection served its last
+        # batch and was kept since.
+        self.connection_state = threading.local()
+
+    @property
+    def held(self) -> bool:
+        return getattr(self.connection_state, "held", False)
+
+    @held.setter
+    def held(self, value: bool) -> None:
+        self.connection_state.held = value
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         return await self._queue(_Write(functools.partial(fn, *args, **kwargs)))  # type: ignore[no-any-return]
@@ -220,38 +255,92 @@ class GroupWriter:
             # At the end of this turn of the event loop: the writes that the callbacks already due
             # produce (responses that finished on the same upstream read) join the batch. Not a
             # timer: nothing waits for anything that is not already running.
-            write.loop.call_soon(_pool.submit, self._drain)
+            write.loop.call_soon(self._submit, self._drain)
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the writer's thread, started in this process on first use."""
+        with self.lock:
+            if self.thread_pid != os.getpid():
+                self.thread_pid = os.getpid()
+                self.jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._serve, args=(self.jobs,), name="orm-writer", daemon=True
+                ).start()
+            jobs = self.jobs
+        jobs.put(job)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:  # released (:meth:`release`)
+                return
+            try:
+                job()
+            except BaseException:  # a drain hands its own outcomes back; this is a bug in one
+                log.exception("ORM writer job failed")
+
+    def release(self, timeout: float = 10.0) -> None:
+        """Give back the connection the writer's thread keeps (module docstring) and end the thread
+        once the writes queued before are done (a later write starts another); waits for it.
+        Nothing to do in a process whose writer has no thread."""
+        with self.lock:
+            if self.thread_pid != os.getpid():
+                return
+            self.thread_pid = 0
+            jobs = self.jobs
+        done = threading.Event()
+
+        def give_back() -> None:
+            try:
+                connections.close_all()  # this thread's connections: back to the pool
+            finally:
+                self.held = False
+                done.set()
+
+        jobs.put(give_back)
+        jobs.put(None)
+        done.wait(timeout)
 
     def _drain(self) -> None:
-        """On an ORM thread: write batches until nothing waits. The thread's stale or broken
-        connections are closed before the first batch and after the last (``close_old_connections``,
-        as :func:`run_orm` does around each call); batches that follow each other keep the
-        connection (with PostgreSQL's pool: no return to the pool and health check between them)."""
-        fresh = True
+        """On the writer's thread: write batches until nothing waits, on the connection the last
+        batch used (module docstring)."""
         while True:
             with self.lock:
                 batch, self.waiting = self.waiting, []
                 if not batch:
                     self.writing = False
                     break
-            try:
-                if fresh:
-                    close_old_connections()
-                    fresh = False
-                outcomes = self._write(batch)
-            except BaseException as exc:  # tidying the connection failed: every caller hears it
-                outcomes = [(None, exc)] * len(batch)
-            if any(error is not None for _, error in outcomes):
-                fresh = True  # a failure may have broken the connection: tidy before the next batch
+            kept = self.held
+            outcomes = self._attempt(batch)
+            if kept and any(isinstance(error, (OperationalError, InterfaceError)) for _, error in outcomes):
+                # The kept connection died meanwhile (a database restart): once more on a fresh one.
+                log.info("a kept connection failed a batch of %d writes; writing it again", len(batch))
+                outcomes = self._attempt(batch)
             by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
             for write, (result, error) in zip(batch, outcomes, strict=True):
                 by_loop.setdefault(write.loop, []).append((write.future, result, error))
             for loop, settled in by_loop.items():
                 _hand_back(loop, settled)
+        if self.held and _keeps_connection():
+            return
+        self.held = False
         try:
             close_old_connections()
         except Exception:  # the writes are done (committed or not): their outcomes stand
             log.warning("closing an ORM thread's connections failed", exc_info=True)
+
+    def _attempt(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
+        """The batch's outcomes, on a tidied connection unless the last batch's was kept; a batch
+        in which a write failed leaves its connection to be tidied before the next."""
+        try:
+            if not self.held:
+                close_old_connections()
+            outcomes = self._write(batch)
+        except BaseException as exc:  # tidying the connection failed: every caller hears it
+            outcomes = [(None, exc)] * len(batch)
+        self.held = all(error is None for _, error in outcomes)
+        return outcomes
 
     def _write(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
         outcomes = self._together(batch) if len(batch) > 1 else None

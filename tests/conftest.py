@@ -43,6 +43,16 @@ def _fresh_access_log() -> None:
     accesslog.reset()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's test databases; before they are dropped, the stored responses' writer gives
+    back the connection its thread keeps (``gateway.db.GroupWriter``), which would hold them."""
+    yield
+    from responses_app.services import final_writes
+
+    final_writes.release()
+
+
 @pytest.fixture
 def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     """Override the process config for one test: ``gateway_config(llm_api_base=…, server__…=…)``."""

@@ -1,6 +1,7 @@
 """``gateway.db.run_orm``: results, errors and context travel; calls overlap; cancellation is safe.
 ``gateway.db.GroupWriter``: writes waiting together commit together, a failing write fails alone,
-nothing is dropped."""
+nothing is dropped; its thread keeps its connection between bursts, and writes again on a fresh one
+when the kept one failed."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import asyncio
 import contextvars
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from conversations_app.models import Item
 from gateway.db import GroupWriter, run_orm
@@ -20,6 +22,23 @@ from gateway.db import GroupWriter, run_orm
 pytestmark = pytest.mark.django_db(transaction=True)
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+
+@pytest.fixture(autouse=True)
+def _writers_released(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The writers a test makes give back the connections their threads keep when it ends (else
+    each would hold one of the pool's, and the test database, for the rest of the session)."""
+    made: list[GroupWriter] = []
+    init = GroupWriter.__init__
+
+    def recording(self: GroupWriter, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(GroupWriter, "__init__", recording)
+    yield
+    for writer in made:
+        writer.release()
 
 
 def test_result_error_and_context_travel() -> None:
@@ -252,16 +271,93 @@ def _drain_of_two_batches(writer: GroupWriter, first_call: Any) -> tuple[Any, li
 
 
 def test_batches_that_follow_each_other_keep_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One drain tidies its thread's connections before its first batch and after its last, not
-    between batches (with PostgreSQL's pool, each tidy-up is a return to the pool and a health check
+    """A drain tidies its thread's connections before its first batch, not between batches nor
+    after its last (with PostgreSQL's pool, each tidy-up is a return to the pool and a health check
     on the next checkout)."""
     calls = _counting_tidy(monkeypatch)
     writer = GroupWriter(transaction.atomic)
     head, rest = _drain_of_two_batches(writer, lambda: "first")
     assert (head, rest) == ("first", [0, 1, 2])
-    _settled(writer, calls, 2)
-    assert len(calls) == 2
-    assert len(set(calls)) == 1  # both batches on one thread
+    _settled(writer, calls, 1)
+    assert calls == ["orm-writer"]  # both batches on the writer's own thread
+
+
+def _bursts(writer: GroupWriter, *fns: Callable[[], Any]) -> list[Any]:
+    """Each of ``fns`` written alone, one after the other: each drain ends before the next write."""
+
+    async def main() -> list[Any]:
+        outcomes = []
+        for fn in fns:
+            outcomes.append((await asyncio.gather(writer.run(fn), return_exceptions=True))[0])
+            deadline = time.monotonic() + 5
+            while writer.writing and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)  # past the drain's end
+        return outcomes
+
+    return asyncio.run(main())
+
+
+def _connection_id() -> int:
+    connection.ensure_connection()
+    return id(connection.connection)
+
+
+def test_a_writer_keeps_its_connection_between_bursts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes that come one burst after another, the writer idle in between, run on one thread and
+    one connection, tidied once, before the first."""
+    calls = _counting_tidy(monkeypatch)
+    writer = GroupWriter(transaction.atomic)
+    first, second, third = _bursts(writer, _connection_id, _connection_id, _connection_id)
+    assert first == second == third
+    assert calls == ["orm-writer"]
+
+
+def test_a_kept_connection_that_failed_is_written_again_on_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write that fails with a connection error on the connection kept from the last burst (the
+    database restarted meanwhile) is written once more on a tidied connection: its caller gets the
+    result. On a connection tidied just before, the same error reaches its caller."""
+    calls = _counting_tidy(monkeypatch)
+    failures = {"left": 1}
+
+    def once_broken() -> str:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OperationalError("server closed the connection unexpectedly")
+        return "written"
+
+    writer = GroupWriter(transaction.atomic)
+    assert _bursts(writer, lambda: "first", once_broken) == ["first", "written"]
+    assert failures["left"] == 0
+    assert len(calls) == 2  # before the first burst, and before the second attempt
+
+    failures["left"] = 1
+    fresh = GroupWriter(transaction.atomic)
+    (outcome,) = _bursts(fresh, once_broken)
+    assert isinstance(outcome, OperationalError)  # not retried: its connection was not a kept one
+
+
+def test_with_a_pool_of_one_connection_the_writer_gives_it_back_after_each_burst(
+    monkeypatch: pytest.MonkeyPatch, gateway_config: Any
+) -> None:
+    """run_orm's thread needs the one connection too: the writer tidies after each burst."""
+    gateway_config(database__pool_min_size=1, database__pool_max_size=1)
+    calls = _counting_tidy(monkeypatch)
+    writer = GroupWriter(transaction.atomic)
+    assert _bursts(writer, lambda: 1, lambda: 2) == [1, 2]
+    assert len(calls) == 4  # before and after each burst
+
+
+def test_a_released_writer_ends_its_thread_and_a_later_write_starts_another() -> None:
+    writer = GroupWriter(transaction.atomic)
+    (first,) = _bursts(writer, threading.current_thread)
+    writer.release()
+    first.join(5)
+    assert not first.is_alive()
+    (second,) = _bursts(writer, threading.current_thread)
+    assert second is not first and second.name == "orm-writer"
 
 
 def test_a_failed_batch_tidies_before_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,8 +372,8 @@ def test_a_failed_batch_tidies_before_the_next(monkeypatch: pytest.MonkeyPatch) 
     head, rest = _drain_of_two_batches(writer, broken)
     assert isinstance(head, ValueError)
     assert rest == [0, 1, 2]
-    _settled(writer, calls, 3)
-    assert len(calls) == 3
+    _settled(writer, calls, 2)
+    assert len(calls) == 2  # before the first batch, and before the second (the first failed)
 
 
 # --- GroupWriter: combined writes ---------------------------------------------------------------
