@@ -28,9 +28,11 @@ health-check round trip and ~70 µs of the thread's CPU each time (docs/performa
 The connection is tidied (``close_old_connections``) before the first batch and after a batch in
 which a write failed. A kept connection that died meanwhile (the database restarted) fails its
 batch with a connection error (``OperationalError``, ``InterfaceError``): the batch is written once
-more on a fresh connection. The kept connection counts against ``[database] pool_max_size``:
-:func:`run_orm`'s threads are one fewer; with a pool of one connection the writer gives it back
-after each burst instead. :meth:`GroupWriter.release` gives it back on demand (before the database
+more on a fresh connection (so is one whose statement failed on a live connection, a
+``statement_timeout``: psycopg cannot yet tell the two apart when the write fails, since after a
+restart the server's shutdown message arrives before the connection's end). The kept connection
+counts against ``[database] pool_max_size``: :func:`run_orm`'s threads are one fewer; with a pool
+of one connection the writer gives it back after each burst instead. :meth:`GroupWriter.release` gives it back on demand (before the database
 is dropped: the tests' teardown).
 
 A writer built with ``combine`` also takes *combined* writes (:meth:`GroupWriter.put`): values
