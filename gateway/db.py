@@ -32,8 +32,8 @@ more on a fresh connection (so is one whose statement failed on a live connectio
 ``statement_timeout``: psycopg cannot yet tell the two apart when the write fails, since after a
 restart the server's shutdown message arrives before the connection's end). The kept connection
 counts against ``[database] pool_max_size``: :func:`run_orm`'s threads are one fewer; with a pool
-of one connection the writer gives it back after each burst instead. :meth:`GroupWriter.release` gives it back on demand (before the database
-is dropped: the tests' teardown).
+of one connection the writer gives it back after each burst instead. :meth:`GroupWriter.release`
+gives it back on demand (before the database is dropped: the tests' teardown).
 
 A writer built with ``combine`` also takes *combined* writes (:meth:`GroupWriter.put`): values
 rather than functions, which the batch hands to ``combine`` in one call (one statement for all of

@@ -339,6 +339,38 @@ def test_a_kept_connection_that_failed_is_written_again_on_a_fresh_one(
     assert isinstance(outcome, OperationalError)  # not retried: its connection was not a kept one
 
 
+def _backend_pid() -> int:
+    connection.ensure_connection()
+    return int(connection.connection.info.backend_pid)
+
+
+def test_a_kept_connection_the_server_dropped_is_written_again_on_a_fresh_one() -> None:
+    """The database drops the connection the writer kept from its last burst (as a restart does):
+    the next write fails on it, is written once more on a fresh connection, and is stored."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a SQLite connection has no server to drop it")
+    writer = GroupWriter(transaction.atomic)
+
+    def item_on_backend(item_id: str) -> Callable[[], int]:
+        def write() -> int:
+            Item.objects.create(id=item_id, owner="o", type="message", data={"id": item_id})
+            return _backend_pid()
+
+        return write
+
+    (first,) = _bursts(writer, item_on_backend("i_before"))
+
+    def kill() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+
+    asyncio.run(run_orm(kill))
+    time.sleep(0.2)  # the backend is gone
+    (second,) = _bursts(writer, item_on_backend("i_after"))
+    assert isinstance(second, int) and second != first
+    assert set(Item.objects.filter(owner="o").values_list("id", flat=True)) == {"i_before", "i_after"}
+
+
 def test_with_a_pool_of_one_connection_the_writer_gives_it_back_after_each_burst(
     monkeypatch: pytest.MonkeyPatch, gateway_config: Any
 ) -> None:
