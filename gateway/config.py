@@ -49,6 +49,7 @@ StrList = tuple[Str, ...]
 # Sizes, counts and durations that must be above zero.
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
 
 # Every section refuses keys it does not declare.
 _SECTION = ConfigDict(extra="forbid")
@@ -112,6 +113,9 @@ class UpstreamConfig:
     stall_timeout_s: PositiveFloat = 300.0
     pool_size: PositiveInt = 1000
     ready_timeout_s: Float = 1.0
+    # The callback relay polls a lone exchange's wait up to this long before the loop sleeps
+    # (gateway.relay.http_client.IdlePoll); 0: never.
+    idle_poll_us: NonNegativeInt = 200
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -550,6 +554,9 @@ _TYPE_WORDS = {
 def _describe(error: Any) -> str:
     if error["type"] == "literal_error":
         return f"must be {error['ctx']['expected']}"
+    if error["type"] == "greater_than_equal":
+        bound = error["ctx"]["ge"]
+        return "must not be negative" if bound == 0 else f"must be at least {bound}"
     return _TYPE_WORDS.get(error["type"], error["msg"])
 
 
@@ -563,7 +570,9 @@ def _config_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> ConfigE
     if len(loc) == 1 and error["type"] in ("dataclass_type", "dict_type"):
         return ConfigError(f"[{loc[0]}]: must be a table")
     name = ".".join(loc)
-    if (error["type"] in _TYPE_WORDS or error["type"] == "literal_error") and "input" in error:
+    if (
+        error["type"] in _TYPE_WORDS or error["type"] in ("literal_error", "greater_than_equal")
+    ) and "input" in error:
         what += f", got {error['input']!r}"
     return ConfigError(f"{name}: {what}")
 

@@ -12,6 +12,7 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -664,6 +665,140 @@ async def test_outbox_runs_what_follows_one_connections_writes_after_them(
     with pytest.raises(RuntimeError):
         outbox.flush()
     assert log == [("after 6", b"")]
+
+
+class _Clock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _poll(limit_us: float = 200, lone: list[bool] | None = None) -> tuple[http_client.IdlePoll, _Clock]:
+    clock = _Clock()
+    state = lone if lone is not None else [True]
+    poll = http_client.IdlePoll(asyncio.get_running_loop(), limit_us / 1e6, lambda: state[0], clock)
+    return poll, clock
+
+
+def _waits(poll: http_client.IdlePoll, clock: _Clock, us: float, count: int) -> None:
+    """``count`` writes, each ``us`` after the one before it."""
+    for _ in range(count):
+        clock.now += us / 1e6
+        poll.wrote()
+
+
+async def test_idle_poll_window_grows_to_cover_short_waits_and_no_further() -> None:
+    poll, clock = _poll(limit_us=200)
+    poll.wrote()
+    assert poll.window == 0.0  # nothing measured yet: nothing polled
+    _waits(poll, clock, 70, 1)
+    assert poll.window == pytest.approx(50e-6)  # a short wait: a quarter of the limit to start
+    _waits(poll, clock, 70, 1)
+    assert poll.window == pytest.approx(100e-6)  # still missed: doubled
+    _waits(poll, clock, 70, 20)
+    assert poll.window == pytest.approx(100e-6)  # covered now: left alone
+    _waits(poll, clock, 190, 3)
+    assert poll.window == pytest.approx(200e-6)  # never past the limit
+
+
+async def test_idle_poll_window_shrinks_to_nothing_for_long_waits() -> None:
+    poll, clock = _poll(limit_us=200)
+    poll.wrote()
+    _waits(poll, clock, 150, 3)
+    assert poll.window == pytest.approx(200e-6)
+    # A slow upstream (a real model's first token): waits of milliseconds are not polled for.
+    expected = [100e-6, 50e-6, 25e-6, 0.0, 0.0]
+    for window in expected:
+        _waits(poll, clock, 5000, 1)
+        assert poll.window == pytest.approx(window)
+    # Short waits again: it grows back.
+    _waits(poll, clock, 40, 1)
+    assert poll.window == pytest.approx(50e-6)
+
+
+async def test_idle_poll_polls_only_after_a_streak_of_lone_writes() -> None:
+    lone = [True]
+    poll, clock = _poll(limit_us=200, lone=lone)
+    poll.wrote()
+    _waits(poll, clock, 150, 3)
+    assert poll.window > 0
+    # Fewer than STREAK lone writes so far: a window, but nothing polled.
+    assert poll.streak < poll.STREAK and not poll.polling
+    _waits(poll, clock, 150, poll.STREAK - poll.streak)
+    assert poll.polling and poll.until == pytest.approx(clock.now + poll.window)
+    # A write with several exchanges in flight: no poll scheduled, the streak starts over, and the
+    # wait after it is not measured.
+    poll.polling = False
+    window = poll.window
+    lone[0] = False
+    _waits(poll, clock, 150, 1)
+    assert poll.streak == 0 and poll.since == 0.0 and not poll.polling
+    lone[0] = True
+    _waits(poll, clock, 9000, 1)  # from the non-lone write: not measured, so no shrink
+    assert poll.window == window
+    _waits(poll, clock, 150, poll.STREAK - 2)
+    assert not poll.polling  # one short of the streak
+    _waits(poll, clock, 150, 1)
+    assert poll.polling
+
+
+async def test_idle_poll_keeps_the_loop_polling_until_its_deadline() -> None:
+    """On a running loop: once polling, the loop runs a step each iteration (never blocking in
+    between) until the window ends, then stops, and other callbacks run meanwhile."""
+    steps = [0]
+    loop = asyncio.get_running_loop()
+
+    def clock() -> float:
+        steps[0] += 1
+        return time.perf_counter()
+
+    poll = http_client.IdlePoll(loop, 0.005, lambda: True, clock)
+    poll.window = 0.005
+    poll.streak = poll.STREAK
+    poll.wrote()
+    assert poll.polling
+    ran = []
+    loop.call_soon(ran.append, 1)
+    started = time.perf_counter()
+    while poll.polling and time.perf_counter() - started < 2.0:
+        await asyncio.sleep(0.001)
+    assert not poll.polling
+    assert ran == [1]
+    assert steps[0] > 10  # it went on polling, a step an iteration
+    assert time.perf_counter() - started >= 0.004  # for the whole window
+
+
+async def test_the_pool_polls_a_lone_exchange_unless_switched_off() -> None:
+    async with Server(echo) as server:
+        off = HttpPool(server.url, timeouts(idle_poll_us=0))
+        assert off.outbox.poll is None
+        pool = HttpPool(server.url, timeouts())
+        poll = pool.outbox.poll
+        assert poll is not None and poll.limit == pytest.approx(200e-6)  # the default
+        assert poll.lone()  # nothing in flight
+        first, second = await pool.connection(), await pool.connection()
+        assert not poll.lone()  # two exchanges in flight
+        pool.release(second)
+        assert poll.lone()
+        # The relay's exchanges go through the outbox, which tells the poll after each pass.
+        done = asyncio.Event()
+
+        class Sink:
+            def pump(self) -> None:
+                if first.message_done:
+                    pool.release(first)
+                    done.set()
+
+        pool.send_on(first, pool.head("POST", "/v1/x", {}, 2), b"{}", Sink())
+        assert poll.since == 0.0
+        await asyncio.wait_for(done.wait(), 5)
+        assert poll.since > 0.0  # the outbox's write was lone: its wait is being measured
+        pool.close()
+        off.close()
 
 
 # --- the client of HttpUpstream, whatever serves the gateway ------------------------------------
