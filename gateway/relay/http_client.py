@@ -86,10 +86,10 @@ class IdlePoll:
     request) arrives, and sleeps. Waking it costs the sender an inter-processor interrupt and the
     woken CPU a return from idle, which on a virtual machine costs more than a fast upstream takes
     to answer (measured, ``docs/performance.md``: a relayed exchange at concurrency 1 went from
-    4,400 to 7,200 a second with the same CPU per request). So after :meth:`wrote`, while at most
-    one exchange of the pool is in flight (``lone``), the loop runs one cheap callback per
-    iteration until a deadline: uvloop then polls the sockets without blocking and runs what
-    arrives at once. It polls only once the last :attr:`STREAK` writes were all lone: under load a
+    about 4,300 to about 7,500 a second at the same CPU per request). So after :meth:`wrote`,
+    while at most one exchange of the pool is in flight (``lone``), the loop runs one cheap
+    callback per iteration until a deadline: uvloop then polls the sockets without blocking and
+    runs what arrives at once. It polls only once the last :attr:`STREAK` writes were all lone: under load a
     moment with one exchange in flight comes now and then (the other requests are still with the
     clients or the upstream, which on a busy machine need the CPU that polling would take), while
     a process serving one exchange at a time meets it at every write. With more exchanges in
