@@ -167,8 +167,9 @@ class Outbox:
     past ``_JOIN_LIMIT`` bytes as one ``writelines``, which uvloop sends with one ``writev``
     without copying them together).
 
-    A transport closed in the meantime gets nothing. Whoever closes a transport it wrote to through
-    the outbox calls :meth:`flush` first, so that the bytes go out before the close.
+    A transport closed in the meantime gets nothing; one whose write fails is aborted, and the
+    other connections' writes still go out. Whoever closes a transport it wrote to through the
+    outbox calls :meth:`flush` first, so that the bytes go out before the close.
 
     Work that need not delay the bytes (an answered request's metrics and access log) is handed to
     :meth:`then`. When the held writes go to one connection (one request in flight) it runs after
@@ -215,21 +216,26 @@ class Outbox:
             if len(items) > 1:
                 self._run(after)  # several readers to wake: the work first, then the writes
                 after = []
-        try:
-            for transport, held in items.items():
-                if transport.is_closing():
-                    continue
+        for transport, held in items.items():
+            if transport.is_closing():
+                continue
+            try:
                 if len(held) == 1:
                     transport.write(held[0])  # type: ignore[attr-defined]
                 elif sum(map(len, held)) <= _JOIN_LIMIT:
                     transport.write(b"".join(held))  # type: ignore[attr-defined]
                 else:
                     transport.writelines(held)  # type: ignore[attr-defined]  # one writev, no copy
-        finally:
-            if after:
-                self._run(after)  # one reader: its bytes go out first (or a write failed)
-            if self.poll is not None:
-                self.poll.wrote()
+            except Exception:
+                # That connection's bytes are lost: end it (its protocol hears connection_lost and
+                # ends the exchange as broken) rather than leave its peer waiting; the others' bytes
+                # still go out.
+                log.exception("a held write failed; aborting its connection")
+                transport.abort()  # type: ignore[attr-defined]
+        if after:
+            self._run(after)  # one reader: its bytes go out first
+        if self.poll is not None:
+            self.poll.wrote()
 
     @staticmethod
     def _run(after: list[tuple[Callable[..., object], tuple[Any, ...]]]) -> None:

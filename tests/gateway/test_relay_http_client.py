@@ -581,6 +581,10 @@ class _Recorder:
     def is_closing(self) -> bool:
         return self.closing
 
+    def abort(self) -> None:
+        self.closing = True
+        self.log.append((self.name + " (aborted)", b""))
+
 
 async def test_outbox_writes_once_the_ready_callbacks_have_run() -> None:
     loop = asyncio.get_running_loop()
@@ -655,15 +659,24 @@ async def test_outbox_runs_what_follows_one_connections_writes_after_them(
     outbox.then(note, "after 5")
     outbox.flush()  # a relay closing its client's connection: all of it, at once
     assert log == [("b", b"5"), ("after 5", b"")]
-    # A write that fails does not lose the work that follows it.
+    # A write that fails ends its own connection and loses nothing of the rest: the work that
+    # follows it, the other connections' writes.
     del log[:]
+    caplog.clear()
     broken_transport = _Recorder(log, "broken")
     broken_transport.write = lambda data: broken()  # type: ignore[method-assign]
     outbox.write(broken_transport, b"6")
     outbox.then(note, "after 6")
-    with pytest.raises(RuntimeError):
-        outbox.flush()
-    assert log == [("after 6", b"")]
+    outbox.flush()
+    assert log == [("broken (aborted)", b""), ("after 6", b"")]
+    assert "a held write failed; aborting its connection" in caplog.text
+    del log[:]
+    broken_transport.closing = False
+    outbox.write(broken_transport, b"7")
+    outbox.write(a, b"8")
+    outbox.then(note, "after 7 and 8")
+    outbox.flush()
+    assert log == [("after 7 and 8", b""), ("broken (aborted)", b""), ("a", b"8")]
 
 
 class _Clock:
