@@ -14,11 +14,12 @@ The load generator is a raw keep-alive HTTP/1.1 client (uvloop + httptools), one
 concurrent worker, so it costs little CPU next to the servers it measures.
 
     .venv/bin/python bench/passthrough.py --reference /work/ref-venv/bin/agentic-server \\
-        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off] [--before DIR]
+        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off] [--before DIR [--before-workers N]]
 
 ``--relay-off`` adds our gateway with ``[server] direct_relay = false``; ``--before DIR`` adds the
 gateway of another checkout (``git worktree add DIR <commit>``), so a change is measured against
-what it changes in one run, interleaved, on the same machine.
+what it changes in one run, interleaved, on the same machine (with one server process unless
+``--before-workers`` says otherwise).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
     if args.relay_off:
         extra.append(("ours-relay-off", {"GATEWAY_SERVER_DIRECT_RELAY": "false"}, ROOT))
     if args.before:
-        extra.append(("before", {}, Path(args.before).resolve()))
+        extra.append(("before", {"GATEWAY_SERVER_WORKERS": str(args.before_workers)}, Path(args.before).resolve()))
     for name, env, root in extra:
         gateway = GatewayProcess(
             {
@@ -304,6 +305,9 @@ def main() -> None:
         "--before",
         default="",
         help="a checkout of an earlier commit (git worktree add DIR COMMIT): its gateway runs beside ours",
+    )
+    parser.add_argument(
+        "--before-workers", type=int, default=1, help="the 'before' gateway's server processes (default 1)"
     )
     parser.add_argument(
         "--django-floor",
