@@ -339,3 +339,53 @@ def test_workers_refuse_a_port_already_taken(tmp_path) -> None:  # type: ignore[
         finally:
             gw.stop()
     assert f"cannot listen on 127.0.0.1:{port}" in gw.output()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_like_indexes_beside_the_ids_go_and_come_back_with_their_migrations() -> None:
+    """``0005_no_pattern_indexes`` (both apps) drops the ``varchar_pattern_ops`` index PostgreSQL got
+    beside each id; migrating back to ``0004`` creates them again. In a database of its own."""
+    if connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL has pattern indexes")
+    import psycopg
+
+    settings_db = connection.settings_dict
+    server = f"postgres://{settings_db['USER'] or 'postgres'}@{settings_db['HOST'] or '127.0.0.1'}:{settings_db['PORT'] or 5432}"
+    scratch = f"test_pattern_indexes_{time.monotonic_ns()}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{scratch}"')
+    try:
+
+        def migrate(*target: str) -> None:
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", *target, "--verbosity", "0"],
+                cwd=ROOT,
+                env={"PATH": "/usr/bin:/bin", "DATABASE_URL": f"{server}/{scratch}"},
+                check=True,
+                timeout=120,
+            )
+
+        def pattern_indexes() -> set[str]:
+            with psycopg.connect(f"{server}/{scratch}") as db:
+                rows = db.execute(
+                    "SELECT tablename FROM pg_indexes WHERE indexdef LIKE '%varchar_pattern_ops%'"
+                    " AND tablename LIKE ANY (ARRAY['responses_app_%', 'conversations_app_%'])"
+                ).fetchall()
+            return {row[0] for row in rows}
+
+        migrate()
+        assert pattern_indexes() == set()
+        migrate("responses_app", "0004")
+        migrate("conversations_app", "0004")
+        assert pattern_indexes() == {
+            "responses_app_response",
+            "responses_app_responseevent",
+            "conversations_app_item",
+            "conversations_app_conversation",
+            "conversations_app_conversationitem",
+        }
+        migrate()
+        assert pattern_indexes() == set()
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
