@@ -232,7 +232,9 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
     if args.relay_off:
         extra.append(("ours-relay-off", {"GATEWAY_SERVER_DIRECT_RELAY": "false"}, ROOT))
     if args.before:
-        extra.append(("before", {"GATEWAY_SERVER_WORKERS": str(args.before_workers)}, Path(args.before).resolve()))
+        extra.append(
+            ("before", {"GATEWAY_SERVER_WORKERS": str(args.before_workers)}, Path(args.before).resolve())
+        )
     for name, env, root in extra:
         gateway = GatewayProcess(
             {
