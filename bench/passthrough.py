@@ -14,7 +14,8 @@ The load generator is a raw keep-alive HTTP/1.1 client (uvloop + httptools), one
 concurrent worker, so it costs little CPU next to the servers it measures.
 
     .venv/bin/python bench/passthrough.py --reference /work/ref-venv/bin/agentic-server \\
-        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off] [--before DIR [--before-workers N]]
+        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off]
+        [--before DIR [--before-workers N]]
 
 ``--relay-off`` adds our gateway with ``[server] direct_relay = false``; ``--before DIR`` adds the
 gateway of another checkout (``git worktree add DIR <commit>``), so a change is measured against

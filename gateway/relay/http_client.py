@@ -89,11 +89,11 @@ class IdlePoll:
     about 4,300 to about 7,500 a second at the same CPU per request). So after :meth:`wrote`,
     while at most one exchange of the pool is in flight (``lone``), the loop runs one cheap
     callback per iteration until a deadline: uvloop then polls the sockets without blocking and
-    runs what arrives at once. It polls only once the last :attr:`STREAK` writes were all lone: under load a
-    moment with one exchange in flight comes now and then (the other requests are still with the
-    clients or the upstream, which on a busy machine need the CPU that polling would take), while
-    a process serving one exchange at a time meets it at every write. With more exchanges in
-    flight the loop is seldom idle: nothing is polled.
+    runs what arrives at once. It polls only once the last :attr:`STREAK` writes were all lone:
+    under load a moment with one exchange in flight comes now and then (the other requests are
+    still with the clients or the upstream, which on a busy machine need the CPU that polling
+    would take), while a process serving one exchange at a time meets it at every write. With
+    more exchanges in flight the loop is seldom idle: nothing is polled.
 
     How long to poll adapts as the kernel's ``cpuidle-haltpoll`` governor does, so that a slow
     upstream (a real model's first token takes milliseconds) is not polled for: each wait is

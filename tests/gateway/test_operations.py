@@ -19,6 +19,12 @@ from django.db import connection
 from tests.servers import ROOT, GatewayProcess, LiveServer
 
 
+def _postgres_server() -> str:
+    """The test database's PostgreSQL server, as a URL without a database name."""
+    db = connection.settings_dict
+    return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_migrate_safely_applies_migrations() -> None:
     call_command("migrate_safely", verbosity=0)
@@ -32,8 +38,7 @@ def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
         pytest.skip("advisory locks are a PostgreSQL feature; SQLite runs migrations directly")
     from gateway.management.commands.migrate_safely import MIGRATION_LOCK_KEY
 
-    settings_db = connection.settings_dict
-    url = f"postgres://{settings_db['USER'] or 'postgres'}@{settings_db['HOST'] or '127.0.0.1'}:{settings_db['PORT'] or 5432}/{settings_db['NAME']}"
+    url = f"{_postgres_server()}/{connection.settings_dict['NAME']}"
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
         proc = subprocess.Popen(
@@ -349,8 +354,7 @@ def test_the_like_indexes_beside_the_ids_go_and_come_back_with_their_migrations(
         pytest.skip("only PostgreSQL has pattern indexes")
     import psycopg
 
-    settings_db = connection.settings_dict
-    server = f"postgres://{settings_db['USER'] or 'postgres'}@{settings_db['HOST'] or '127.0.0.1'}:{settings_db['PORT'] or 5432}"
+    server = _postgres_server()
     scratch = f"test_pattern_indexes_{time.monotonic_ns()}"
     with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{scratch}"')
