@@ -29,6 +29,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def sized_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """``count`` HTTP answers with sized bodies in a row, read from ``sock``, each up to its
+    declared length (a body's own bytes never end an answer early); nothing may follow them."""
+    received, answers = b"", []
+    while len(answers) < count:
+        head, found, content = received.partition(b"\r\n\r\n")
+        if found:
+            lines = head.lower().split(b"\r\n")
+            length = next(int(line[15:]) for line in lines if line.startswith(b"content-length:"))
+            if len(content) >= length:
+                answers.append(head + found + content[:length])
+                received = content[length:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    assert received == b"", received  # nothing beyond the answers asked for
+    return answers
+
+
 def wait_port(port: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,8 +6,10 @@ What is here, and why (``docs/performance.md``, the decision record):
 - :mod:`gateway.relay.protocol`: uvicorn's httptools protocol, subclassed. ``GatewayHttpProtocol``
   holds the ``[server]`` request limits (431/414/408, uvicorn's own refusals in our envelope) and
   writes a response's head together with its first body bytes; ``GatewayServerProtocol`` adds the
-  callback relay; ``DrainingWebSocketProtocol`` keeps WebSocket connections open through the
-  graceful drain.
+  callback relay, and runs the registered handlers (``POST /v1/responses``) on a ``HandlerCycle``:
+  the same ASGI application below uvicorn's layers (``GatewayASGIMiddleware`` around the handler),
+  without uvicorn's request cycle; ``DrainingWebSocketProtocol`` keeps WebSocket connections open
+  through the graceful drain.
 - :mod:`gateway.relay.callbacks`: the pass-through relay on callbacks (``Relay``) and the one
   decision of which requests it takes (``start``); it applies the rules through ``gateway.pipeline``
   like every other path.
@@ -37,12 +39,12 @@ moves):
   connection), ``_unset_keepalive_if_required``, ``send_400_response`` (what ``data_received``
   calls when the parser refuses bytes), ``shutdown``, and the httptools callbacks
   ``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``, ``on_body``,
-  ``on_message_complete``; its attributes ``parser``, ``url``, ``headers``, ``expect_100_continue``,
+  ``on_message_complete``; its attributes ``app``, ``parser``, ``url``, ``headers``, ``expect_100_continue``,
   ``scope``, ``cycle``, ``pipeline``, ``flow``, ``tasks``, ``loop``, ``transport``,
   ``server_state``, ``limit_concurrency``, ``root_path``, ``timeout_keep_alive``,
   ``timeout_keep_alive_task``.
 - ``RequestResponseCycle`` (subclassed as ``CoalescingCycle``; ``LeanCycle`` stands in for it on the
-  relay) and its ``send``, ``receive``, ``run_asgi``, ``flow``, ``scope``, ``body``, ``more_body``,
+  relay, ``HandlerCycle`` for a registered handler's request, with its ASGI semantics) and its ``send``, ``receive``, ``run_asgi``, ``flow``, ``scope``, ``body``, ``more_body``,
   ``message_event``, ``response_started``, ``response_complete``, ``disconnected``,
   ``keep_alive``, ``transport``, ``default_headers``, ``on_response``.
 - ``STATUS_LINE`` (the status lines uvicorn writes).
@@ -93,6 +95,7 @@ RELIED_ON: list[tuple[str, str, tuple[str, ...], dict[str, tuple[str, ...]]]] = 
         ),
         {
             "__init__": (
+                "app",
                 "parser",
                 "cycle",
                 "pipeline",

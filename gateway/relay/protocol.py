@@ -21,6 +21,7 @@ read timeout) and answers uvicorn's own refusals in the gateway's envelope.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
@@ -28,7 +29,9 @@ from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
 
 from gateway import errors
 from gateway.config import get_config
-from gateway.middleware import READ_TIMED_OUT
+from gateway.middleware import READ_TIMED_OUT, GatewayASGIMiddleware
+
+log = logging.getLogger("gateway")
 
 
 class _HeldHead:
@@ -385,6 +388,188 @@ class LeanCycle:
         self.disconnected = self.response_started = self.response_complete = False
 
 
+class HandlerCycle(LeanCycle):
+    """The request cycle of a request to a registered handler (:data:`gateway.fastroutes.HANDLERS`:
+    ``POST /v1/responses``) run on the relay's protocol: the same ASGI application below uvicorn's
+    layers (``GatewayASGIMiddleware`` around the handler: request id, body ceiling, metrics, access
+    log), without uvicorn's ``RequestResponseCycle``, its proxy-headers middleware and the routers
+    above the handler (``docs/performance.md``).
+
+    It is the ASGI server side of one request, with uvicorn's semantics: ``receive`` gives the
+    whole body once it is in (the request has a declared length, :meth:`GatewayServerProtocol._handled`),
+    then ``http.disconnect`` once the client leaves or the answer is complete; ``send`` writes the
+    head with the first body bytes, a body without a length chunked, and a stream's chunks held until
+    the end of the loop turn that produced them (:class:`CoalescingCycle`'s rule); a body that did
+    not arrive within the read timeout is told to the middleware (:data:`READ_TIMED_OUT`), which
+    answers 408. The protocol's hooks reach it as they reach the callback relay: it is the
+    connection's ``relay`` until its answer is complete.
+    """
+
+    __slots__ = ("chunked", "flush_handle", "given", "held", "protocol", "waiter")
+
+    def __init__(self, protocol: GatewayServerProtocol, scope: dict[str, Any], keep_alive: bool) -> None:
+        super().__init__(protocol, scope, keep_alive)
+        self.protocol = protocol
+        self.given = False  # the body was handed to the application
+        self.chunked = False
+        self.held = b""  # bytes of the answer not written yet (the head, a stream's chunks)
+        self.flush_handle: asyncio.Handle | None = None
+        self.waiter: asyncio.Future[None] | None = None  # receive() waiting for the body or the end
+
+    @property
+    def cycle(self) -> HandlerCycle:
+        return self  # as the connection's relay: the cycle it answers
+
+    async def run_asgi(self, app: Any) -> None:
+        try:
+            await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            log.error("Exception in ASGI application", exc_info=exc)
+            if not self.response_started:
+                await self._send_500()
+            else:
+                self.transport.close()
+        else:
+            if not self.response_started and not self.disconnected:
+                log.error("ASGI callable returned without starting response.")
+                await self._send_500()
+            elif not self.response_complete and not self.disconnected:
+                log.error("ASGI callable returned without completing response.")
+                self.transport.close()
+        finally:
+            self._release()
+
+    async def _send_500(self) -> None:
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        await self.send({"type": "http.response.start", "status": 500, "headers": headers})
+        await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
+
+    # -- the protocol's hooks (as for the callback relay) ----------------------------------------
+
+    def body_complete(self) -> None:
+        self._wake()
+
+    def client_gone(self) -> None:
+        self._wake()
+
+    def refuse(self, exc: errors.GatewayError) -> None:
+        """The body did not arrive in time: the middleware answers ``exc`` when it reads it."""
+        self.scope[READ_TIMED_OUT] = exc
+        self._wake()
+
+    def pump(self) -> None:
+        return None  # a send waiting for the socket to drain is woken by the flow control
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        waiter = self.waiter = self.protocol.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+
+    def _release(self) -> None:
+        protocol = self.protocol
+        if protocol.relay is self:
+            protocol.relay = None
+
+    # -- ASGI ----------------------------------------------------------------------------------
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.given and not self.disconnected and not self.response_complete:
+            if self.more_body and READ_TIMED_OUT not in self.scope:
+                await self._wait()
+            if READ_TIMED_OUT in self.scope:
+                return {"type": "http.request", "body": b"", "more_body": True}
+            if not self.disconnected:
+                self.given = True
+                body, self.body = self.body, b""
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+        while not self.disconnected and not self.response_complete:
+            await self._wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
+            self.response_started = True
+            self.held = self._head(message["status"], message.get("headers", ()))
+            if self.chunked:
+                self._flush_soon()  # a stream's head goes out at once (with what this turn sends)
+            return
+        if self.response_complete or kind != "http.response.body":
+            raise RuntimeError(f"Unexpected ASGI message '{kind}' sent.")
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.chunked:
+            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more:
+                data += b"0\r\n\r\n"
+        else:
+            data = body
+        if more:
+            self.held += data
+            self._flush_soon()
+            return
+        handle, self.flush_handle = self.flush_handle, None
+        if handle is not None:
+            handle.cancel()
+        data, self.held = self.held + data, b""
+        self.transport.write(data)
+        self.response_complete = True
+        self._release()  # before completing: that may start a pipelined request
+        self._wake()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+    def _head(self, status: int, headers: Any) -> bytes:
+        """The status line and headers (uvicorn's: its default headers first, ``connection: close``
+        when the connection ends, a body without a length chunked)."""
+        lines = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        sized = closes = False
+        for name, value in self.default_headers:
+            lines += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            name = name.lower()
+            if name == b"content-length":
+                sized = True
+            elif name == b"transfer-encoding":
+                sized = value.lower() != b"chunked"
+                self.chunked = not sized
+            elif name == b"connection" and b"close" in [t.strip().lower() for t in value.split(b",")]:
+                self.keep_alive = False
+                closes = True
+            lines += (name, b": ", value, b"\r\n")
+        if not self.keep_alive and not closes:
+            lines.append(b"connection: close\r\n")
+        if not sized and not self.chunked and status not in (204, 304):
+            self.chunked = True
+            lines.append(b"transfer-encoding: chunked\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    def _flush_soon(self) -> None:
+        if self.flush_handle is None:
+            self.flush_handle = self.protocol.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_handle = None
+        data, self.held = self.held, b""
+        if data and not self.disconnected and not self.transport.is_closing():
+            self.transport.write(data)
+
+
 class GatewayServerProtocol(GatewayHttpProtocol):
     """The protocol ``manage.py serve`` runs the gateway with.
 
@@ -401,6 +586,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
     """
 
     _lean_routes: dict[bytes, tuple[str, Any]] | None = None
+    _handled_routes: dict[bytes, tuple[str, Any]] | None = None
     relay: Any = None  # the callbacks.Relay answering on this connection now, if any
     _receiving = False  # bytes arrived since the last response completed
     _idle_since = 0.0
@@ -444,8 +630,10 @@ class GatewayServerProtocol(GatewayHttpProtocol):
         url = self.url
         mark = url.find(b"?")
         found = routes.get(url if mark < 0 else url[:mark])
-        if found is None or self.limit_concurrency is not None or self.root_path:
+        if self.limit_concurrency is not None or self.root_path:
             return False
+        if found is None:
+            return self._handled(url, mark)
         path, route = found
         scope = {
             "type": "http",
@@ -461,6 +649,44 @@ class GatewayServerProtocol(GatewayHttpProtocol):
             return True
         self.cycle = previous
         return False
+
+    def _handled(self, url: bytes, mark: int) -> bool:
+        """Run a request to a registered handler on a :class:`HandlerCycle`; False: it takes
+        uvicorn's path (a body without a declared length, or over the ceiling, ``Expect``)."""
+        routes = self._handled_routes
+        if routes is None:
+            from gateway import fastroutes
+
+            routes = GatewayServerProtocol._handled_routes = {
+                path.encode("ascii"): (path, GatewayASGIMiddleware(handler))
+                for path, handler in fastroutes.HANDLERS.items()
+            }
+        raw_path = url if mark < 0 else url[:mark]
+        found = routes.get(raw_path)
+        if found is None:
+            return False
+        declared = b""
+        for name, value in self.headers:
+            if name == b"content-length":
+                declared = value
+            elif name == b"transfer-encoding" or name == b"expect":
+                return False
+        if not declared.isdigit() or int(declared) > get_config().server.max_request_body_size_bytes:
+            return False
+        path, app = found
+        self._scope()
+        scope: Any = self.scope
+        scope["method"] = "POST"
+        scope["path"] = path
+        scope["raw_path"] = raw_path
+        scope["query_string"] = b"" if mark < 0 else url[mark + 1 :]
+        cycle = HandlerCycle(self, scope, self.parser.should_keep_alive())
+        self.cycle = cycle  # type: ignore[assignment]
+        self.relay = cycle
+        task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        return True
 
     def serve_asgi(self, cycle: Any, body: bytes) -> None:
         """Hand a request the relay took to the ASGI app after all, its body read in full: the
@@ -501,7 +727,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if type(cycle) is LeanCycle:
+        if isinstance(cycle, LeanCycle):
             if cycle.response_complete:
                 return
             # The declared length is within the ceiling (Relay.admit). A body in one piece is kept
@@ -523,7 +749,7 @@ class GatewayServerProtocol(GatewayHttpProtocol):
     def on_message_complete(self) -> None:
         self._request_read()
         cycle = self.cycle
-        if type(cycle) is not LeanCycle:
+        if not isinstance(cycle, LeanCycle):
             HttpToolsProtocol.on_message_complete(self)
         elif cycle.response_complete:
             return

@@ -28,7 +28,7 @@ from gateway.logging import request_id_var
 from gateway.relay import callbacks
 from gateway.relay.http_client import _BODY, Connection, HttpPool
 from gateway.relay.protocol import GatewayServerProtocol, LeanCycle
-from tests.servers import LiveServer, free_port, wait_port
+from tests.servers import LiveServer, free_port, sized_answers, wait_port
 from tests.upstream import (
     DONE,
     Gate,
@@ -149,7 +149,7 @@ def test_pipelined_requests_are_answered_in_order(
     )
     with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
         sock.sendall(request * 3)  # three requests in one write, before any answer
-        answers = _json_answers(sock, 3)
+        answers = sized_answers(sock, 3)
     assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)
     texts = [
         orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["choices"][0]["message"]["content"]
@@ -327,28 +327,8 @@ def _exchange(sock: socket.socket) -> bytes:
 
 def _json_answer(sock: socket.socket) -> bytes:
     """One answer with a sized body, read up to its declared length (the connection stays open)."""
-    [answer] = _json_answers(sock, 1)
+    [answer] = sized_answers(sock, 1)
     return answer
-
-
-def _json_answers(sock: socket.socket, count: int) -> list[bytes]:
-    """``count`` answers with sized bodies in a row, each read up to its declared length (a body's
-    own bytes, an inner ``}`` included, never end an answer early)."""
-    received, answers = b"", []
-    while len(answers) < count:
-        head, found, content = received.partition(b"\r\n\r\n")
-        if found:
-            lines = head.lower().split(b"\r\n")
-            length = next(int(line[15:]) for line in lines if line.startswith(b"content-length:"))
-            if len(content) >= length:
-                answers.append(head + found + content[:length])
-                received = content[length:]
-                continue
-        chunk = sock.recv(65536)
-        assert chunk, received
-        received += chunk
-    assert received == b"", received  # nothing beyond the answers asked for
-    return answers
 
 
 def _closed_after(sock: socket.socket, limit: float) -> float:
