@@ -271,7 +271,7 @@ def test_pipelined_requests_are_handed_over_in_order(
     ASGI path; the second is relayed. Each gets its own answer, in order."""
     import socket
 
-    from tests.gateway.test_direct_relay import _json_answers
+    from tests.servers import sized_answers
 
     upstream.script(
         "/v1/messages", json_answer(anthropic_tool_message([("s1", "web_search", {"query": "one"})]))
@@ -292,7 +292,7 @@ def test_pipelined_requests_are_handed_over_in_order(
 
     with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
         sock.sendall(request(with_tools) + request(plain) + request(with_tools))
-        answers = _json_answers(sock, 3)
+        answers = sized_answers(sock, 3)
     bodies = [orjson.loads(a.split(b"\r\n\r\n", 1)[1]) for a in answers]
     assert [b["content"][-1]["text"] for b in bodies] == ["first", "second", "third"]
     assert [b["content"][0]["type"] for b in bodies] == ["server_tool_use", "text", "server_tool_use"]
