@@ -13,6 +13,9 @@ What is here, and why (``docs/performance.md``, the decision record):
 - :mod:`gateway.relay.callbacks`: the pass-through relay on callbacks (``Relay``) and the one
   decision of which requests it takes (``start``); it applies the rules through ``gateway.pipeline``
   like every other path.
+- :mod:`gateway.relay.framing`: the bytes the server side writes, shared by the cycles and the
+  relay: the status line, the chunked framing, and an answer's bytes held until the end of the loop
+  turn that produced them (``HeldWrites``).
 - :mod:`gateway.relay.http_client`: the lean upstream HTTP/1.1 client the relay is designed with
   (asyncio Protocols, ``httptools``' parser, a keep-alive pool per event loop; ``HttpPool.send_on``,
   ``Outbox`` and ``Sink`` are the relay's side of it). It relies on no library internal, so neither

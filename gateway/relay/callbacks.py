@@ -30,19 +30,17 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
-
 from gateway import errors
 from gateway.auth import AuthResult
 from gateway.config import get_config
 from gateway.logging import request_id_var
 from gateway.passthrough import SSE_CONTENT_TYPE, RawHeaders, Route, forward_headers, upstream_pool
 from gateway.pipeline import Passage, admit, admit_waiting, finish, release
+from gateway.relay.framing import LAST_CHUNK, chunk, status_line
 from gateway.relay.http_client import Connection, HttpPool, describe
 
 log = logging.getLogger("gateway")
 
-_LAST_CHUNK = b"0\r\n\r\n"
 # Each step of a relay runs in its request's log context (Passage.enter, inlined: pump runs per chunk).
 _enter = request_id_var.set
 _leave = request_id_var.reset
@@ -291,7 +289,7 @@ class Relay:
         cycle = self.cycle
         self.status = status
         cycle.response_started = True
-        lines = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        lines = [status_line(status)]
         for name, value in cycle.default_headers:
             lines += (name, b": ", value, b"\r\n")
         for name, value in headers:
@@ -385,7 +383,7 @@ class Relay:
         if conn.body:
             data = conn.take_body()
             if self.chunked:
-                self._put(b"%x\r\n%b\r\n" % (len(data), data))
+                self._put(chunk(data))
             elif self.pending is not None:
                 self._put(self.pending + data)
                 self.pending = None
@@ -397,7 +395,7 @@ class Relay:
             if self.pending is not None:
                 self._put(self.pending)  # an empty sized body
             elif self.chunked:
-                self._put(_LAST_CHUNK)
+                self._put(LAST_CHUNK)
             self._done(True)
         elif conn.error is not None:
             self.conn = None
@@ -413,7 +411,7 @@ class Relay:
                 self._done(False)
                 return
             event = self.route.stream_error(error)
-            self._put(b"%x\r\n%b\r\n%b" % (len(event), event, _LAST_CHUNK))
+            self._put(chunk(event, last=True))
             self._done(True)
 
     def _put(self, data: bytes) -> None:

@@ -24,12 +24,13 @@ import asyncio
 import logging
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
 
 from gateway import errors
 from gateway.config import get_config
 from gateway.middleware import READ_TIMED_OUT, GatewayASGIMiddleware
+from gateway.relay.framing import HeldWrites, chunk, status_line
 
 log = logging.getLogger("gateway")
 
@@ -82,15 +83,21 @@ class CoalescingCycle(RequestResponseCycle):
     in the same iteration, and its last chunk goes out with the chunked terminator.
     """
 
-    _held: bytes = b""
-    _flush_handle: asyncio.Handle | None = None
+    _writes: HeldWrites | None = None
+
+    @property
+    def _held(self) -> HeldWrites:
+        writes = self._writes
+        if writes is None:
+            writes = self._writes = HeldWrites(self)
+        return writes
 
     async def send(self, message: Any) -> None:
         if self.scope["method"] != "HEAD":
             if not self.response_started and message["type"] == "http.response.start":
                 await self._hold(message)
                 if not _sized(message):
-                    self._flush_soon()
+                    self._held.flush_soon()
                 return
             if (
                 self.response_started
@@ -99,14 +106,10 @@ class CoalescingCycle(RequestResponseCycle):
                 and message.get("more_body", False)
             ):
                 await self._hold(message)
-                self._flush_soon()
+                self._held.flush_soon()
                 return
-        if self._held:
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-                self._flush_handle = None
-            transport, proxy = self.transport, _WithHead(self.transport, self._held)
-            self._held = b""
+        if self._writes is not None and self._writes.data:
+            transport, proxy = self.transport, _WithHead(self.transport, self._writes.take())
             self.transport = proxy  # type: ignore[assignment]
             try:
                 await super().send(message)
@@ -118,27 +121,16 @@ class CoalescingCycle(RequestResponseCycle):
         await super().send(message)
 
     async def _hold(self, message: Any) -> None:
-        """uvicorn's own ``send`` of ``message``, its bytes kept in :attr:`_held` (appended)."""
+        """uvicorn's own ``send`` of ``message``, its bytes held (:attr:`_held`)."""
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()  # before the swap: uvicorn's send then never waits with it
         transport, holder = self.transport, _HeldHead()
-        holder.data = self._held
         self.transport = holder  # type: ignore[assignment]
         try:
             await super().send(message)
         finally:
             self.transport = transport
-        self._held = holder.data
-
-    def _flush_soon(self) -> None:
-        if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        data, self._held = self._held, b""
-        if data and not self.disconnected and not self.transport.is_closing():
-            self.transport.write(data)
+        self._held.add(holder.data)
 
 
 class _Refused(Exception):
@@ -314,7 +306,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 passage.started -= self.loop.time() - self._began  # the request's time, not ours
             rid = passage.request_id
             status, body, headers = errors.render(exc, path, rid)
-            lines = [STATUS_LINE[status]]
+            lines = [status_line(status)]
             lines += [b"%s: %s\r\n" % (name, value) for name, value in self.server_state.default_headers]
             lines += [b"%s: %s\r\n" % (k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
             lines.append(b"content-length: %d\r\nx-request-id: %s\r\n\r\n" % (len(body), rid.encode()))
@@ -405,15 +397,14 @@ class HandlerCycle(LeanCycle):
     connection's ``relay`` until its answer is complete.
     """
 
-    __slots__ = ("chunked", "flush_handle", "given", "held", "protocol", "waiter")
+    __slots__ = ("chunked", "given", "held", "protocol", "waiter")
 
     def __init__(self, protocol: GatewayServerProtocol, scope: dict[str, Any], keep_alive: bool) -> None:
         super().__init__(protocol, scope, keep_alive)
         self.protocol = protocol
         self.given = False  # the body was handed to the application
         self.chunked = False
-        self.held = b""  # bytes of the answer not written yet (the head, a stream's chunks)
-        self.flush_handle: asyncio.Handle | None = None
+        self.held = HeldWrites(self)  # the answer's bytes not written yet (the head, a stream's chunks)
         self.waiter: asyncio.Future[None] | None = None  # receive() waiting for the body or the end
 
     @property
@@ -428,21 +419,28 @@ class HandlerCycle(LeanCycle):
             if not self.response_started:
                 await self._send_500()
             else:
-                self.transport.close()
+                self._cut()
         else:
             if not self.response_started and not self.disconnected:
                 log.error("ASGI callable returned without starting response.")
                 await self._send_500()
             elif not self.response_complete and not self.disconnected:
                 log.error("ASGI callable returned without completing response.")
-                self.transport.close()
+                self._cut()
         finally:
             self._release()
 
     async def _send_500(self) -> None:
-        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
-        await self.send({"type": "http.response.start", "status": 500, "headers": headers})
-        await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
+        """uvicorn's answer to an application that failed before answering (a 500, and the
+        connection closed after it), in the gateway's envelope."""
+        self.keep_alive = False
+        exc = errors.ServerError("The server had an error while processing your request.")
+        await errors.asgi_send(self.send, exc, self.scope)
+
+    def _cut(self) -> None:
+        """End an answer that cannot be completed: what is held goes out, then the close."""
+        self.held.flush()
+        self.transport.close()
 
     # -- the protocol's hooks (as for the callback relay) ----------------------------------------
 
@@ -503,29 +501,20 @@ class HandlerCycle(LeanCycle):
             if kind != "http.response.start":
                 raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
             self.response_started = True
-            self.held = self._head(message["status"], message.get("headers", ()))
+            self.held.add(self._head(message["status"], message.get("headers", ())))
             if self.chunked:
-                self._flush_soon()  # a stream's head goes out at once (with what this turn sends)
+                self.held.flush_soon()  # a stream's head goes out at once (with what this turn sends)
             return
         if self.response_complete or kind != "http.response.body":
             raise RuntimeError(f"Unexpected ASGI message '{kind}' sent.")
         body = message.get("body", b"")
         more = message.get("more_body", False)
-        if self.chunked:
-            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
-            if not more:
-                data += b"0\r\n\r\n"
-        else:
-            data = body
+        data = chunk(body, not more) if self.chunked else body
         if more:
-            self.held += data
-            self._flush_soon()
+            self.held.add(data)
+            self.held.flush_soon()
             return
-        handle, self.flush_handle = self.flush_handle, None
-        if handle is not None:
-            handle.cancel()
-        data, self.held = self.held + data, b""
-        self.transport.write(data)
+        self.transport.write(self.held.take() + data)
         self.response_complete = True
         self._release()  # before completing: that may start a pipelined request
         self._wake()
@@ -536,7 +525,7 @@ class HandlerCycle(LeanCycle):
     def _head(self, status: int, headers: Any) -> bytes:
         """The status line and headers (uvicorn's: its default headers first, ``connection: close``
         when the connection ends, a body without a length chunked)."""
-        lines = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        lines = [status_line(status)]
         sized = closes = False
         for name, value in self.default_headers:
             lines += (name, b": ", value, b"\r\n")
@@ -558,16 +547,6 @@ class HandlerCycle(LeanCycle):
             lines.append(b"transfer-encoding: chunked\r\n")
         lines.append(b"\r\n")
         return b"".join(lines)
-
-    def _flush_soon(self) -> None:
-        if self.flush_handle is None:
-            self.flush_handle = self.protocol.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_handle = None
-        data, self.held = self.held, b""
-        if data and not self.disconnected and not self.transport.is_closing():
-            self.transport.write(data)
 
 
 class GatewayServerProtocol(GatewayHttpProtocol):

@@ -18,9 +18,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
 
 from gateway.fastpath import FastPathApp
-from gateway.relay.protocol import HandlerCycle
+from gateway.middleware import GatewayASGIMiddleware
+from gateway.relay.protocol import GatewayServerProtocol, HandlerCycle
 from responses_app.models import Response
 from tests.responses.conftest import Gateway, sse_events
 from tests.responses.scripts import Script, handler, text
@@ -220,3 +222,131 @@ def test_a_client_that_leaves_mid_stream_still_gets_its_response_stored(
     [stored] = Response.objects.all()
     assert stored.snapshot["output"][0]["content"][0]["text"] == "abcd"
     assert paths == {"cycle": 1, "asgi": 0}
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def _dechunk(content: bytes) -> tuple[bytes, bool]:
+    """A chunked body's data, and whether its terminating chunk came."""
+    data = b""
+    while content:
+        size_line, _, rest = content.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return data, rest == b"\r\n"
+        data, content = data + rest[:size], rest[size + 2 :]
+    return data, False
+
+
+async def _raises_before_answering(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    raise RuntimeError("a bug in the application")
+
+
+async def _returns_without_answering(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+
+
+async def _raises_mid_stream(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    )
+    await send({"type": "http.response.body", "body": b"data: first\n\n", "more_body": True})
+    raise RuntimeError("a bug in the middle of a stream")
+
+
+async def _returns_mid_answer(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+
+
+@pytest.mark.parametrize(
+    ("app", "wrapped"),
+    [
+        (_raises_before_answering, False),
+        (_returns_without_answering, False),
+        (_returns_without_answering, True),
+    ],
+)
+def test_an_application_that_fails_before_answering_gets_a_500_in_the_envelope_and_a_close(
+    served: Gateway, monkeypatch: pytest.MonkeyPatch, paths: dict[str, int], app: Any, wrapped: bool
+) -> None:
+    """What uvicorn does for an application that fails (a 500, then the close), in our envelope.
+    Wrapped in the middleware, an application that raises is answered by the middleware itself;
+    one that returns without answering is the cycle's to answer."""
+    served_app = GatewayASGIMiddleware(app) if wrapped else app
+    monkeypatch.setattr(
+        GatewayServerProtocol, "_handled_routes", {b"/v1/responses": ("/v1/responses", served_app)}
+    )
+    with socket.create_connection(_address(served), timeout=5) as sock:
+        sock.sendall(_request(_body()))
+        received = _until_closed(sock)  # the gateway closes the connection after the answer
+    head, _, content = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 500 "), received
+    lines = head.lower().split(b"\r\n")
+    assert b"connection: close" in lines and b"content-type: application/json" in lines
+    assert b"content-length: %d" % len(content) in lines
+    error = orjson.loads(content)["error"]
+    assert error["type"] == "server_error" and error["message"]
+    assert paths["cycle"] == 1
+
+
+@pytest.mark.parametrize("app", [_raises_mid_stream, _returns_mid_answer])
+def test_an_application_that_fails_mid_answer_has_its_connection_cut(
+    served: Gateway, monkeypatch: pytest.MonkeyPatch, paths: dict[str, int], app: Any
+) -> None:
+    """An answer that has begun cannot become an error: what was sent goes out, then the close
+    (the client sees a truncated answer, never a complete one)."""
+    monkeypatch.setattr(GatewayServerProtocol, "_handled_routes", {b"/v1/responses": ("/v1/responses", app)})
+    with socket.create_connection(_address(served), timeout=5) as sock:
+        sock.sendall(_request(_body()))
+        received = _until_closed(sock)
+    head, _, content = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), received
+    if app is _raises_mid_stream:
+        assert b"transfer-encoding: chunked" in head.lower().split(b"\r\n")
+        assert _dechunk(content) == (b"data: first\n\n", False)  # no terminating chunk
+    else:
+        assert content == b""  # the head alone: 10 bytes declared, none sent
+    assert paths["cycle"] == 1
+
+
+def test_a_slow_reader_gets_a_long_stream_whole(served: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream larger than every buffer between the gateway and a client that does not read: the
+    cycle waits for the socket to drain (uvicorn's flow control) and loses nothing."""
+    drains = 0
+    drain = FlowControl.drain
+
+    async def counting_drain(self: FlowControl) -> None:
+        nonlocal drains
+        drains += 1
+        await drain(self)
+
+    monkeypatch.setattr(FlowControl, "drain", counting_drain)
+    words = [f"{i:04d}" + "w" * 3996 for i in range(300)]  # 1.2 MB of text: ~6 MB of events
+    _answer(served, *words)
+    with socket.create_connection(_address(served), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(_request(_body(stream=True)))
+        time.sleep(1.0)  # not reading: the gateway's writes back up
+        received = bytearray()
+        while not received.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(1 << 20)
+            assert chunk, received[-200:]
+            received += chunk
+    head, _, content = bytes(received).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    data, terminated = _dechunk(content)
+    assert terminated
+    events = [orjson.loads(line[6:]) for line in data.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1]["type"] == "response.completed"
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == words
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "".join(words)
+    assert drains > 0  # the writes really waited for the client
