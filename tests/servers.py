@@ -49,6 +49,18 @@ def sized_answers(sock: socket.socket, count: int) -> list[bytes]:
     return answers
 
 
+def access_records(caplog: Any, count: int, timeout: float = 5.0) -> list[Any]:
+    """The ``gateway.access`` log records once there are ``count`` of them (the access line is
+    written once the answer is out, so a client can read its answer before the line exists); what
+    there is after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = [r for r in caplog.records if r.name == "gateway.access"]
+        if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.01)
+
+
 def wait_port(port: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -28,7 +28,7 @@ from gateway.logging import request_id_var
 from gateway.relay import callbacks
 from gateway.relay.http_client import _BODY, Connection, HttpPool
 from gateway.relay.protocol import GatewayServerProtocol, LeanCycle
-from tests.servers import LiveServer, free_port, sized_answers, wait_port
+from tests.servers import LiveServer, access_records, free_port, sized_answers, wait_port
 from tests.upstream import (
     DONE,
     Gate,
@@ -98,7 +98,7 @@ def test_passthrough_requests_take_the_callback_relay(
     assert first.headers["x-request-id"] != third.headers["x-request-id"]
     assert paths == {"relay": 3, "asgi": 0, "lean": 3}
     # Each access line carries its request's id.
-    logged = [r.request_id for r in caplog.records if r.name == "gateway.access"]  # type: ignore[attr-defined]
+    logged = [r.request_id for r in access_records(caplog, 3)]
     assert logged == [r.headers["x-request-id"] for r in (first, streamed, third)]
 
 

@@ -26,7 +26,7 @@ from gateway.relay.protocol import GatewayServerProtocol, HandlerCycle
 from responses_app.models import Response
 from tests.responses.conftest import Gateway, sse_events
 from tests.responses.scripts import Script, handler, text
-from tests.servers import sized_answers
+from tests.servers import access_records, sized_answers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,7 +104,7 @@ def test_responses_requests_run_on_the_handler_cycle(
     assert Response.objects.filter(status="completed").count() == 3
     assert paths == {"cycle": 3, "asgi": 0}
     # Each access line carries its request's id, as on every path.
-    logged = [r.request_id for r in caplog.records if r.name == "gateway.access"]  # type: ignore[attr-defined]
+    logged = [r.request_id for r in access_records(caplog, 3)]
     assert logged == [r.headers["x-request-id"] for r in (first, streamed, third)]
 
 
