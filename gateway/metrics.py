@@ -15,7 +15,7 @@ import tempfile
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from gateway.compat.prometheus import Observer, request_observer
+from gateway.compat.prometheus import Observer, adder, forget_at_fork, request_observer
 from gateway.config import environ_get
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -76,6 +76,27 @@ def exposition() -> bytes:
 # One observer per (route, method, status) label set (gateway.compat.prometheus: the values behind
 # the children, updated without labels()). Routes are bounded (``route_label``), so this stays small.
 _observers: dict[tuple[str, str, int], Observer] = {}
+# What adds to HTTP_IN_FLIGHT (gateway.compat.prometheus.adder), made on first use.
+_in_flight: Observer | None = None
+
+
+def in_flight(change: int) -> None:
+    """A request begins (1) or ends (-1): ``HTTP_IN_FLIGHT.inc(change)``, as cheaply."""
+    global _in_flight
+    add = _in_flight
+    if add is None:
+        add = _in_flight = adder(HTTP_IN_FLIGHT)
+    add(change)
+
+
+def _forget() -> None:
+    """In a forked child: the updaters made before the fork write to the parent's files."""
+    global _in_flight
+    _observers.clear()
+    _in_flight = None
+
+
+forget_at_fork(_forget)
 
 
 def observe_request(route: str, method: str, status: int, seconds: float) -> None:

@@ -40,7 +40,7 @@ from gateway.auth import AuthResult, authenticate, authenticate_now
 from gateway.config import get_config
 from gateway.ids import request_id_for
 from gateway.logging import request_id_var
-from gateway.metrics import HTTP_IN_FLIGHT, observe_request
+from gateway.metrics import in_flight, observe_request
 
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -79,7 +79,7 @@ class Passage:
         limit = get_config().server.max_request_body_size_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             self.refusal = errors.payload_too_large(limit)
-        HTTP_IN_FLIGHT.inc()
+        in_flight(1)
 
     def enter(self) -> contextvars.Token[str]:
         """Set the request's log context for one step of a request driven by callbacks."""
@@ -133,7 +133,7 @@ def _check_method(passage: Passage, methods: frozenset[str]) -> None:
 def finish(passage: Passage, status: int, route: str | None = None) -> None:
     """The request is over: metrics, in-flight, the access log (status 0: the client went away
     before a complete answer, logged 499), and the log context reset."""
-    HTTP_IN_FLIGHT.dec()
+    in_flight(-1)
     path = passage.path
     record_request(
         passage.method,
@@ -152,7 +152,7 @@ def release(passage: Passage) -> None:
     """The request leaves this path unanswered, for another that admits and finishes it (the
     callback relay handing a request to the ASGI path): in-flight and the log context undone,
     nothing recorded."""
-    HTTP_IN_FLIGHT.dec()
+    in_flight(-1)
     token, passage.token = passage.token, None
     if token is not None:
         request_id_var.reset(token)

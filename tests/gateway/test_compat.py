@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,25 @@ def test_a_prometheus_internal_gone_is_found() -> None:
     ]
 
 
+def test_a_multiprocess_value_internal_gone_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prometheus_client.values
+
+    real = prometheus_client.values.MultiProcessValue
+
+    def without_key() -> Any:
+        value_class = real()
+
+        class Renamed(value_class):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                del self._key
+
+        return Renamed
+
+    monkeypatch.setattr(prometheus_client.values, "MultiProcessValue", without_key)
+    assert prometheus.missing() == ["MmapedValue._key"]
+
+
 def test_prometheus_without_its_internals_counts_through_the_public_api(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -62,6 +82,73 @@ def test_prometheus_without_its_internals_counts_through_the_public_api(
     observe = prometheus.request_observer(counter, histogram, "/r", "POST", "200")
     observe(0.5)
     assert _observed(registry) == (1.0, 0.5, 1.0)
+
+
+# Run in a fresh interpreter: prometheus_client picks its value class (one process or several) at
+# import, from PROMETHEUS_MULTIPROC_DIR.
+_MULTIPROCESS_SCRIPT = """
+import os, sys
+from prometheus_client import CollectorRegistry, multiprocess
+from gateway.compat import prometheus
+from gateway.metrics import HTTP_IN_FLIGHT, in_flight, observe_request
+
+assert HTTP_IN_FLIGHT._value._multiprocess and prometheus.usable() is {usable}
+
+
+def totals():
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    labels = {{"route": "/r", "method": "POST"}}
+    return (
+        registry.get_sample_value("gateway_http_requests_total", {{**labels, "status": "200"}}),
+        registry.get_sample_value("gateway_http_request_duration_seconds_sum", labels),
+        registry.get_sample_value("gateway_http_request_duration_seconds_bucket", {{**labels, "le": "0.005"}}),
+        registry.get_sample_value("gateway_http_request_duration_seconds_bucket", {{**labels, "le": "+Inf"}}),
+        registry.get_sample_value("gateway_http_requests_in_flight", {{}}),
+    )
+
+
+for seconds in (0.002, 0.5, 0.004):
+    observe_request("/r", "POST", 200, seconds)
+in_flight(1)
+in_flight(1)
+in_flight(-1)
+print(totals())
+child = os.fork()
+if child == 0:  # the child's updates go to files of its own, never to the parent's
+    observe_request("/r", "POST", 200, 0.001)
+    in_flight(1)
+    os._exit(0)
+os.waitpid(child, 0)
+observe_request("/r", "POST", 200, 2.0)
+print(totals())
+"""
+
+
+@pytest.mark.parametrize("usable", [True, False])
+def test_multiprocess_metrics_count_as_the_public_api_does_across_a_fork(
+    tmp_path: Path, usable: bool
+) -> None:
+    """With several server processes the values are updated without the multi-process value's lock
+    and process check: the same totals as its public ``inc``, the in-flight gauge's live sum, and a
+    forked child's updates in files of its own (the parent's not overwritten). Without the
+    internals (another prometheus_client), the public API gives the same."""
+    import subprocess
+    import sys
+
+    script = _MULTIPROCESS_SCRIPT.format(usable=usable)
+    if not usable:
+        script = "from gateway.compat import prometheus\nprometheus._usable = False\n" + script
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first == repr((3.0, 0.506, 2.0, 3.0, 1.0))
+    # The child's counts and its in-flight request are in its own files (prometheus_client sums
+    # them until the process is marked dead); the parent's count after the fork lands on its own 3.
+    assert second == repr((5.0, 2.507, 3.0, 5.0, 2.0))
 
 
 def test_prometheus_on_another_version_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
