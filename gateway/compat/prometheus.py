@@ -21,7 +21,8 @@ child's own file.
 Relied on (prometheus_client ``VERSION``): a ``Counter`` child's ``_value``; a ``Histogram``
 child's ``_sum``, ``_buckets`` and ``_upper_bounds``; each of those values' ``inc(amount)``; a
 ``MmapedValue``'s ``_multiprocess``, ``_value``, ``_key`` and ``_file``, and ``MmapedDict.write_value``.
-:func:`missing` checks them; when one is gone (or the version differs) the observer falls back to
+:func:`missing` checks them (the ``MmapedValue`` ones in a process with several, where its probe's
+values are of that class); when one is gone (or the version differs) the observer falls back to
 the public ``labels().inc()`` and ``labels().observe()``, and :func:`adder` to the value's ``inc``.
 ``tests/gateway/test_compat.py`` fails when one moves.
 """
@@ -37,9 +38,6 @@ from typing import Any
 VERSION = "0.26.0"
 
 Observer = Callable[[float], None]
-
-# prometheus_client's setting for multi-process mode (as gateway.metrics.MULTIPROC_ENV).
-_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def missing(counter: Any = None, histogram: Any = None) -> list[str]:
@@ -59,36 +57,13 @@ def missing(counter: Any = None, histogram: Any = None) -> list[str]:
     for name in ("sum", "buckets", "upper_bounds"):
         if not hasattr(histogram, f"_{name}"):
             gone.append(f"Histogram._{name}")
-    gone += _missing_in_mmaped_value()
-    return gone
-
-
-def _missing_in_mmaped_value() -> list[str]:
-    """What :func:`adder` relies on in the multi-process value class, probed on a value of its own
-    in a scratch directory (the class is the same whichever mode this process runs in)."""
-    import tempfile
-
-    from prometheus_client.values import MultiProcessValue
-
-    gone: list[str] = []
-    with tempfile.TemporaryDirectory() as directory:
-        previous = os.environ.get(_MULTIPROC_ENV)
-        os.environ[_MULTIPROC_ENV] = directory
-        try:
-            value = MultiProcessValue()("counter", "compat_probe", "compat_probe_total", (), (), "probe")
-        finally:
-            if previous is None:
-                del os.environ[_MULTIPROC_ENV]
-            else:
-                os.environ[_MULTIPROC_ENV] = previous
-        for name in ("_multiprocess", "_value", "_key", "_file"):
+    value = getattr(counter, "_value", None)
+    if getattr(value, "_multiprocess", False):  # several server processes: what adder() uses too
+        for name in ("_value", "_key", "_file"):
             if not hasattr(value, name):
                 gone.append(f"MmapedValue.{name}")
         if not callable(getattr(getattr(value, "_file", None), "write_value", None)):
             gone.append("MmapedDict.write_value")
-        file = getattr(value, "_file", None)
-        if file is not None and callable(getattr(file, "close", None)):
-            file.close()
     return gone
 
 
