@@ -382,10 +382,15 @@ def anthropic_request_id(request_id: str | None) -> str:
     return new_request_id()
 
 
+def server_error() -> GatewayError:
+    """The 500 for a failure of ours the client is told nothing more about (OpenAI's wording)."""
+    return ServerError("The server had an error while processing your request.")
+
+
 def as_gateway_error(exc: BaseException) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
-    return ServerError("The server had an error while processing your request.")
+    return server_error()
 
 
 def payload_too_large(limit: int) -> GatewayError:

@@ -87,9 +87,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
-    return errors.django_response(
-        errors.ServerError("The server had an error while processing your request."), request
-    )
+    return errors.django_response(errors.server_error(), request)
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

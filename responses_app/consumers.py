@@ -327,10 +327,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 raise
             except Exception:
                 log.exception("WebSocket request on lane %r failed", lane.key)
-                await self._error(
-                    errors.ServerError("The server had an error while processing your request."),
-                    job.stream_id,
-                )
+                await self._error(errors.server_error(), job.stream_id)
             finally:
                 self.outstanding -= 1
                 self.outstanding_bytes -= job.size

@@ -458,7 +458,7 @@ class Relay:
             self._close()
             self._done(False)
         else:
-            self._error(errors.ServerError("The server had an error while processing your request."))
+            self._error(errors.server_error())
 
     # -- the client ------------------------------------------------------------------------------
 

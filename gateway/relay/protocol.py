@@ -434,8 +434,7 @@ class HandlerCycle(LeanCycle):
         """uvicorn's answer to an application that failed before answering (a 500, and the
         connection closed after it), in the gateway's envelope."""
         self.keep_alive = False
-        exc = errors.ServerError("The server had an error while processing your request.")
-        await errors.asgi_send(self.send, exc, self.scope)
+        await errors.asgi_send(self.send, errors.server_error(), self.scope)
 
     def _cut(self) -> None:
         """End an answer that cannot be completed: what is held goes out, then the close."""
