@@ -21,9 +21,10 @@ child's own file.
 Relied on (prometheus_client ``VERSION``): a ``Counter`` child's ``_value``; a ``Histogram``
 child's ``_sum``, ``_buckets`` and ``_upper_bounds``; each of those values' ``inc(amount)``; a
 ``MmapedValue``'s ``_multiprocess``, ``_value``, ``_key`` and ``_file``, and ``MmapedDict.write_value``.
-:func:`missing` checks them (the ``MmapedValue`` ones in a process with several, where its probe's
-values are of that class); when one is gone (or the version differs) the observer falls back to
-the public ``labels().inc()`` and ``labels().observe()``, and :func:`adder` to the value's ``inc``.
+:func:`usable` checks them on the metrics about to be updated (the ``MmapedValue`` ones in a
+process with several, where their values are of that class); when one is gone (or the version
+differs) the observer falls back to the public ``labels().inc()`` and ``labels().observe()``, and
+:func:`adder` to the value's ``inc``.
 ``tests/gateway/test_compat.py`` fails when one moves.
 """
 
@@ -42,23 +43,31 @@ Observer = Callable[[float], None]
 
 def missing(counter: Any = None, histogram: Any = None) -> list[str]:
     """The internals relied on that the installed prometheus_client lacks (its version too), probed
-    on a counter child and a histogram child (``counter``/``histogram``: these instead)."""
+    on a counter child and a histogram child (``counter``/``histogram``: these instead; the
+    contract test's probes are made here, in a registry of their own)."""
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
-    installed = importlib.metadata.version("prometheus_client")
-    gone = [] if installed == VERSION else [f"prometheus_client=={VERSION} (installed: {installed})"]
     registry = CollectorRegistry()
     if counter is None:
         counter = Counter("compat_probe", "probe", ["a"], registry=registry).labels("x")
     if histogram is None:
         histogram = Histogram("compat_probe_seconds", "probe", ["a"], registry=registry).labels("x")
+    return _gone(counter, histogram)
+
+
+def _gone(counter: Any, histogram: Any = None) -> list[str]:
+    """:func:`missing` on ``counter`` (a counter child or a metric without labels: what holds a
+    ``_value``) and on ``histogram`` when given."""
+    installed = importlib.metadata.version("prometheus_client")
+    gone = [] if installed == VERSION else [f"prometheus_client=={VERSION} (installed: {installed})"]
     if not callable(getattr(getattr(counter, "_value", None), "inc", None)):
         gone.append("Counter._value")
-    for name in ("sum", "buckets", "upper_bounds"):
-        if not hasattr(histogram, f"_{name}"):
-            gone.append(f"Histogram._{name}")
+    if histogram is not None:
+        for name in ("sum", "buckets", "upper_bounds"):
+            if not hasattr(histogram, f"_{name}"):
+                gone.append(f"Histogram._{name}")
     value = getattr(counter, "_value", None)
-    if getattr(value, "_multiprocess", False):  # several server processes: what adder() uses too
+    if getattr(value, "_multiprocess", False):  # several server processes: what _add() uses
         for name in ("_value", "_key", "_file"):
             if not hasattr(value, name):
                 gone.append(f"MmapedValue.{name}")
@@ -67,21 +76,25 @@ def missing(counter: Any = None, histogram: Any = None) -> list[str]:
     return gone
 
 
+# False: the public API everywhere (a test sets it); None: probe the metrics about to be used.
 _usable: bool | None = None
 
 
-def usable() -> bool:
-    global _usable
-    if _usable is None:
-        _usable = not missing()
-    return _usable
+def usable(counter: Any, histogram: Any = None) -> bool:
+    """Whether the internals are there, probed on the metrics about to be updated (``counter``, and
+    ``histogram`` when given), not on probes of our own: with several server processes every value
+    made lands in the process's metric files, and a probe's would show in ``/metrics``. Called once
+    per updater made (a label set, the in-flight gauge), not per request."""
+    if _usable is not None:
+        return _usable
+    return not _gone(counter, histogram)
 
 
 def request_observer(counter: Any, histogram: Any, route: str, method: str, status: str) -> Observer:
     """A function counting one request in ``counter`` and its seconds in ``histogram``."""
     count_child = counter.labels(route, method, status)
     latency = histogram.labels(route, method)
-    if not usable():
+    if not usable(count_child, latency):
 
         def observe_public(seconds: float) -> None:
             count_child.inc()
@@ -104,7 +117,7 @@ def request_observer(counter: Any, histogram: Any, route: str, method: str, stat
 def adder(metric: Any) -> Callable[[float], None]:
     """A function adding its argument to ``metric``'s value (a metric without labels: a gauge),
     as ``metric.inc(amount)`` does."""
-    if not usable():
+    if not usable(metric):
         return metric.inc  # type: ignore[no-any-return]
     return _add(metric._value)
 

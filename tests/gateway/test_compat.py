@@ -90,9 +90,11 @@ _MULTIPROCESS_SCRIPT = """
 import os, sys
 from prometheus_client import CollectorRegistry, multiprocess
 from gateway.compat import prometheus
-from gateway.metrics import HTTP_IN_FLIGHT, in_flight, observe_request
+from gateway.metrics import HTTP_IN_FLIGHT, HTTP_LATENCY, exposition, in_flight, observe_request
 
-assert HTTP_IN_FLIGHT._value._multiprocess and prometheus.missing() == [] and prometheus.usable() is {usable}
+latency = HTTP_LATENCY.labels("/r", "POST")
+assert HTTP_IN_FLIGHT._value._multiprocess and prometheus.missing(HTTP_IN_FLIGHT, latency) == []
+assert prometheus.usable(HTTP_IN_FLIGHT, latency) is {usable}
 
 
 def totals():
@@ -122,6 +124,8 @@ if child == 0:  # the child's updates go to files of its own, never to the paren
 os.waitpid(child, 0)
 observe_request("/r", "POST", 200, 2.0)
 print(totals())
+# Only the gateway's own metrics in /metrics: the internals were probed on them, not on probes.
+assert b"compat_probe" not in exposition(), exposition()
 """
 
 
@@ -155,7 +159,8 @@ def test_prometheus_on_another_version_falls_back(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(prometheus, "VERSION", "0.0.1")
     monkeypatch.setattr(prometheus, "_usable", None)
     assert prometheus.missing()[0].startswith("prometheus_client==0.0.1")
-    assert prometheus.usable() is False
+    counter, histogram, _ = _metrics()
+    assert prometheus.usable(counter.labels("/r", "POST", "200"), histogram.labels("/r", "POST")) is False
 
 
 def _loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:

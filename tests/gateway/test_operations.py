@@ -285,6 +285,9 @@ def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # typ
     # Read through prometheus_client's multi-process collector (every worker's files), not from
     # the one process that answered the scrape: that collector writes no `_created` samples.
     assert "gateway_http_requests_created" not in text
+    # The prometheus internals were probed on the gateway's own metrics, not on probes of their own
+    # (which would land in every process's files).
+    assert "compat_probe" not in text, text
     # The live sum over both processes: the scrape itself, every other request's begin and end
     # written by the process that served it.
     [in_flight] = [line for line in text.splitlines() if line.startswith("gateway_http_requests_in_flight ")]
