@@ -62,6 +62,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
+from gateway.config import get_config
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -122,8 +124,6 @@ def _hand_back(loop: asyncio.AbstractEventLoop, outcomes: list[_Outcome]) -> Non
 
 
 def _pool_size() -> int:
-    from gateway.config import get_config
-
     return max(1, get_config().database.pool_max_size)
 
 

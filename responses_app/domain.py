@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from inference_app.tools import strip_credentials as strip_tool
 from responses_app.echo import echoed_tool, tool_usage
 
 if TYPE_CHECKING:
@@ -184,8 +185,6 @@ def strip_credentials(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def stripped_tools(tools: list[Any]) -> list[Any]:
-    from inference_app.tools import strip_credentials as strip_tool
-
     return [strip_tool(t) if isinstance(t, dict) else t for t in tools]
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.config import Config
+from inference_app.upstream import get_upstream
 from responses_app import async_tools, compaction, parsers, services, steering, translate, wire
 from responses_app.domain import Prepared, RoundState
 from responses_app.events import Event, StreamFailure
@@ -50,8 +51,6 @@ class Executor(Lifecycle):
         upstream: Any = None,
         event_fields: dict[str, Any] | None = None,
     ) -> None:
-        from inference_app.upstream import get_upstream
-
         # Client tools as the model sees them (namespaces flattened, custom tools as functions).
         self.client_tools = prepared.tool_map or translate.ToolMap.build(
             prepared.request.tools, search_available=web_search_available(config)

@@ -34,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from gateway.config import get_config
+
 # What an entry costs besides its payload, in bytes: the headers of the payload, the id and the
 # owner, the tuple and the map's node (measured: ~320 on CPython 3.11, ids of 53 characters).
 ENTRY_OVERHEAD = 320
@@ -47,8 +49,6 @@ class HistoryCache:
 
     @staticmethod
     def _limit() -> int:
-        from gateway.config import get_config
-
         return get_config().responses.history_cache_bytes
 
     def put(self, response_id: str, owner: str, items: list[dict[str, Any]]) -> None:

@@ -7,6 +7,7 @@ reach the upstream. Validation errors become OpenAI-style 400s with ``param`` an
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Literal
 
 import orjson
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conversations_app.schemas import check_input_item
 from gateway import errors
+from inference_app.tools import validate_max_tool_calls
 from responses_app.features import refuse_unsupported
 from responses_app.tool_decls import check_declared_tool
 
@@ -115,8 +117,6 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
         ) from None
     if not isinstance(raw, dict):
         raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
-    from inference_app.tools import validate_max_tool_calls
-
     validate_max_tool_calls(raw.get("max_tool_calls"))
     try:
         request = ResponseCreateRequest.model_validate(raw, strict=False)
@@ -217,14 +217,21 @@ def _check_items_and_tools(request: ResponseCreateRequest) -> None:
 
 def _check_stored_lengths(request: ResponseCreateRequest) -> None:
     """Strings stored in a column are held to its length here, the same on SQLite and PostgreSQL."""
+    model_limit, type_limit = _stored_limits()
+    errors.refuse_too_long(request.model, "model", model_limit)
+    if isinstance(request.input, list):
+        for index, item in enumerate(request.input):
+            errors.refuse_too_long(item.get("type"), f"input[{index}].type", type_limit)
+
+
+@cache
+def _stored_limits() -> tuple[int, int]:
+    """The lengths of ``Response.model`` and ``Item.type``, looked up once (the models are imported
+    here, on first use: this module is imported before Django's apps are ready)."""
     from conversations_app.models import Item
     from responses_app.models import Response
 
-    errors.refuse_too_long(request.model, "model", _max_length(Response, "model"))
-    if isinstance(request.input, list):
-        limit = _max_length(Item, "type")
-        for index, item in enumerate(request.input):
-            errors.refuse_too_long(item.get("type"), f"input[{index}].type", limit)
+    return _max_length(Response, "model"), _max_length(Item, "type")
 
 
 def _max_length(model: Any, name: str) -> int:

@@ -280,9 +280,9 @@ def response_store_rows(writes: list[FinalWrite | InProgressWrite]) -> list[bool
         for write in writes
     ]
     stored = rawsql.store_responses(built)
-    for write, ok in zip(writes, stored, strict=True):
-        if ok and isinstance(write, FinalWrite):
-            _cache_on_commit(write.prepared, write.outcome)
+    _cache_on_commit(
+        [write for write, ok in zip(writes, stored, strict=True) if ok and isinstance(write, FinalWrite)]
+    )
     return stored
 
 
@@ -327,9 +327,18 @@ def _final_rows(p: Prepared, outcome: Outcome) -> tuple[list[Any], Any]:
     )
 
 
-def _cache_on_commit(p: Prepared, outcome: Outcome) -> None:
-    # Once committed (a group commit may roll the batch back and write it again).
-    transaction.on_commit(lambda: history_cache.put(p.response_id, p.owner, _window(p, outcome)))
+def _cache_on_commit(writes: list[FinalWrite]) -> None:
+    """Cache the checkpoints of stored ``writes`` once committed (a group commit may roll the batch
+    back and write it again): one callback for the batch."""
+
+    def cache() -> None:
+        for write in writes:
+            history_cache.put(
+                write.prepared.response_id, write.prepared.owner, _window(write.prepared, write.outcome)
+            )
+
+    if writes:
+        transaction.on_commit(cache)
 
 
 def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
@@ -361,7 +370,7 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
                 expected_revision=p.conversation_revision,
             )
     if stored:
-        _cache_on_commit(p, outcome)
+        _cache_on_commit([FinalWrite(p, outcome)])
     return stored
 
 
