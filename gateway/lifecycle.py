@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 log = logging.getLogger("gateway.lifecycle")
@@ -121,29 +121,44 @@ class Drain:
 drain = Drain()
 
 
-@contextlib.asynccontextmanager
-async def interruptible() -> AsyncIterator[Interruptible]:
+def interruptible() -> contextlib.AbstractAsyncContextManager[Interruptible]:
     """Run the body until it ends, or until the drain's deadline interrupts it.
 
     An interrupted body is cancelled at the ``await`` it was at; the exception stops here and
     ``handle.interrupted`` is True, so the caller ends the response (stores it failed, sends the
     terminal event). The body must run in the task that entered this block.
     """
-    handle: Interruptible | None = None
-    try:
-        async with asyncio.timeout(None) as timeout:
-            handle = Interruptible(timeout)
-            drain.runs.add(handle)
-            if drain.deadline is not None and asyncio.get_running_loop().time() >= drain.deadline:
-                handle.interrupt()
-            yield handle
-    except TimeoutError:
-        if handle is None or not handle.expired:
-            raise  # another timeout inside the body: not ours
-        handle.interrupted = True
-    finally:
-        if handle is not None:
+    return _InterruptibleBlock()
+
+
+class _InterruptibleBlock:
+    """:func:`interruptible`'s block: an ``asyncio.timeout`` with no deadline, which the drain
+    reschedules to interrupt the body. A class rather than an ``asynccontextmanager``: every
+    response enters one, and a generator-based one costs an async generator's set-up and tear-down."""
+
+    __slots__ = ("handle", "timeout")
+
+    async def __aenter__(self) -> Interruptible:
+        self.timeout = asyncio.timeout(None)
+        await self.timeout.__aenter__()
+        handle = self.handle = Interruptible(self.timeout)
+        drain.runs.add(handle)
+        if drain.deadline is not None and asyncio.get_running_loop().time() >= drain.deadline:
+            handle.interrupt()
+        return handle
+
+    async def __aexit__(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
+        handle = self.handle
+        try:
+            await self.timeout.__aexit__(exc_type, exc, traceback)
+        except TimeoutError:
+            if not handle.expired:
+                raise  # another timeout inside the body: not ours
+            handle.interrupted = True
+            return True  # interrupted: the exception stops here
+        finally:
             drain.runs.discard(handle)
+        return False
 
 
 # --- the ASGI lifespan: periodic jobs and the end of in-process work ---------------------------

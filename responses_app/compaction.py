@@ -465,10 +465,14 @@ class Compactor:
         at = next(i for i, item in enumerate(output) if item.get("id") == self.item["id"])
         return [*self.retained, *output[at:]]
 
+    def may_compact(self) -> bool:
+        """Whether :meth:`before_round` may compact: a trigger not yet answered, or a threshold."""
+        return not self.ends_response and (self.trigger or self.threshold is not None)
+
     async def before_round(self, ex: Any) -> Any:
         """Compact first when the trigger asks for it (once) or the estimate is over the threshold;
         yields the compaction item's events. Upstream failures end the response failed."""
-        if self.ends_response:
+        if not self.may_compact():
             return
         model_items = ex.model_items()
         if not self.trigger and not over_threshold(self.threshold, model_items, ex.p.request.instructions):

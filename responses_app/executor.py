@@ -84,11 +84,16 @@ class Executor(Lifecycle):
         assert tools is not None
         for event in tools.listing_events(self.emitter):
             yield event
-        async for event in tools.run_approvals(self.emitter):
-            yield event
-        for number in range(1, self.config.responses.max_rounds + 1):
-            async for event in self.compactor.before_round(self):  # the history is final here
+        # The hooks below are async generators; each is entered only when it has work (most
+        # responses have no approvals, no gateway calls and no compaction to consider), which saves
+        # an async generator's set-up and tear-down per hook per round.
+        if tools.has_boundary_work():
+            async for event in tools.run_approvals(self.emitter):
                 yield event
+        for number in range(1, self.config.responses.max_rounds + 1):
+            if self.compactor.may_compact():
+                async for event in self.compactor.before_round(self):  # the history is final here
+                    yield event
             if self.compactor.ends_response:
                 return  # a compaction_trigger response is its compaction item
             self.round = RoundState(number)
@@ -102,8 +107,9 @@ class Executor(Lifecycle):
             self.service_tier = self.round.tier
             # Gateway calls run even when the round also ends the response (client calls,
             # approval requests, an incomplete round, steering): they are recorded either way.
-            async for event in tools.execute_round(self.emitter):
-                yield event
+            if tools.has_boundary_work():
+                async for event in tools.execute_round(self.emitter):
+                    yield event
             for event in self.emitter.flush_deferred():  # async calls held behind them
                 yield event
             if self.round.steered:

@@ -420,6 +420,11 @@ class ToolLoop:
 
     # --- the round boundary --------------------------------------------------------------------
 
+    def has_boundary_work(self) -> bool:
+        """Whether :meth:`run_approvals` or :meth:`execute_round` has anything to do: approved calls
+        to run, or gateway calls of the round waiting."""
+        return bool(self.approvals or self.pending)
+
     async def run_approvals(self, ex: Emitting) -> AsyncIterator[Event]:
         """Approved MCP calls (``mcp_approval_response`` inputs) run before the first round."""
         for request, _response in self.approvals:
