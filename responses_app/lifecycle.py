@@ -114,10 +114,39 @@ class Lifecycle:
         The one outermost guard of every streaming path (SSE, WebSocket, background): an unexpected
         exception is logged once, with the request id, and still ends the response ``failed``: a
         ``response.failed`` event once the response has started (an ``error`` event before), and
-        the row stored as failed.
+        the row stored as failed. (One generator, not a guard around another: every event of
+        every response passes through it.)
         """
         try:
-            async for event in self._run():
+            try:
+                await self.prepare_tools()
+            except errors.GatewayError as exc:  # callers that did not prepare (WebSocket, background)
+                if self.p.background:  # its row exists: it must not stay in progress
+                    self.error = {"code": exc.code or "server_error", "message": exc.message}
+                    await self.store("failed", self.snapshot("failed"))
+                self.failure_event = error_frame(
+                    code=exc.code, message=exc.message, param=exc.param, sequence_number=0
+                )
+                yield self.failure_event
+                return
+            if self.before_start is not None:
+                await self.before_start()
+            try:
+                yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
+                yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
+                async with contextlib.aclosing(self.rounds()) as events:
+                    async for event in events:
+                        yield event
+                status = self.end_status
+            except StreamFailure as failure:
+                status = "failed"
+                self._fail(failure)
+            except EventTooLarge as exc:
+                async for event in self._end_with_error("event_too_large", exc.message):
+                    yield event
+                return
+            self.settle()
+            async for event in self._finish(status):
                 yield event
         except Exception:
             if self.ended:
@@ -152,38 +181,6 @@ class Lifecycle:
                 if self.ended:
                     return
         async for event in self._end_with_error("server_error", message):
-            yield event
-
-    async def _run(self) -> AsyncIterator[Event]:
-        try:
-            await self.prepare_tools()
-        except errors.GatewayError as exc:  # callers that did not prepare (WebSocket, background)
-            if self.p.background:  # its row exists: it must not stay in progress
-                self.error = {"code": exc.code or "server_error", "message": exc.message}
-                await self.store("failed", self.snapshot("failed"))
-            self.failure_event = error_frame(
-                code=exc.code, message=exc.message, param=exc.param, sequence_number=0
-            )
-            yield self.failure_event
-            return
-        if self.before_start is not None:
-            await self.before_start()
-        try:
-            yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
-            yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
-            async with contextlib.aclosing(self.rounds()) as events:
-                async for event in events:
-                    yield event
-            status = self.end_status
-        except StreamFailure as failure:
-            status = "failed"
-            self._fail(failure)
-        except EventTooLarge as exc:
-            async for event in self._end_with_error("event_too_large", exc.message):
-                yield event
-            return
-        self.settle()
-        async for event in self._finish(status):
             yield event
 
     # --- the seams -----------------------------------------------------------------------------
