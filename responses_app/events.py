@@ -137,6 +137,11 @@ class EventSink:
         self.extra = extra or {}
         self.unread = False
 
+    def skip(self, count: int) -> None:
+        """Number ``count`` events that an unread sink does not make (their numbers stay taken)."""
+        assert self.unread, "a read sink makes every event it numbers"
+        self.sequence_number += count
+
     def make(self, type_: str, **fields: Any) -> Event:
         data = {"type": type_, **fields, "sequence_number": self.sequence_number, **self.extra}
         if self.unread:
