@@ -183,8 +183,10 @@ class Executor(Lifecycle):
             parser = parsers.for_round(chat, self.emitter, state, self.usage)
             limit = self.config.responses.max_upstream_sse_line_bytes
             if not self.stream_rounds and response.content_type != "text/event-stream":
-                for event in await parsers.read_whole(parser, response, limit):
-                    yield event
+                events = await parsers.read_whole(parser, response, limit)
+                if not self.sink.unread:  # nobody reads a JSON client's events: made, not passed on
+                    for event in events:
+                        yield event
                 return
             async for event in parsers.read(parser, response, limit, self.steer.waiting):
                 yield event
