@@ -105,10 +105,12 @@ def declares_gateway_tools(body: bytes) -> bool:
     """Whether a ``/v1/messages`` body declares a tool the gateway runs (then this module serves
     it); a body that is not a JSON object goes to the upstream, which answers it."""
     aliases = get_config().messages.aliases()
+    # find, not "in": bytes.__contains__ first tries its operand as an integer (a TypeError raised
+    # and cleared for every bytes operand).
     if (
-        b"web_search_" not in body
-        and b"web_fetch_" not in body
-        and not any(b'"' + name.encode() + b'"' in body for name in aliases)
+        body.find(b"web_search_") < 0
+        and body.find(b"web_fetch_") < 0
+        and not any(body.find(b'"' + name.encode() + b'"') >= 0 for name in aliases)
     ):
         return False
     try:

@@ -53,7 +53,9 @@ async def read_sse(
     event: str | None = None
     data: list[bytes] = []
     async for chunk in chunks:
-        if b"\n" not in chunk:
+        # find, not "in": bytes.__contains__ first tries its operand as an integer and raises
+        # (and clears) a TypeError for a bytes one, on every chunk.
+        if chunk.find(b"\n") < 0:
             pending.append(chunk)
             pending_len += len(chunk)
             if pending_len > max_line_bytes:

@@ -375,7 +375,7 @@ class Connection(asyncio.Protocol):
         if low == b"content-length":
             self.framed = True
         elif low in self.pool.drop_raw:
-            if low == b"transfer-encoding" and b"chunked" in value.lower():
+            if low == b"transfer-encoding" and value.lower().find(b"chunked") >= 0:
                 self.framed = True
             return
         self.raw_headers.append((low, value))
