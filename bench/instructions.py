@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,8 +41,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import responses as bench_responses  # noqa: E402  (bench/responses.py: upstream, load, databases)
-
-from tests.servers import child_env, free_port, wait_port  # noqa: E402
 
 START_TIMEOUT_S = 600  # Django's start-up under callgrind takes about a minute on a 2-core VM
 
@@ -61,61 +57,28 @@ def _totals(pattern: str) -> int:
     return total
 
 
-def _command(
-    target: str, root: Path, upstream: str, home: str, database_url: str
-) -> tuple[list[str], dict[str, str], Path | None]:
-    """The server's command line, environment and working directory (not yet under valgrind);
-    ``root``: our checkout, or the reference's binary."""
-    port = free_port()
-    if target == "reference":
-        env = dict(os.environ, HOME=home, AGENTIC_HOME=home, PORT=str(port))
-        env.pop("DATABASE_URL", None)
-        db = database_url or f"sqlite://{home}/agentic.db?mode=rwc"
-        command = [
-            str(root),
-            *("--llm-api-base", upstream, "--skip-llm-ready-check", "--gateway-host", "127.0.0.1"),
-            *("--gateway-port", str(port), "--db-url", db),
-        ]
-        return command, env, None
-    settings = {
-        "LLM_API_BASE": upstream,
-        "LOG_LEVEL": "WARNING",
-        "GATEWAY_SERVER_DATA_DIR": home,
-        "GATEWAY_SERVER_WORKERS": "1",
-        "PORT": str(port),
-        "HOST": "127.0.0.1",
-    }
-    if database_url:
-        settings["DATABASE_URL"] = database_url
-    env = child_env(settings)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=root,
-        env=env,
-        check=True,
-        timeout=300,
-    )
-    return [sys.executable, "manage.py", "serve"], env, root
-
-
 def _instructions(
     target: str, root: Path, upstream: str, store_url: str, body: dict[str, Any], served: int, work: str
 ) -> tuple[int, int]:
     """(instructions, errors) of one server's whole life under callgrind, serving ``served``
-    measured requests (after the warm-up of ``bench/responses.load``)."""
+    measured requests (after the warm-up of ``bench/responses.load``); ``root``: our checkout, or
+    the reference's binary. Started by ``bench/responses.py``'s own starters, under valgrind."""
     home = tempfile.mkdtemp(prefix=f"{target}-", dir=work)
-    command, env, cwd = _command(target, root, upstream, home, store_url)
     out = f"{home}/callgrind.%p.out"
     valgrind = ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={out}"]
-    proc = subprocess.Popen(
-        valgrind + command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    if target == "reference":
+        proc, url = bench_responses.start_reference(
+            str(root), upstream, home, store_url, wrapper=valgrind, start_timeout=START_TIMEOUT_S
+        )
+    else:  # one server process: each of make run's costs the same a request
+        proc, url = bench_responses.start_gateway(
+            upstream, store_url, home, 1, root, wrapper=valgrind, start_timeout=START_TIMEOUT_S
+        )
     try:
-        wait_port(int(env["PORT"]), START_TIMEOUT_S)
-        stats = asyncio.run(bench_responses.load(f"http://127.0.0.1:{env['PORT']}", body, 4, served))
+        stats = asyncio.run(bench_responses.load(url, body, 4, served))
     finally:
         proc.terminate()
-        proc.wait(120)
+        proc.wait(120)  # under callgrind the shutdown takes seconds; a killed process leaves no counts
     if stats["errors"]:
         print(f"  {target}: first error: {stats['first_error']}", flush=True)
     return _totals(out.replace("%p", "*")), stats["errors"]

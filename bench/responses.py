@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,25 +99,40 @@ def start_upstream() -> str:
 
 
 def start_gateway(
-    upstream: str, database_url: str, data_dir: str, workers: int = 0, root: Path = ROOT
+    upstream: str,
+    database_url: str,
+    data_dir: str,
+    workers: int = 0,
+    root: Path = ROOT,
+    *,
+    wrapper: Sequence[str] = (),
+    start_timeout: float = 60,
 ) -> tuple[subprocess.Popen[Any], str]:
+    """Our gateway as ``make run`` starts it (``wrapper``: a command it runs under, such as valgrind)."""
     env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": data_dir}
     if database_url:
         env["DATABASE_URL"] = database_url
     if workers:
         env["GATEWAY_SERVER_WORKERS"] = str(workers)
-    gateway = GatewayProcess(env, log=os.devnull, root=root).wait(60)
+    gateway = GatewayProcess(env, log=os.devnull, root=root, wrapper=wrapper).wait(start_timeout)
     return gateway.proc, gateway.url
 
 
 def start_reference(
-    binary: str, upstream: str, home: str, database_url: str = ""
+    binary: str,
+    upstream: str,
+    home: str,
+    database_url: str = "",
+    *,
+    wrapper: Sequence[str] = (),
+    start_timeout: float = 60,
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = dict(os.environ, HOME=home, AGENTIC_HOME=home)
     env.pop("DATABASE_URL", None)
     proc = subprocess.Popen(
         [
+            *wrapper,
             binary,
             "--llm-api-base",
             upstream,
@@ -132,7 +148,7 @@ def start_reference(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_port(port, 60)
+    wait_port(port, start_timeout)
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,7 @@ class GatewayProcess:
     Its output is kept for :meth:`output` (a pipe: fine for tests), or written to ``log`` (a path,
     ``os.devnull`` included) for long runs such as the bench scripts, which a pipe nobody reads would
     stall. ``root``: the checkout to run it from (the bench compares an earlier commit's gateway).
+    ``wrapper``: a command the server runs under (``bench/instructions.py``: valgrind).
     """
 
     def __init__(
@@ -150,6 +151,7 @@ class GatewayProcess:
         migrate: bool = True,
         log: str | Path | None = None,
         root: Path = ROOT,
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.port = port or free_port()
         full_env = child_env(env)
@@ -167,7 +169,7 @@ class GatewayProcess:
             )
         self.log = None if log is None else open(log, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
+            [*wrapper, sys.executable, "manage.py", "serve"],
             cwd=root,
             env=full_env,
             stdout=subprocess.PIPE if self.log is None else self.log,
