@@ -147,7 +147,10 @@ def responses_event(name: str | None, data: bytes) -> tuple[str, dict[str, Any]]
     for member in _REQUIRED.get(kind, ()):
         if member not in event:
             raise StreamFailure(f"The upstream sent a malformed '{kind}' event: '{member}' is missing.")
-    checked = _check(adapter, event, f"'{kind}' event")
+    try:
+        checked = adapter.validate_python(event)  # a TypedDict's: a new dict
+    except ValidationError as exc:
+        raise _malformed(exc, f"'{kind}' event", {}) from None
     if "item" in checked and "type" not in checked["item"]:
         raise StreamFailure(f"The upstream sent a malformed '{kind}' event: 'item.type' is missing.")
     return kind, checked
@@ -319,11 +322,14 @@ def _check(
     try:
         return dict(adapter.validate_python(value))
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        path = _path(first["loc"], names or {})
-        raise StreamFailure(
-            f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}."
-        ) from None
+        raise _malformed(exc, what, names or {}) from None
+
+
+def _malformed(exc: ValidationError, what: str, names: dict[str, str]) -> StreamFailure:
+    """The failure of a ``what`` that ``exc`` refused, naming its first error's member."""
+    first = exc.errors(include_url=False)[0]
+    path = _path(first["loc"], names)
+    return StreamFailure(f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}.")
 
 
 def _path(loc: tuple[Any, ...], names: dict[str, str]) -> str:

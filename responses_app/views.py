@@ -112,7 +112,7 @@ async def create(call: Call) -> Outcome:
     executor = (Coordinator if is_multi_agent(prepared) else Executor)(prepared, config)
     await executor.prepare_tools()  # MCP discovery and tool validation: 400s before any byte
     if parsed.stream:
-        return _stream(_frames(executor))
+        return _stream(runs.detached_frames(executor))
     # Nobody reads the events as they come: one answer a round, and events made without their frames.
     executor.stream_rounds = False
     executor.sink.unread = True
@@ -169,12 +169,6 @@ async def _closing(outcome: Outcome) -> AsyncIterator[bytes]:
 
 async def _ignore(event: Event) -> None:
     return None
-
-
-async def _frames(executor: Executor) -> AsyncIterator[bytes]:
-    # A stored response whose client leaves is finished and stored (responses_app.runs).
-    async for event in runs.detached(executor):
-        yield event.frame
 
 
 def _sse(frames: AsyncIterator[bytes]) -> HttpResponse:
