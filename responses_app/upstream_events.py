@@ -147,10 +147,7 @@ def responses_event(name: str | None, data: bytes) -> tuple[str, dict[str, Any]]
     for member in _REQUIRED.get(kind, ()):
         if member not in event:
             raise StreamFailure(f"The upstream sent a malformed '{kind}' event: '{member}' is missing.")
-    try:
-        checked = adapter.validate_python(event)  # a TypedDict's: a new dict
-    except ValidationError as exc:
-        raise _malformed(exc, f"'{kind}' event", {}) from None
+    checked = _check(adapter, event, "event", kind=kind)
     if "item" in checked and "type" not in checked["item"]:
         raise StreamFailure(f"The upstream sent a malformed '{kind}' event: 'item.type' is missing.")
     return kind, checked
@@ -315,21 +312,27 @@ def _as_delta(choice: Any) -> Any:
 
 
 def _check(
-    adapter: TypeAdapter[Any], value: dict[str, Any], what: str, names: dict[str, str] | None = None
+    adapter: TypeAdapter[Any],
+    value: dict[str, Any],
+    what: str,
+    names: dict[str, str] | None = None,
+    *,
+    kind: str | None = None,
 ) -> dict[str, Any]:
-    """``value`` checked by ``adapter``; a failure names the member (``names`` renames members in
-    that path: an answer read as a chunk names its own ``message``, not ``delta``)."""
+    """``value`` checked by ``adapter`` (a ``TypedDict``'s: a new dict); a failure names the member
+    (``names`` renames members in that path: an answer read as a chunk names its own ``message``,
+    not ``delta``) and the ``kind`` of event it was, formatted only then (once an upstream event)."""
     try:
-        return dict(adapter.validate_python(value))
+        checked: dict[str, Any] = adapter.validate_python(value)
     except ValidationError as exc:
-        raise _malformed(exc, what, names or {}) from None
-
-
-def _malformed(exc: ValidationError, what: str, names: dict[str, str]) -> StreamFailure:
-    """The failure of a ``what`` that ``exc`` refused, naming its first error's member."""
-    first = exc.errors(include_url=False)[0]
-    path = _path(first["loc"], names)
-    return StreamFailure(f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}.")
+        first = exc.errors(include_url=False)[0]
+        path = _path(first["loc"], names or {})
+        if kind is not None:
+            what = f"'{kind}' {what}"
+        raise StreamFailure(
+            f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}."
+        ) from None
+    return checked
 
 
 def _path(loc: tuple[Any, ...], names: dict[str, str]) -> str:

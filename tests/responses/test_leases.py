@@ -493,13 +493,15 @@ def test_a_refused_final_store_that_replaced_the_in_progress_row_is_the_streams_
     assert not Response.objects.filter(id=prepared.response_id).exists()
 
 
+@pytest.mark.parametrize("reader", ["events", "frames"])
 @pytest.mark.parametrize("final_store", ["works", "fails"])
 def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
-    monkeypatch: pytest.MonkeyPatch, final_store: str
+    monkeypatch: pytest.MonkeyPatch, final_store: str, reader: str
 ) -> None:
     """The in_progress row's write fails: the run is interrupted. When its final row cannot be
     stored either, the client gets one ``error`` event (``storage_error``) and no id; when it can,
-    the client gets the events that row stands for, ending ``response.failed``."""
+    the client gets the events that row stands for, ending ``response.failed``. The same through
+    ``runs.detached_frames`` (what an SSE client is sent): each event's frame."""
     from django.db import OperationalError
 
     from responses_app import runs
@@ -518,7 +520,16 @@ def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
     rid = executor.p.response_id
 
     async def run() -> list[dict[str, Any]]:
-        return [event.data async for event in runs.detached(executor)]
+        if reader == "events":
+            return [event.data async for event in runs.detached(executor)]
+        frames = [frame async for frame in runs.detached_frames(executor)]
+        out = []
+        for frame in frames:
+            head, _, data = frame.partition(b"\ndata: ")
+            assert frame.endswith(b"\n\n")
+            out.append(orjson.loads(data))
+            assert head == b"event: " + out[-1]["type"].encode()
+        return out
 
     events = asyncio.run(asyncio.wait_for(run(), 20))
     message = "The response could not be stored: OperationalError."
