@@ -75,7 +75,7 @@ class Lifecycle:
         # Background runs flush their persisted events here, before the terminal snapshot is written.
         self.before_store: Any = None
         # A stored stream's ``in_progress`` row is written (SSE: begun) here, before response.created
-        # (runs._StreamLease.take).
+        # (runs._StreamLease.take), with the response object it starts as.
         self.before_start: Any = None
         self.initial_status = "queued" if prepared.background else "in_progress"
         self._base: dict[str, Any] | None = None
@@ -129,16 +129,28 @@ class Lifecycle:
                 )
                 yield self.failure_event
                 return
+            # The response object as it starts: nothing changes it before the work begins, so the
+            # one snapshot is the stored in_progress row's and both opening events' (when they
+            # carry its status: not a background response's ``queued``).
+            started: dict[str, Any] | None = None
             if self.before_start is not None:
-                await self.before_start()
+                started = self.snapshot("in_progress")
+                await self.before_start(started)
             try:
                 if self.sink.unread:
                     # Nobody reads them (a JSON client's answer is the final object): numbered, not
                     # made, which saves two snapshots of the response.
                     self.sink.skip(2)
                 else:
-                    yield self.sink.make("response.created", response=self.snapshot(self.initial_status))
-                    yield self.sink.make("response.in_progress", response=self.snapshot("in_progress"))
+                    if started is None:
+                        started = self.snapshot("in_progress")
+                    created = (
+                        started
+                        if self.initial_status == "in_progress"
+                        else self.snapshot(self.initial_status)
+                    )
+                    yield self.sink.make("response.created", response=created)
+                    yield self.sink.make("response.in_progress", response=started)
                 async with contextlib.aclosing(self.rounds()) as events:
                     async for event in events:
                         yield event

@@ -120,13 +120,10 @@ class _StreamLease:
         executor.before_start = self.take
         executor.before_store = self.stop
 
-    async def take(self) -> None:
+    async def take(self, snapshot: dict[str, Any]) -> None:
         executor = self.executor
         row = services.store_in_progress(
-            executor.p,
-            executor.snapshot("in_progress"),
-            leases.runner_id(),
-            executor.config.responses.lease_s,
+            executor.p, snapshot, leases.runner_id(), executor.config.responses.lease_s
         )
         if not self.overlap:
             await row
@@ -162,7 +159,7 @@ class _StreamLease:
         it failed or the final store took its place (then the run's end decides)."""
         if self.row is None:
             return True
-        await asyncio.wait([self.row])
+        await _settled(self.row)
         return self.written
 
     def _lose(self) -> None:
@@ -190,7 +187,7 @@ class _StreamLease:
         executor.before_start = executor.before_store = None
         await self.stop()
         if self.row is not None and not self.row.done():
-            await asyncio.wait([self.row])  # being written: then it can be failed
+            await _settled(self.row)  # being written: then it can be failed
         if not self.written or executor.stored:
             return  # never written, or finished by the final store
         refusal = executor.store_refusal
@@ -298,5 +295,24 @@ async def _announced(lease: _StreamLease, task: asyncio.Task[None]) -> bool:
     that interrupted) still stored its final row."""
     if await lease.announced():
         return True
-    await asyncio.wait([task])
+    await _settled(task)
     return lease.executor.stored
+
+
+async def _settled(future: asyncio.Future[Any]) -> None:
+    """Wait until ``future`` is done, whatever its outcome (not raised here); cancelling the wait
+    leaves ``future`` running: ``asyncio.wait`` for one future, without its sets, counters and
+    timeout handling (a stored stream waits once or twice for its row)."""
+    if future.done():
+        return
+    waiter = future.get_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        future.remove_done_callback(wake)
