@@ -135,6 +135,7 @@ RESPONSES_KINDS: dict[str, Mutation] = {
     "event_is_array": event_replaced(TEXT, [1, 2]),
     "event_type_is_number": event(TEXT, ("type",), 5),
     "created_response_is_string": event("response.created", ("response",), "x"),
+    "in_progress_response_is_array": event("response.in_progress", ("response",), [1]),
 }
 
 CHAT_KINDS: dict[str, Mutation] = {

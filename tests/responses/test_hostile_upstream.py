@@ -162,6 +162,24 @@ def test_output_only_in_the_terminal_event_is_taken_from_there(gw: Gateway) -> N
     assert Response.objects.get(id=final["id"]).snapshot["output"] == final["output"]
 
 
+def _odd_opening_members(events: list[tuple[str, dict[str, Any]]]) -> None:
+    for kind, data in events:
+        if kind in ("response.created", "response.in_progress"):
+            data["response"].update(usage="lots", output=5, status=7)
+
+
+def test_the_upstreams_opening_response_objects_are_not_read(gw: Gateway) -> None:
+    """The gateway makes its own opening events: of the upstream's, only that ``response`` is an
+    object is checked (the hostile kinds above), not members it never reads."""
+    gw.script(*HOSTILE_PARTS, mutate=_odd_opening_members)
+    events = gw.stream({"model": "m", "input": "x", "tools": TOOLS})
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed", final.get("error")
+    assert final["output"][0]["content"][0]["text"] == "Hello there"
+    assert [e["response"]["status"] for e in events[:2]] == ["in_progress", "in_progress"]
+    assert Response.objects.get(id=final["id"]).status == "completed"
+
+
 def _object_arguments(events: list[tuple[str, dict[str, Any]]]) -> None:
     events[:] = [(k, d) for k, d in events if k != "response.function_call_arguments.delta"]
     for kind, data in events:
