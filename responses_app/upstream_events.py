@@ -7,7 +7,8 @@ upstream error (:class:`StreamFailure`): the response ends ``failed`` with a mes
 event and the member, never a crash, a cut stream or silently zeroed usage.
 
 The parsers return plain dicts (``TypedDict`` validation), so the executor keeps its dict handling;
-members it does not read are kept as sent. One normalization: tool-call ``arguments`` sent as a
+members it does not read are kept as sent, except a delta event's (the most frequent: it keeps the
+two members the executor reads, so the check does not copy the rest). One normalization: tool-call ``arguments`` sent as a
 JSON object (or array) become its JSON text, as the Responses API carries them.
 """
 
@@ -23,6 +24,7 @@ from gateway import errors
 from responses_app.events import StreamFailure
 
 _STRICT = ConfigDict(extra="allow", strict=True)
+_STRICT_ONLY = ConfigDict(extra="ignore", strict=True)  # the declared members only
 
 
 def _json_text(value: Any) -> Any:
@@ -89,7 +91,7 @@ class ItemEvent(TypedDict, total=False):
     item: Item
 
 
-@with_config(_STRICT)
+@with_config(_STRICT_ONLY)
 class DeltaEvent(TypedDict, total=False):
     output_index: int | None
     delta: str
@@ -330,7 +332,9 @@ def _check(
     (``names`` renames members in that path: an answer read as a chunk names its own ``message``,
     not ``delta``) and the ``kind`` of event it was, formatted only then (once an upstream event)."""
     try:
-        checked: dict[str, Any] = adapter.validate_python(value)
+        # The adapter's validator itself (``TypeAdapter.validator``, public): its
+        # ``validate_python`` wrapper adds a Python call and its keyword defaults to every check.
+        checked: dict[str, Any] = adapter.validator.validate_python(value)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         path = _path(first["loc"], names or {})
