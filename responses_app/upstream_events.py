@@ -7,9 +7,11 @@ upstream error (:class:`StreamFailure`): the response ends ``failed`` with a mes
 event and the member, never a crash, a cut stream or silently zeroed usage.
 
 The parsers return plain dicts (``TypedDict`` validation), so the executor keeps its dict handling;
-members it does not read are kept as sent, except a delta event's (the most frequent: it keeps the
-two members the executor reads, so the check does not copy the rest). One normalization: tool-call ``arguments`` sent as a
-JSON object (or array) become its JSON text, as the Responses API carries them.
+an output item, its parts and usage keep every member as sent; an event itself and the terminal
+event's response object keep only the members declared here, the ones the executor reads (the check
+does not copy the rest: a delta event is the most frequent of all). One normalization: tool-call
+``arguments`` sent as a JSON object (or array) become its JSON text, as the Responses API carries
+them.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class UpstreamError(TypedDict, total=False):
     message: str | None
 
 
-@with_config(_STRICT)
+@with_config(_STRICT_ONLY)
 class ResponseBody(TypedDict, total=False):
     status: str | None
     usage: ResponsesUsage | None
@@ -85,7 +87,7 @@ class ResponseBody(TypedDict, total=False):
     error: UpstreamError | None
 
 
-@with_config(_STRICT)
+@with_config(_STRICT_ONLY)
 class ItemEvent(TypedDict, total=False):
     output_index: int | None
     item: Item
@@ -97,7 +99,7 @@ class DeltaEvent(TypedDict, total=False):
     delta: str
 
 
-@with_config(_STRICT)
+@with_config(_STRICT_ONLY)
 class ResponseEvent(TypedDict, total=False):
     response: ResponseBody
 
