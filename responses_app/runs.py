@@ -39,6 +39,9 @@ from responses_app.lifecycle import unstored_message
 
 log = logging.getLogger("responses.runs")
 
+# What receives a run's events: None when it took the event, else an awaitable to wait for.
+OnEvent = Callable[[Event], Awaitable[None] | None]
+
 SHUTDOWN_MESSAGE = (
     "The server shut down before this response finished (shutdown grace period exceeded); "
     "the response was not completed."
@@ -51,9 +54,10 @@ LEASE_LOST_MESSAGE = (
 UNSTORED_MESSAGE = "The response stopped before it could be stored; the response was not completed."
 
 
-async def drive(executor: Executor, on_event: Callable[[Event], Awaitable[None]]) -> None:
+async def drive(executor: Executor, on_event: OnEvent) -> None:
     """Every event of ``executor``'s run to ``on_event``, in order, ending with exactly one
-    terminal or error event, also when the shutdown deadline interrupts it."""
+    terminal or error event, also when the shutdown deadline interrupts it. ``on_event`` answers
+    an awaitable to wait for (a transport's send), or None when it took the event at once."""
     await _held(executor, on_event, _StreamLease(executor) if _leased(executor) else None)
 
 
@@ -62,23 +66,23 @@ def _leased(executor: Executor) -> bool:
     return p.store and bool(p.request.stream) and not p.background
 
 
-async def _held(
-    executor: Executor, on_event: Callable[[Event], Awaitable[None]], lease: _StreamLease | None
-) -> None:
+async def _held(executor: Executor, on_event: OnEvent, lease: _StreamLease | None) -> None:
     with drain.held():  # the shutdown waits for an interrupted run's failure to be stored
         await _drive(executor, on_event, lease)
 
 
-async def _drive(
-    executor: Executor, on_event: Callable[[Event], Awaitable[None]], lease: _StreamLease | None
-) -> None:
+async def _drive(executor: Executor, on_event: OnEvent, lease: _StreamLease | None) -> None:
     events = executor.run()
     try:
         async with interruptible() as run:
             if lease is not None:
                 lease.run = run
             async for event in events:
-                await on_event(event)
+                # Not a coroutine for every event when the transport takes it at once (an SSE
+                # stream's channel, a JSON answer that reads only the final object).
+                taken = on_event(event)
+                if taken is not None:
+                    await taken
         if run.interrupted:
             await events.aclose()  # type: ignore[attr-defined]
             message = SHUTDOWN_MESSAGE
@@ -87,7 +91,9 @@ async def _drive(
             elif lease is not None and lease.lost:
                 message = LEASE_LOST_MESSAGE
             async for event in executor.interrupt(message):
-                await on_event(event)
+                taken = on_event(event)
+                if taken is not None:
+                    await taken
     finally:
         if lease is not None:
             await lease.release()
@@ -220,7 +226,7 @@ async def _detached(executor: Executor, *, frames: bool) -> AsyncIterator[Any]:
 
     async def produce() -> None:
         try:
-            await _held(executor, queue.put, lease)
+            await _held(executor, queue.put_nowait, lease)
         finally:
             queue.put_nowait(None)
 
@@ -260,9 +266,6 @@ class _Channel:
             self.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    async def put(self, item: Event | None) -> None:
-        self.put_nowait(item)
 
     async def get(self) -> Event | None:
         items = self.items

@@ -167,7 +167,7 @@ async def _closing(outcome: Outcome) -> AsyncIterator[bytes]:
             await outcome.close()
 
 
-async def _ignore(event: Event) -> None:
+def _ignore(event: Event) -> None:
     return None
 
 
