@@ -130,7 +130,7 @@ RESPONSES_EVENTS: dict[str, TypeAdapter[Any]] = {
 }
 # The upstream's opening events: the executor reads nothing of their response object (it makes its
 # own), so only its being an object is checked, not its members (two full checks of the response
-# object were about 1 % of a stored stream's event-loop time).
+# object were 3 % of a stored stream's event-loop instructions, docs/performance.md).
 _OPENING = frozenset({"response.created", "response.in_progress"})
 # Members an event of that type cannot do without.
 _REQUIRED = {
@@ -146,21 +146,18 @@ def responses_event(name: str | None, data: bytes) -> tuple[str, dict[str, Any]]
     event = _object(data, "stream event")
     kind = event.get("type", name)
     if not isinstance(kind, str):
-        raise StreamFailure("The upstream sent a malformed stream event: 'type' is not a string.")
+        raise _malformed("stream event", "'type' is not a string")
     adapter = RESPONSES_EVENTS.get(kind)
     if adapter is None:
         if kind in _OPENING and not isinstance(event.get("response", {}), dict):
-            raise StreamFailure(
-                f"The upstream sent a malformed '{kind}' event: 'response': input should be a valid "
-                "dictionary."
-            )
+            raise _malformed(f"'{kind}' event", "'response': input should be a valid dictionary")
         return kind, event
     for member in _REQUIRED.get(kind, ()):
         if member not in event:
-            raise StreamFailure(f"The upstream sent a malformed '{kind}' event: '{member}' is missing.")
+            raise _malformed(f"'{kind}' event", f"'{member}' is missing")
     checked = _check(adapter, event, "event", kind=kind)
     if "item" in checked and "type" not in checked["item"]:
-        raise StreamFailure(f"The upstream sent a malformed '{kind}' event: 'item.type' is missing.")
+        raise _malformed(f"'{kind}' event", "'item.type' is missing")
     return kind, checked
 
 
@@ -280,9 +277,7 @@ def responses_answer(data: bytes) -> dict[str, Any]:
     answer = _check(_RESPONSE_BODY, _object(data, "answer"), "answer")
     for position, item in enumerate(answer.get("output") or ()):
         if "type" not in item:
-            raise StreamFailure(
-                f"The upstream sent a malformed answer: 'output[{position}].type' is missing."
-            )
+            raise _malformed("answer", f"'output[{position}].type' is missing")
     return answer
 
 
@@ -300,9 +295,9 @@ def _object(data: bytes, what: str) -> dict[str, Any]:
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise StreamFailure(f"The upstream sent a malformed {what}.") from None
+        raise _malformed(what) from None
     if not isinstance(value, dict):
-        raise StreamFailure(f"The upstream sent a malformed {what}: expected a JSON object.")
+        raise _malformed(what, "expected a JSON object")
     return value
 
 
@@ -342,10 +337,13 @@ def _check(
         path = _path(first["loc"], names or {})
         if kind is not None:
             what = f"'{kind}' {what}"
-        raise StreamFailure(
-            f"The upstream sent a malformed {what}: '{path}': {first['msg'].lower()}."
-        ) from None
+        raise _malformed(what, f"'{path}': {first['msg'].lower()}") from None
     return checked
+
+
+def _malformed(what: str, detail: str | None = None) -> StreamFailure:
+    """The failure of an upstream ``what`` that does not fit (``detail``: which member, and how)."""
+    return StreamFailure(f"The upstream sent a malformed {what}{f': {detail}' if detail else ''}.")
 
 
 def _path(loc: tuple[Any, ...], names: dict[str, str]) -> str:
