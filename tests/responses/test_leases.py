@@ -616,3 +616,35 @@ def test_mcp_calls_with_credentials_never_enter_a_broker_message() -> None:
     )
     assert without.error is not None and "could not be dispatched" in without.error  # went to the broker
     assert with_credentials.error is not None and "could not be dispatched" not in with_credentials.error
+
+
+def test_waiting_for_a_streams_row_neither_raises_its_failure_nor_cancels_it() -> None:
+    """``runs._settled``, the wait of a stream's reader for its row: it returns once the write is
+    done, failed or not; a reader cancelled meanwhile leaves the write running; a done write does
+    not suspend the reader."""
+    from responses_app import runs
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        failing = loop.create_future()
+        loop.call_later(0.01, failing.set_exception, RuntimeError("the write failed"))
+        await asyncio.wait_for(runs._settled(failing), 5)
+        assert failing.done() and isinstance(failing.exception(), RuntimeError)
+
+        running = loop.create_future()
+        waiter = asyncio.ensure_future(runs._settled(running))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not running.cancelled() and not running.done()
+        running.set_result(None)  # nothing waits on it any more: no callback left behind
+        await asyncio.sleep(0)
+
+        done = loop.create_future()
+        done.set_result("row")
+        step = runs._settled(done).__await__()
+        with pytest.raises(StopIteration):
+            step.send(None)  # finished without suspending
+
+    asyncio.run(scenario())
