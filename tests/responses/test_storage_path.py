@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from django.db import connection
 from django.test import Client
@@ -320,3 +321,54 @@ def test_a_response_with_more_items_than_one_insert_holds_is_stored_whole(gw: Ga
         f"line {i}" for i in range(320)
     ]
     assert stored[row.history_item_ids[-1]]["type"] == "message"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="only PostgreSQL compresses stored values")
+def test_a_large_stored_response_and_its_items_are_compressed_with_lz4(gw: Gateway) -> None:
+    """``0006_lz4_compression``: a response row past PostgreSQL's 2 KB threshold (its request and
+    snapshot hold a long input and answer) is written LZ4-compressed, its items too, and reads back
+    whole."""
+    prose = " ".join(f"word{i}" for i in range(800))
+    gw.script(text(prose))
+    answer = gw.post({"model": "m", "input": prose})
+    assert answer.status_code == 200, answer.text
+    response_id = answer.json()["id"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_column_compression(request), pg_column_compression(snapshot), history_item_ids"
+            " FROM responses_app_response WHERE id = %s",
+            [response_id],
+        )
+        request_method, snapshot_method, item_ids = cursor.fetchone()
+        cursor.execute(
+            "SELECT pg_column_compression(data) FROM conversations_app_item WHERE id = ANY(%s)",
+            [list(orjson.loads(item_ids) if isinstance(item_ids, str) else item_ids)],
+        )
+        item_methods = [row[0] for row in cursor.fetchall()]
+    assert (request_method, snapshot_method) == ("lz4", "lz4")
+    assert item_methods == ["lz4", "lz4"]
+    assert gw.client.responses.retrieve(response_id).output_text == prose
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="only PostgreSQL has compression methods")
+def test_a_compression_method_the_server_refuses_leaves_the_migration_going(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server without LZ4 refuses ``SET COMPRESSION lz4``: the migration keeps the default method
+    and goes on (a savepoint: the refusal does not abort the migration's transaction). Shown with a
+    column that does not exist, which the server refuses the same way."""
+    from django.db import transaction
+    from django.db.migrations.state import StateApps
+
+    from gateway.schema import compressed_with_lz4
+
+    operation = compressed_with_lz4(
+        ("responses_app_response", "no_such_column"), ("responses_app_response", "snapshot")
+    )
+    with transaction.atomic(), connection.schema_editor(atomic=False) as editor:
+        operation.code(StateApps([], {}), editor)
+        with connection.cursor() as cursor:  # the transaction still works
+            cursor.execute("SELECT 1")
+            assert cursor.fetchone() == (1,)
+    assert "responses_app_response.no_such_column kept its compression method" in caplog.text
