@@ -53,8 +53,9 @@ def compressed_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
     A stored response's row holds its whole response object (``snapshot``) and request: past about
     2 KB a row is compressed as it is written, and pglz is the slow one of the two methods
     PostgreSQL has (measured: 45 µs against 27 µs to insert a typical stored response, for a stored
-    size within 10 %). Reads decompress faster too. The method applies to values written from then
-    on; values already stored keep theirs, and both read back the same. A server built without LZ4
+    size within 10 %), and reads decompress faster too (5,000 snapshots read back as text: 43 ms
+    against 52 to 60). The method applies to values written from then on; values already stored
+    keep theirs, and both read back the same. A server built without LZ4
     support (PostgreSQL's ``--with-lz4``, which the Debian, Red Hat and Docker builds have) keeps
     pglz: the migration says so and goes on. Other backends compress nothing: nothing to do. The
     reverse goes back to the server's default (``default_toast_compression``).
@@ -71,7 +72,9 @@ def compressed_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
                 with transaction.atomic(using=connection.alias):  # a savepoint: a refusal ends here
                     schema_editor.execute(statement)
             except DatabaseError as exc:
-                log.warning("%s kept its compression method: %s", f"{table}.{column}", exc)
+                log.warning(
+                    "%s kept its compression method (and the columns after it): %s", f"{table}.{column}", exc
+                )
                 return
 
     return migrations.RunPython(
