@@ -9,6 +9,10 @@ from django.db import DatabaseError, migrations, transaction
 
 log = logging.getLogger("gateway.schema")
 
+# PostgreSQL's SQLSTATE for a feature the server was built without ("compression method lz4 not
+# supported").
+FEATURE_NOT_SUPPORTED = "0A000"
+
 
 def without_pattern_indexes(*columns: tuple[str, str]) -> migrations.RunPython:
     """Drop the ``LIKE`` index PostgreSQL gets beside the index of each ``(table, column)``.
@@ -56,9 +60,11 @@ def compressed_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
     size within 10 %), and reads decompress faster too (5,000 snapshots read back as text: 43 ms
     against 52 to 60). The method applies to values written from then on; values already stored
     keep theirs, and both read back the same. A server built without LZ4
-    support (PostgreSQL's ``--with-lz4``, which the Debian, Red Hat and Docker builds have) keeps
-    pglz: the migration says so and goes on. Other backends compress nothing: nothing to do. The
-    reverse goes back to the server's default (``default_toast_compression``).
+    support (PostgreSQL's ``--with-lz4``, which the Debian, Red Hat and Docker builds have) refuses
+    the method as a feature it does not support (SQLSTATE 0A000): it keeps pglz, the migration says
+    so and goes on. Any other failure (a lock or statement timeout, a missing column) fails the
+    migration, which is then not recorded as applied. Other backends compress nothing: nothing to
+    do. The reverse goes back to the server's default (``default_toast_compression``).
     """
 
     def alter(schema_editor: Any, method: str) -> None:
@@ -72,6 +78,8 @@ def compressed_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
                 with transaction.atomic(using=connection.alias):  # a savepoint: a refusal ends here
                     schema_editor.execute(statement)
             except DatabaseError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != FEATURE_NOT_SUPPORTED:
+                    raise
                 log.warning(
                     "%s kept its compression method (and the columns after it): %s", f"{table}.{column}", exc
                 )

@@ -369,7 +369,7 @@ def test_the_like_indexes_and_the_compression_methods_go_and_come_back_with_thei
     ``0004`` creates the indexes again and gives the columns back the server's default. In a
     database of its own."""
     if connection.vendor != "postgresql":
-        pytest.skip("only PostgreSQL has pattern indexes")
+        pytest.skip("only PostgreSQL has pattern indexes and compression methods")
     import psycopg
 
     server = _postgres_server()
@@ -387,21 +387,21 @@ def test_the_like_indexes_and_the_compression_methods_go_and_come_back_with_thei
                 timeout=120,
             )
 
-        def pattern_indexes() -> set[str]:
+        def names(query: str) -> set[str]:
             with psycopg.connect(f"{server}/{scratch}") as db:
-                rows = db.execute(
-                    "SELECT tablename FROM pg_indexes WHERE indexdef LIKE '%varchar_pattern_ops%'"
-                    " AND tablename LIKE ANY (ARRAY['responses_app_%', 'conversations_app_%'])"
-                ).fetchall()
-            return {row[0] for row in rows}
+                return {row[0] for row in db.execute(query).fetchall()}
+
+        def pattern_indexes() -> set[str]:
+            return names(
+                "SELECT tablename FROM pg_indexes WHERE indexdef LIKE '%varchar_pattern_ops%'"
+                " AND tablename LIKE ANY (ARRAY['responses_app_%', 'conversations_app_%'])"
+            )
 
         def lz4_columns() -> set[str]:
-            with psycopg.connect(f"{server}/{scratch}") as db:
-                rows = db.execute(
-                    "SELECT attrelid::regclass::text || '.' || attname FROM pg_attribute"
-                    " WHERE attcompression = 'l' AND attnum > 0"
-                ).fetchall()
-            return {row[0] for row in rows}
+            return names(
+                "SELECT attrelid::regclass::text || '.' || attname FROM pg_attribute"
+                " WHERE attcompression = 'l' AND attnum > 0"
+            )
 
         migrate()
         assert pattern_indexes() == set()
