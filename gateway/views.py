@@ -28,7 +28,8 @@ def _database_ping() -> None:
 
 async def _probe(name: str, coro: Any, timeout: float) -> tuple[str, str | None]:
     try:
-        await asyncio.wait_for(coro, timeout)
+        async with asyncio.timeout(timeout):
+            await coro
     except TimeoutError:
         return name, f"no answer within {timeout:g}s"
     except Exception as exc:

@@ -30,6 +30,7 @@ from celery.signals import worker_init, worker_shutdown
 
 from gateway.config import Config, get_config
 from inference_app import streams
+from inference_app.aio import keep_cancellation
 from inference_app.engine import EngineHost, get_engine_host
 
 log = logging.getLogger("inference.worker")
@@ -135,7 +136,7 @@ class WorkerRuntime:
                 continue
             ids = list(self._inflight)
             try:
-                flags = await self.redis.mget([streams.cancel_key(i) for i in ids])
+                flags = await keep_cancellation(self.redis.mget([streams.cancel_key(i) for i in ids]))
             except Exception:
                 log.warning("inference worker: cancel poll failed", exc_info=True)
                 continue
@@ -180,7 +181,7 @@ class WorkerRuntime:
                     waiters.append(waiter)
             flush(pending)
             try:
-                await pipe.execute()
+                await keep_cancellation(pipe.execute())
             except Exception as exc:  # reported to the requests that wait
                 log.warning("inference worker: stream write failed", exc_info=True)
                 for waiter in waiters:

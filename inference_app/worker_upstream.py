@@ -31,6 +31,7 @@ import orjson
 from gateway import errors
 from gateway.config import Config
 from inference_app import streams
+from inference_app.aio import keep_cancellation
 from inference_app.upstream_types import Body, UpstreamResponse, read_body
 
 log = logging.getLogger("inference.upstream")
@@ -242,7 +243,7 @@ class _StreamReader:
         inf = self.upstream.config.inference
         silent_since = time.monotonic()
         while not self.pending:
-            answer = await self.redis.xread({self.key: self.last_id}, block=_BLOCK_MS)
+            answer = await keep_cancellation(self.redis.xread({self.key: self.last_id}, block=_BLOCK_MS))
             if answer:
                 for _key, entries in answer:
                     for entry_id, fields in entries:
@@ -253,7 +254,7 @@ class _StreamReader:
             if (
                 self.worker is not None
                 and now - silent_since >= inf.worker_lost_after_s / 2
-                and not await self.redis.exists(streams.worker_key(self.worker))
+                and not await keep_cancellation(self.redis.exists(streams.worker_key(self.worker)))
             ):
                 raise errors.UpstreamError(
                     "The inference worker serving this request stopped before finishing it.",
@@ -318,7 +319,7 @@ class _StreamReader:
                     yield b"".join(out)
         finally:
             if self.finished:
-                await self.redis.delete(self.key)
+                await keep_cancellation(self.redis.delete(self.key))
             else:
                 await self.cancel()
 
@@ -331,7 +332,7 @@ class _StreamReader:
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(streams.cancel_key(self.request_id), b"1", ex=ttl)
         pipe.delete(self.key)
-        await pipe.execute()
+        await keep_cancellation(pipe.execute())
 
     def cancel_soon(self) -> None:
         """``UpstreamResponse.aclose`` hook (synchronous): cancel in the background."""

@@ -691,7 +691,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             item = await self.outbound.get()
             frame = item.frame if isinstance(item, _Counted) else item
             try:
-                await asyncio.wait_for(self.send(text_data=frame.decode("utf-8")), deadline)
+                async with asyncio.timeout(deadline):
+                    await self.send(text_data=frame.decode("utf-8"))
             except TimeoutError:
                 await self._close_slow_client()
                 return
@@ -715,7 +716,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await asyncio.sleep(0.05)
         # Their terminal events are on the wire before the close.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.outbound.join(), CLOSE_GRACE_S)
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await self.outbound.join()
         if not self.closing:
             self.closing = True
             await self.close(code=CLOSE_SHUTDOWN)
@@ -732,7 +734,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if lane.task is not None and lane.task is not current:
                 lane.task.cancel()
         try:
-            await asyncio.wait_for(self.close(code=CLOSE_SLOW_CLIENT, reason=reason), CLOSE_GRACE_S)
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await self.close(code=CLOSE_SLOW_CLIENT, reason=reason)
         except (TimeoutError, Exception):
             # Not even the close frame can be written: end the connection outright.
             if self.main_task is not None:

@@ -528,7 +528,8 @@ class Coordinator(Executor):
             if self.waiting:
                 timeout = max(0.0, min(deadline for _, deadline in self.waiting) - time.monotonic())
             try:
-                kind, name, payload = await asyncio.wait_for(self.queue.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    kind, name, payload = await self.queue.get()
             except TimeoutError:
                 async for event in self._answer_waits():
                     yield event

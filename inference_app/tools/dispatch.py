@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.config import Config, get_config
+from inference_app.aio import keep_cancellation
 from inference_app.tools.base import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ def carries_credentials(call: ToolCall) -> bool:
 async def run_in_process(call: ToolCall, config: Config) -> ToolResult:
     timeout = config.tools.call_timeout_s
     try:
-        return await asyncio.wait_for(execute_call(call, config), timeout)
+        async with asyncio.timeout(timeout):
+            return await execute_call(call, config)
     except TimeoutError:
         return timeout_result(call, timeout)
 
@@ -96,7 +98,7 @@ class CeleryDispatcher:
 
             task_id = uuid()
             key = backend.get_key_for_task(task_id)
-            await pubsub.subscribe(key)
+            await keep_cancellation(pubsub.subscribe(key))
             self.app.send_task(
                 TOOL_TASK_NAME,
                 args=[call.to_payload()],
@@ -108,7 +110,8 @@ class CeleryDispatcher:
                 argsrepr=f"({call.kind} call {call.call_id})",
                 kwargsrepr="{}",
             )
-            meta = await asyncio.wait_for(self._wait(key, pubsub), timeout)
+            async with asyncio.timeout(timeout):
+                meta = await self._wait(key, pubsub)
         except TimeoutError:
             if task_id is not None:
                 with contextlib.suppress(Exception):
@@ -136,14 +139,14 @@ class CeleryDispatcher:
 
     async def _wait(self, key: bytes | str, pubsub: Any) -> dict[str, Any]:
         backend = self.app.backend
-        stored = await self.redis.get(key)
+        stored = await keep_cancellation(self.redis.get(key))
         while stored is None:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            message = await keep_cancellation(pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0))
             if message is not None and message.get("type") == "message":
                 stored = message["data"]
             elif message is None:
                 # A missed publish (reconnect) must not hang the call: re-read the key.
-                stored = await self.redis.get(key)
+                stored = await keep_cancellation(self.redis.get(key))
         meta = backend.decode_result(stored)
         if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
             return await self._wait_terminal(key, pubsub, meta)
@@ -153,9 +156,11 @@ class CeleryDispatcher:
         """Skip intermediate states (STARTED, RETRY) until a terminal one arrives."""
         backend = self.app.backend
         while meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            message = await keep_cancellation(pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0))
             raw = (
-                message["data"] if message and message.get("type") == "message" else await self.redis.get(key)
+                message["data"]
+                if message and message.get("type") == "message"
+                else await keep_cancellation(self.redis.get(key))
             )
             if raw is not None:
                 meta = backend.decode_result(raw)

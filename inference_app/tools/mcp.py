@@ -365,7 +365,8 @@ async def list_server_tools(server: McpServer, config: Config) -> McpListing:
         raise RuntimeError(f"tools/list did not end within {config.mcp.max_list_pages} pages")
 
     try:
-        tools = await asyncio.wait_for(walk(), timeout)
+        async with asyncio.timeout(timeout):
+            tools = await walk()
     except TimeoutError:
         return McpListing(server.label, error=f"tools/list timed out after {timeout:g} s")
     except Exception as exc:  # a server failure is reported in its mcp_list_tools item

@@ -249,7 +249,8 @@ async def run_python(code: str, config: CodeInterpreterConfig) -> SandboxRun:
             error = f"wall-clock time limit of {config.wall_time_s:g} s exceeded; the program was stopped"
             _kill(proc)
         try:
-            exit_code = await asyncio.wait_for(proc.wait(), timeout=max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                exit_code = await proc.wait()
         except TimeoutError:
             # Output closed but the program still runs (or ignores it): the wall clock still counts.
             error = error or (
@@ -261,13 +262,15 @@ async def run_python(code: str, config: CodeInterpreterConfig) -> SandboxRun:
         # Cancelled (the call timed out upstream) or anything else: never leave a sandbox behind.
         _kill(proc)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(proc.wait(), timeout=5)
+            async with asyncio.timeout(5):
+                await proc.wait()
         raise
     finally:
         overflow_wait.cancel()
         # Every writer is dead once the sandbox is: the pipe reaches EOF and its transport closes.
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(talk, timeout=5)
+            async with asyncio.timeout(5):
+                await talk
     if error is None:
         error = _exit_reason(exit_code, bytes(output), config)
     logs = output.decode("utf-8", "replace")
