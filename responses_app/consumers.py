@@ -41,6 +41,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from gateway import errors
 from gateway.auth.websocket import ensure_not_expired
+from gateway.compat import libc
 from gateway.config import Config, get_config
 from gateway.db import run_orm
 from gateway.lifecycle import drain, keep_running
@@ -184,6 +185,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if task is not current:
                 with contextlib.suppress(BaseException):
                     await task
+        libc.connection_closed()  # what the connection held natively goes back to the system
 
     # --- inbound ---------------------------------------------------------------------------
 

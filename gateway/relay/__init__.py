@@ -51,17 +51,14 @@ moves):
   ``message_event``, ``response_started``, ``response_complete``, ``disconnected``,
   ``keep_alive``, ``transport``, ``default_headers``, ``on_response``.
 - ``STATUS_LINE`` (the status lines uvicorn writes).
-- ``uvicorn.protocols.websockets.websockets_impl.WebSocketProtocol.shutdown`` and
-  ``connection_made``, and its attributes ``loop``, ``transport``, ``handshake_completed_event``.
-
-uvicorn 0.54 announces (``UvicornDeprecationWarning``, a ``UserWarning``, at import) that
-``websockets_impl`` will give way to ``websockets_sansio_impl``: ``DrainingWebSocketProtocol`` moves
-with it on the uvicorn upgrade that removes it (the guard below falls back to stock uvicorn until
-then).
+- ``uvicorn.protocols.websockets.websockets_sansio_impl.WebSocketsSansIOProtocol.shutdown`` and
+  ``connection_made``, and its attributes ``loop``, ``transport``, ``handshake_complete`` and
+  ``disconnected``. (Not uvicorn's legacy ``websockets_impl``, deprecated in 0.54: every connection
+  it closed left memory behind.)
 
 At start-up ``manage.py serve`` calls :func:`protocols`: on a uvicorn other than the pinned one, or
 with an internal gone, it logs one warning and serves everything through stock uvicorn (``httptools``
-and ``websockets``) and the ASGI fast path. ``[server] direct_relay = false`` switches the relay off
+and ``websockets-sansio``) and the ASGI fast path. ``[server] direct_relay = false`` switches the relay off
 on purpose (the protocol with the request limits stays).
 """
 
@@ -76,7 +73,7 @@ UVICORN_VERSION = "0.54.0"
 HTTPTOOLS_VERSION = "0.9.0"
 
 _HTTP = "uvicorn.protocols.http.httptools_impl"
-_WS = "uvicorn.protocols.websockets.websockets_impl"
+_WS = "uvicorn.protocols.websockets.websockets_sansio_impl"
 
 # (module, name, callables on it, attributes its instances set: (method whose source sets them, names))
 RELIED_ON: list[tuple[str, str, tuple[str, ...], dict[str, tuple[str, ...]]]] = [
@@ -139,9 +136,12 @@ RELIED_ON: list[tuple[str, str, tuple[str, ...], dict[str, tuple[str, ...]]]] = 
     (_HTTP, "STATUS_LINE", (), {}),
     (
         _WS,
-        "WebSocketProtocol",
+        "WebSocketsSansIOProtocol",
         ("shutdown", "connection_made"),
-        {"__init__": ("loop", "handshake_completed_event"), "connection_made": ("transport",)},
+        {
+            "__init__": ("loop", "handshake_complete", "disconnected"),
+            "connection_made": ("transport",),
+        },
     ),
 ]
 
@@ -190,7 +190,7 @@ def protocols(direct_relay: bool) -> tuple[Any, Any]:
             "and the ASGI fast path, without the pass-through relay and the [server] request limits",
             ", ".join(missing),
         )
-        return "httptools", "websockets"
+        return "httptools", "websockets-sansio"
     from gateway.relay.protocol import DrainingHttpProtocol, DrainingServerProtocol, DrainingWebSocketProtocol
 
     return (DrainingServerProtocol if direct_relay else DrainingHttpProtocol), DrainingWebSocketProtocol

@@ -25,7 +25,7 @@ import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from gateway import errors
 from gateway.config import get_config
@@ -177,6 +177,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._cancel_read_timer()
+
+    def _cancel_read_timer(self) -> None:
         timer, self._read_timer = self._read_timer, None
         if timer is not None:
             timer.cancel()
@@ -242,7 +245,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._refusal = self._head_refusal(line, size)
                 raise _Refused
         if self.parser.should_upgrade():
-            self._began = None  # a WebSocket handshake: the connection is the consumer's from here
+            # A WebSocket handshake: the connection is the consumer's from here. The read timer is
+            # cancelled, not left to find nothing to do: uvicorn hands the transport to the
+            # WebSocket protocol without calling connection_lost here, and a pending timer would
+            # keep this protocol (its parser, buffers, scope) alive for request_read_timeout_s
+            # after every upgrade.
+            self._began = None
+            self._cancel_read_timer()
 
     def _request_read(self) -> None:
         """The request's last byte is in: the next bytes are the next request's head."""
@@ -820,23 +829,26 @@ class DrainingHttpProtocol(_DrainOnShutdown, GatewayHttpProtocol):
     """:class:`GatewayHttpProtocol` as ``manage.py serve`` runs it with ``direct_relay = false``."""
 
 
-class DrainingWebSocketProtocol(WebSocketProtocol):
-    """uvicorn's ``websockets`` protocol whose shutdown does not cut the connection at once (1012).
+class DrainingWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's ``websockets-sansio`` protocol whose shutdown does not cut the connection at once (1012).
 
     uvicorn calls ``shutdown()`` on every connection when it stops; its WebSocket protocol fails an
     open connection with 1012 there and then, losing the responses in flight. Here the drain starts
     instead, and the consumer (``responses_app.consumers``) closes the connection itself once its
     last terminal event is sent; a connection still open after the grace and the flush margin is
-    cut as uvicorn would. Relies on uvicorn's ``WebSocketProtocol.shutdown``, ``loop``, ``transport``
-    and ``handshake_completed_event`` (uvicorn 0.54; ``tests/gateway/test_server_protocol.py``
-    checks them).
+    cut as uvicorn would. Relies on uvicorn's ``WebSocketsSansIOProtocol.shutdown``, ``loop``,
+    ``transport``, ``handshake_complete`` and ``disconnected`` (uvicorn 0.54;
+    ``tests/gateway/test_relay_contract.py`` checks them).
+
+    The sans-I/O implementation, not uvicorn's legacy ``websockets`` one (deprecated in 0.54): with
+    the legacy protocol every closed connection left memory behind that the process never gave back
+    (about 100 KiB a connection; ``docs/websocket.md``, Memory).
     """
 
     def shutdown(self) -> None:
         from gateway.lifecycle import FLUSH_MARGIN_S, drain
 
-        completed = getattr(self, "handshake_completed_event", None)
-        if completed is None or not completed.is_set() or self.transport.is_closing():
+        if not self.handshake_complete or self.disconnected or self.transport.is_closing():
             super().shutdown()
             return
         drain.begin()
@@ -844,5 +856,5 @@ class DrainingWebSocketProtocol(WebSocketProtocol):
         self.loop.call_at(drain.deadline + FLUSH_MARGIN_S - 1.0, self._shutdown_if_open)
 
     def _shutdown_if_open(self) -> None:
-        if not self.transport.is_closing():
+        if not self.disconnected and not self.transport.is_closing():
             super().shutdown()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from gateway import relay
 from gateway.relay import RELIED_ON, missing_internals, protocols
@@ -50,7 +50,7 @@ def test_every_internal_relied_on_is_in_the_docstring() -> None:
         (HttpToolsProtocol, "on_response_complete"),
         (HttpToolsProtocol, "send_400_response"),
         (RequestResponseCycle, "run_asgi"),
-        (WebSocketProtocol, "shutdown"),
+        (WebSocketsSansIOProtocol, "shutdown"),
     ],
 )
 def test_a_missing_internal_is_found(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
@@ -87,9 +87,10 @@ def test_uvicorn_answers_refused_bytes_through_send_400_response() -> None:
     assert "self.send_400_response(" in source
 
 
-def test_the_draining_websocket_protocol_is_uvicorns() -> None:
-    assert issubclass(DrainingWebSocketProtocol, WebSocketProtocol)
-    assert "shutdown" in WebSocketProtocol.__dict__
+def test_the_draining_websocket_protocol_is_uvicorns_sansio_one() -> None:
+    """Not the legacy ``websockets`` protocol: its closed connections left memory behind."""
+    assert issubclass(DrainingWebSocketProtocol, WebSocketsSansIOProtocol)
+    assert "shutdown" in WebSocketsSansIOProtocol.__dict__
 
 
 def test_serve_picks_the_protocol_and_falls_back_to_stock_uvicorn(
@@ -113,7 +114,7 @@ def test_serve_picks_the_protocol_and_falls_back_to_stock_uvicorn(
     gateway_config(server__direct_relay=True)
     monkeypatch.delattr(HttpToolsProtocol, "_start_asgi_task")
     serve.Command().handle(host=None, port=None, server="uvicorn", workers=1)
-    assert seen["http"] == "httptools" and seen["ws"] == "websockets"
+    assert seen["http"] == "httptools" and seen["ws"] == "websockets-sansio"
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "HttpToolsProtocol._start_asgi_task" in warnings[0].getMessage()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from gateway.config import ConfigError, get_config
+from gateway.config import Config, ConfigError, get_config
 from gateway.startup import run_checks
 
 
@@ -46,42 +46,47 @@ class Command(BaseCommand):
             sys.exit(CommandLineInterface().run(argv))
         import uvicorn
 
-        from gateway.lifecycle import FLUSH_MARGIN_S
-        from gateway.relay import protocols
-
         if workers > 1:
             from gateway.metrics import use_multiprocess_dir
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
 
-        # The relay's protocols (the [server] request limits, the drain on SIGTERM, and the relay
-        # below ASGI unless direct_relay = false), or stock uvicorn when it is not the uvicorn they
-        # are built on (one warning).
-        http, ws = protocols(config.server.direct_relay)
-        config_kwargs: dict[str, Any] = {
-            "host": host,
-            "port": port,
-            "workers": workers,
-            "loop": "uvloop",
-            "http": http,
-            "ws": ws,
-            # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
-            "lifespan": "on",
-            # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
-            # failed (gateway.lifecycle); uvicorn cancels whatever still runs after the margin.
-            "timeout_graceful_shutdown": config.server.shutdown_grace_s + FLUSH_MARGIN_S,
-            "log_level": "warning",
-            "access_log": False,
-            "proxy_headers": True,
-            "server_header": False,
-            "date_header": True,
-            "ws_max_size": config.server.max_request_body_size_bytes + 1,
-            "timeout_keep_alive": 75,
-        }
+        config_kwargs = uvicorn_options(config, host, port, workers)
         if workers > 1 and hasattr(socket, "SO_REUSEPORT"):
             serve_reuseport(uvicorn.Config("gateway.asgi:application", **config_kwargs))
             return
         uvicorn.run("gateway.asgi:application", **config_kwargs)
+
+
+def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[str, Any]:
+    """The ``uvicorn.Config`` options the gateway is served with (tests serve with them too)."""
+    from gateway.lifecycle import FLUSH_MARGIN_S
+    from gateway.relay import protocols
+
+    # The relay's protocols (the [server] request limits, the drain on SIGTERM, and the relay
+    # below ASGI unless direct_relay = false), or stock uvicorn when it is not the uvicorn they
+    # are built on (one warning).
+    http, ws = protocols(config.server.direct_relay)
+    return {
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "loop": "uvloop",
+        "http": http,
+        "ws": ws,
+        # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
+        "lifespan": "on",
+        # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
+        # failed (gateway.lifecycle); uvicorn cancels whatever still runs after the margin.
+        "timeout_graceful_shutdown": config.server.shutdown_grace_s + FLUSH_MARGIN_S,
+        "log_level": "warning",
+        "access_log": False,
+        "proxy_headers": True,
+        "server_header": False,
+        "date_header": True,
+        "ws_max_size": config.server.max_request_body_size_bytes + 1,
+        "timeout_keep_alive": 75,
+    }
 
 
 def serve_reuseport(config: Any) -> None:

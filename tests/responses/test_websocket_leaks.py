@@ -1,0 +1,85 @@
+"""Closed WebSocket connections leave nothing behind (issue 62).
+
+Each server the gateway ships with serves ``WS /v1/responses`` in a probe process of its own
+(``tests/responses/ws_leak_probe.py``): connections used as Codex uses them (lanes, stored and
+unstored responses, steering, a client leaving a stored response mid-generation) are opened and
+closed, and no consumer, protocol or other per-connection object of ours or of the server's may
+outlive them. Deterministic: a census of live objects, not the process's RSS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.compat import libc
+from tests.servers import ROOT, child_env
+
+CONNECTIONS = 6
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
+def test_closed_connections_leave_no_object_of_ours_or_the_servers_alive(server: str) -> None:
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.responses.ws_leak_probe", server, str(CONNECTIONS)],
+        cwd=ROOT,
+        env=child_env({}),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    lines = probe.stdout.strip().splitlines()
+    assert probe.returncode == 0 and lines, probe.stdout[-3000:] + probe.stderr[-3000:]
+    result = orjson.loads(lines[-1])
+    assert "error" not in result, result
+    assert result == {"outlived": {}, "consumers": 0, "connections": CONNECTIONS}
+
+
+def test_closes_share_one_trim_of_the_c_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of closes asks glibc once to give freed memory back; a later close asks again."""
+    calls: list[int] = []
+    trimmer = libc.Trimmer(lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(libc, "TRIM_DELAY_S", 0.05)
+
+    async def closes() -> None:
+        for _ in range(50):
+            trimmer.connection_closed()
+        await asyncio.sleep(0.3)
+        assert (calls, trimmer.trims) == ([0], 1)
+        trimmer.connection_closed()
+        await asyncio.sleep(0.3)
+
+    asyncio.run(closes())
+    assert (calls, trimmer.trims) == ([0, 0], 2)
+
+
+def test_the_consumer_asks_for_a_trim_when_its_connection_closes(
+    monkeypatch: pytest.MonkeyPatch, live_gateway: Any
+) -> None:
+    import websockets
+
+    from tests.responses.wsutil import ws_url
+
+    asked: list[int] = []
+    monkeypatch.setattr(libc, "connection_closed", lambda: asked.append(1))
+
+    async def open_and_close() -> None:
+        async with websockets.connect(ws_url(live_gateway.url)):
+            pass
+        for _ in range(100):
+            if asked:
+                return
+            await asyncio.sleep(0.02)
+
+    asyncio.run(open_and_close())
+    assert asked == [1]
+
+
+@pytest.mark.skipif(libc.malloc_trim is None, reason="not glibc: no malloc_trim to call")
+def test_the_real_malloc_trim_answers() -> None:
+    assert libc.malloc_trim is not None and libc.malloc_trim(0) in (0, 1)
