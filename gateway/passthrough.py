@@ -262,6 +262,22 @@ async def relay(
                 scope, body, receive, send, headers=headers, extra_headers=extra_headers, exchange=exchange
             )
             return
+    await forward(route, scope, receive, send, exchange, body, headers=headers, extra_headers=extra_headers)
+
+
+async def forward(
+    route: Route,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    exchange: Exchange,
+    body: bytes | AsyncIterator[bytes],
+    *,
+    headers: dict[str, str],
+    extra_headers: RawHeaders,
+) -> None:
+    """Send ``body`` to the route's upstream path and relay the answer (what :func:`relay` does once
+    it has the body; a diverted route that rewrote the body relays its answer with it too)."""
     response: UpstreamResponse | None = None
     try:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
