@@ -119,6 +119,12 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True, config=_SECTION)
+class PassthroughConfig:
+    # More upstream paths relayed byte for byte (POST), besides the built-in ones (docs/passthrough.md).
+    extra_routes: StrList = ()
+
+
+@dataclass(frozen=True, config=_SECTION)
 class DatabaseConfig:
     statement_timeout_ms: Int = 30_000
     pool_min_size: Int = 2
@@ -344,6 +350,7 @@ class Config:
     model: Str = ""
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    passthrough: PassthroughConfig = field(default_factory=PassthroughConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
@@ -744,12 +751,39 @@ def _validate(c: Config) -> None:
             overrides = None
         if not isinstance(overrides, dict):
             raise ConfigError("inference.override_generation_config: must be a JSON object")
+    for path in c.passthrough.extra_routes:
+        _check_extra_route(path)
     for origin in c.server.cors_allowed_origins:
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
             raise ConfigError(
                 f"server.cors_allowed_origins: {origin!r} is not an origin (scheme://host[:port])"
             )
+
+
+# Paths the gateway serves itself: an extra pass-through route may not take them (or anything below).
+GATEWAY_PATHS = (
+    "/v1/responses",
+    "/v1/conversations",
+    "/v1/messages",
+    "/v1/models",
+    "/v1/openapi.json",
+    "/health",
+    "/ready",
+    "/metrics",
+    "/admin",
+    "/oidc",
+    "/docs",
+)
+_PATH_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
+
+
+def _check_extra_route(path: str) -> None:
+    where = f"passthrough.extra_routes: {path!r}"
+    if not path.startswith("/") or path == "/" or not set(path) <= _PATH_CHARS or "//" in path:
+        raise ConfigError(f"{where} is not a path (/segment/…: letters, digits, '-', '.', '_', '~')")
+    if any(path == owned or path.startswith(owned + "/") for owned in GATEWAY_PATHS):
+        raise ConfigError(f"{where} is served by the gateway itself")
 
 
 _config: Config | None = None

@@ -5,7 +5,8 @@ Two kinds:
 - :data:`RELAYED`: pass-through routes (a :class:`gateway.passthrough.Route` each), relayed byte for
   byte by :func:`gateway.passthrough.relay` on the ASGI path, or by the callback relay
   (``gateway.relay``) under ``manage.py serve``. The gateway app registers Chat Completions,
-  Completions, Embeddings, Audio and the Anthropic Messages routes.
+  Completions, Embeddings, Audio, vLLM's own routes (``passthrough.VLLM_ROUTES``), the operator's
+  ``[passthrough] extra_routes`` and the Anthropic Messages routes.
 - :data:`HANDLERS`: paths an app serves with its own ASGI handler (``responses_app`` registers
   ``POST /v1/responses``), which admits the request through ``gateway.pipeline`` itself.
 

@@ -11,7 +11,8 @@ A request that declares a server tool the gateway runs (web search, web fetch) i
 route's ``divert`` (:func:`gateway.messages_tools.declares_gateway_tools`, the one decision) sends
 it to the server-tool loop on the ASGI path, from :func:`gateway.passthrough.relay` and from the
 callback relay below ASGI alike (``gateway.relay.callbacks``: it hands the request to the ASGI app
-once the body is in).
+once the body is in). ``count_tokens`` of such a request is diverted the same way, to be counted
+with the tools as the loop sends them upstream.
 """
 
 from __future__ import annotations
@@ -26,5 +27,10 @@ ROUTES: dict[str, Route] = {
         divert=messages_tools.declares_gateway_tools,
         diverted=messages_tools.serve,
     ),
-    "/v1/messages/count_tokens": Route("/v1/messages/count_tokens", stream_error=errors.anthropic_sse_error),
+    "/v1/messages/count_tokens": Route(
+        "/v1/messages/count_tokens",
+        stream_error=errors.anthropic_sse_error,
+        divert=messages_tools.declares_gateway_tools,
+        diverted=messages_tools.serve_count_tokens,
+    ),
 }

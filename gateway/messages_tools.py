@@ -20,17 +20,22 @@ The rounds (hidden from the client):
   the first round;
 * every upstream round is validated before any tool runs (``gateway.messages_rounds``): JSON that
   parses, a stream that ends with ``message_stop`` (an EOF, ``[DONE]`` or a malformed event before
-  it ends the client's stream with an ``api_error`` event), blocks closed by
+  it, or a 200 answer that is not an event stream, ends the client's stream with an ``api_error``
+  event), blocks closed by
   ``content_block_stop``, unique non-negative indexes, non-empty and unique tool ids, non-empty
   names.
 
 What the client gets: its own content blocks as the model produced them, each gateway call as
-Anthropic's public ``server_tool_use`` block followed by its ``web_search_tool_result`` /
+Anthropic's public ``server_tool_use`` block (a ``srvtoolu_`` id minted here, which the hidden turns
+sent upstream carry too) followed by its ``web_search_tool_result`` /
 ``web_fetch_tool_result`` block, never the hidden function call; ``stop_reason`` ``tool_use`` when
 the last round ends with a client tool call (vLLM says ``end_turn`` there); usage summed over the
 rounds (saturating) with ``server_tool_use.web_search_requests`` / ``web_fetch_requests``. An
 upstream error answer is forwarded unmodified (Claude Code's retries match on its wording): as the
 response before anything was sent, else as the stream's ``error`` event. Nothing is stored.
+
+``/v1/messages/count_tokens`` of a request that declares gateway tools is diverted too
+(:func:`serve_count_tokens`): counted with the tools and history the first round would send.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import orjson
 
 from gateway import errors
 from gateway.config import Config, get_config
+from gateway.ids import new_id
 from gateway.messages_rounds import Round, RoundError, StreamRound, parse_json_round, sse_event, sse_events
 from gateway.passthrough import (
     SSE_CONTENT_TYPE,
@@ -52,9 +58,11 @@ from gateway.passthrough import (
     Exchange,
     RawHeaders,
     Receive,
+    Route,
     Scope,
     Send,
     client_left,
+    forward,
     send_error,
 )
 from inference_app.tools import (
@@ -69,6 +77,8 @@ from inference_app.tools import (
 from inference_app.upstream import UpstreamResponse, get_upstream
 
 UPSTREAM_PATH = "/v1/messages"
+# count_tokens of a request that declares gateway tools: its body rewritten, then relayed as usual.
+COUNT_TOKENS = Route("/v1/messages/count_tokens", stream_error=errors.anthropic_sse_error)
 KINDS = ("web_search", "web_fetch")
 # The first version of each server tool; these are accepted without ``allowed_callers``.
 BASE_VERSIONS = {"web_search": "20250305", "web_fetch": "20250910"}
@@ -463,6 +473,10 @@ class MessagesLoop:
         calls: list[ToolCall] = []
         refused: dict[str, ToolResult] = {}
         for use in uses:
+            # Anthropic's srvtoolu_ id, minted here, replaces the upstream's tool id in the round
+            # itself: the client's server_tool_use block, its result and the hidden turn sent upstream
+            # next all carry it, as the history the client sends back will.
+            use["id"] = new_id("srvtoolu")
             server = self.plan.tools[use["name"]]
             call = ToolCall(
                 call_id=use["id"],
@@ -564,7 +578,17 @@ class MessagesLoop:
         while True:
             response = await self.send_round()
             try:
-                if response.status != 200 or response.content_type != SSE_CONTENT_TYPE:
+                if response.status == 200 and response.content_type != SSE_CONTENT_TYPE:
+                    # Not the stream asked for (its hidden calls must not reach the client): a
+                    # malformed round, which ends the client's stream with api_error.
+                    if not started:
+                        await start(response)
+                        started = True
+                    answered = response.content_type or "no content type"
+                    failure = errors.UpstreamError(f"{_ROUND_ERROR}: a streamed round answered {answered}.")
+                    await write(errors.anthropic_sse_error(failure))
+                    return None
+                if response.status != 200:
                     body = await response.read()
                     if not started:
                         return UpstreamAnswer(response, body)
@@ -723,6 +747,9 @@ async def serve(
                 nonlocal head_sent
                 head_sent = True
                 raw = _raw(response.headers, extra_headers, drop_length=True)
+                if response.content_type != SSE_CONTENT_TYPE:  # a malformed round: its error event
+                    raw = [(k, v) for k, v in raw if k != b"content-type"]
+                    raw.append((b"content-type", SSE_CONTENT_TYPE.encode()))
                 await send({"type": "http.response.start", "status": 200, "headers": raw})
 
             async def write(data: bytes) -> None:
@@ -746,3 +773,39 @@ async def serve(
             await send(
                 {"type": "http.response.body", "body": errors.anthropic_sse_error(exc), "more_body": False}
             )
+
+
+async def serve_count_tokens(
+    scope: Scope,
+    body: bytes,
+    receive: Receive,
+    send: Send,
+    *,
+    headers: dict[str, str],
+    extra_headers: RawHeaders,
+    exchange: Exchange,
+) -> None:
+    """``/v1/messages/count_tokens`` of a request that declares gateway tools: counted as the loop
+    sends its first round (the server tools as plain function tools, earlier server blocks as the
+    model's turns), since vLLM refuses the server-tool shapes; the answer is relayed as it is."""
+    try:
+        plan = plan_request(orjson.loads(body), get_config())
+    except orjson.JSONDecodeError:
+        await send_error(send, scope, errors.BadRequest("The request body is not valid JSON."), extra_headers)
+        return
+    except errors.GatewayError as exc:
+        await send_error(send, scope, exc, extra_headers)
+        return
+    rewritten = {**plan.body, "tools": plan.upstream_tools()}
+    if "messages" in rewritten:
+        rewritten["messages"] = upstream_messages(rewritten["messages"], plan)
+    await forward(
+        COUNT_TOKENS,
+        scope,
+        receive,
+        send,
+        exchange,
+        orjson.dumps(rewritten),
+        headers=headers,
+        extra_headers=extra_headers,
+    )

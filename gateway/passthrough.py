@@ -1,4 +1,5 @@
-"""The pass-through routes: Chat Completions, Completions, Embeddings and Audio.
+"""The pass-through routes: Chat Completions, Completions, Embeddings, Audio, vLLM's own routes
+(rerank, score, pooling, classify, tokenize, detokenize, speech) and ``[passthrough] extra_routes``.
 
 These bodies belong to the upstream's contract, not ours: the request is forwarded to
 ``{LLM_API_BASE}`` byte for byte and the answer is relayed as it arrives — status, headers (minus
@@ -65,13 +66,34 @@ class Route:
     diverted: Callable[..., Awaitable[None]] | None = None
 
 
+# vLLM's routes beyond the OpenAI API, relayed like the others (same path upstream). Their bodies
+# are vLLM's contract, so they are not in the gateway's OpenAPI document (docs/passthrough.md).
+VLLM_ROUTES = (
+    "/v1/rerank",
+    "/rerank",
+    "/v1/score",
+    "/score",
+    "/pooling",
+    "/classify",
+    "/tokenize",
+    "/detokenize",
+    "/v1/audio/speech",
+)
+
 ROUTES: dict[str, Route] = {
     "/v1/chat/completions": Route("/v1/chat/completions"),
     "/v1/completions": Route("/v1/completions"),
     "/v1/embeddings": Route("/v1/embeddings"),
     "/v1/audio/transcriptions": Route("/v1/audio/transcriptions", stream_request_body=True),
     "/v1/audio/translations": Route("/v1/audio/translations", stream_request_body=True),
+    **{path: Route(path) for path in VLLM_ROUTES},
 }
+
+
+def extra_routes(paths: tuple[str, ...]) -> dict[str, Route]:
+    """The operator's ``[passthrough] extra_routes``: each relayed to the same path upstream (POST),
+    with the rules of every pass-through route. A built-in route of the same path wins."""
+    return {path: Route(path) for path in paths if path not in ROUTES}
 
 
 class ClientDisconnected(Exception):
@@ -240,6 +262,22 @@ async def relay(
                 scope, body, receive, send, headers=headers, extra_headers=extra_headers, exchange=exchange
             )
             return
+    await forward(route, scope, receive, send, exchange, body, headers=headers, extra_headers=extra_headers)
+
+
+async def forward(
+    route: Route,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    exchange: Exchange,
+    body: bytes | AsyncIterator[bytes],
+    *,
+    headers: dict[str, str],
+    extra_headers: RawHeaders,
+) -> None:
+    """Send ``body`` to the route's upstream path and relay the answer (what :func:`relay` does once
+    it has the body; a diverted route that rewrote the body relays its answer with it too)."""
     response: UpstreamResponse | None = None
     try:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):

@@ -45,6 +45,7 @@ def tool_usage(output: list[dict[str, Any]]) -> dict[str, Any]:
             "input_tokens": 0,
             "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
             "output_tokens": 0,
+            "output_tokens_details": {"image_tokens": 0, "text_tokens": 0},
             "total_tokens": 0,
         },
         "web_search": {"num_requests": searches},

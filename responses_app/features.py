@@ -215,7 +215,8 @@ def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
 
 
 def refuse_executor_only(raw: Mapping[str, Any]) -> None:
-    """Parts the executor cannot serve yet (direct routing passes them to the upstream as sent)."""
+    """Parts the executor cannot serve yet (direct routing passes them to the upstream as sent):
+    files, and images given by ``file_id``, which only a Files API could resolve."""
     items = raw.get("input")
     if not isinstance(items, list):
         return
@@ -224,8 +225,16 @@ def refuse_executor_only(raw: Mapping[str, Any]) -> None:
         if not isinstance(content, list):
             continue
         for part_index, part in enumerate(content):
-            if isinstance(part, Mapping) and part.get("type") == "input_file":
+            if not isinstance(part, Mapping):
+                continue
+            if part.get("type") == "input_file":
                 raise _unsupported(
                     "'input_file' content is not supported on this route yet: the gateway cannot resolve files.",
+                    f"input[{index}].content[{part_index}]",
+                )
+            if part.get("type") == "input_image" and part.get("file_id") is not None:
+                raise _unsupported(
+                    "'input_image' with a 'file_id' is not supported on this route yet: the gateway cannot "
+                    "resolve files; send the image as 'image_url' (a URL or a data URL).",
                     f"input[{index}].content[{part_index}]",
                 )

@@ -109,6 +109,17 @@ def test_config_is_frozen() -> None:
         ("llm_api_base = 'ftp://x'\n", "LLM_API_BASE: must be an http(s) URL"),
         ("database_url = 'mysql://x/y'\n", "DATABASE_URL: unsupported scheme"),
         ("not valid toml [\n", "is not valid TOML"),
+        ("[passthrough]\nextra_routes = 'v2/rerank'\n", "passthrough.extra_routes: must be a list"),
+        (
+            "[passthrough]\nextra_routes = ['v2/rerank']\n",
+            "passthrough.extra_routes: 'v2/rerank' is not a path",
+        ),
+        ("[passthrough]\nextra_routes = ['/v2/rerank?x=1']\n", "'/v2/rerank?x=1' is not a path"),
+        (
+            "[passthrough]\nextra_routes = ['/v1/responses/compact']\n",
+            "passthrough.extra_routes: '/v1/responses/compact' is served by the gateway itself",
+        ),
+        ("[passthrough]\nextra_routes = ['/health']\n", "'/health' is served by the gateway itself"),
     ],
 )
 def test_file_refusals_name_the_setting(tmp_path: Path, text: str, named: str) -> None:
@@ -139,6 +150,14 @@ def test_env_refusals_name_the_setting(env: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(env)
     assert named in str(info.value)
+
+
+def test_extra_pass_through_routes_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    c = load_config(write(tmp_path, "[passthrough]\nextra_routes = ['/v2/rerank', '/v1/score/batch']\n"))
+    assert c.passthrough.extra_routes == ("/v2/rerank", "/v1/score/batch")
+    c = load_config({"GATEWAY_PASSTHROUGH_EXTRA_ROUTES": "/v2/rerank, /invocations"})
+    assert c.passthrough.extra_routes == ("/v2/rerank", "/invocations")
+    assert load_config({}).passthrough.extra_routes == ()
 
 
 def test_oidc_on_loopback_http_is_allowed() -> None:

@@ -14,6 +14,7 @@ the ASGI path); ``test_every_serving_path_runs_the_loop`` runs all three paths.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,8 @@ from tests.upstream import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+SRVTOOLU = re.compile(r"^srvtoolu_[a-zA-Z0-9_]+$")  # Anthropic's server tool-use id form
 
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 FETCH = {"type": "web_fetch_20250910", "name": "web_fetch"}
@@ -132,6 +135,7 @@ def test_search_round_json(gw: LiveServer, upstream: ScriptedUpstream, provider:
         use.type == "server_tool_use" and use.name == "web_search" and use.input == {"query": "gateway news"}
     )
     assert result.type == "web_search_tool_result" and result.tool_use_id == use.id
+    assert SRVTOOLU.match(use.id)  # Anthropic's form, minted by the gateway, not the upstream's id
     assert isinstance(result.content, list)
     assert [r.url for r in result.content] == [
         "https://example.com/gateway-news/1",
@@ -164,11 +168,11 @@ def test_search_round_json(gw: LiveServer, upstream: ScriptedUpstream, provider:
         "role": "assistant",
         "content": [
             {"type": "text", "text": "Searching."},
-            {"type": "tool_use", "id": "call_1", "name": "web_search", "input": {"query": "gateway news"}},
+            {"type": "tool_use", "id": use.id, "name": "web_search", "input": {"query": "gateway news"}},
         ],
     }
     tool_result = second["messages"][2]["content"][0]
-    assert second["messages"][2]["role"] == "user" and tool_result["tool_use_id"] == "call_1"
+    assert second["messages"][2]["role"] == "user" and tool_result["tool_use_id"] == use.id
     assert "https://example.com/gateway-news/1" in tool_result["content"]
     assert "About gateway news: fact number 1." in tool_result["content"]
 
@@ -194,6 +198,9 @@ def test_search_round_sse(gw: LiveServer, upstream: ScriptedUpstream, provider: 
         "text",
     ]
     assert all(s["content_block"]["type"] != "tool_use" for s in starts)  # the hidden call never shows
+    use_id = starts[1]["content_block"]["id"]
+    assert SRVTOOLU.match(use_id) and starts[2]["content_block"]["tool_use_id"] == use_id
+    assert rounds(upstream)[1]["messages"][1]["content"][1]["id"] == use_id
     stops = [data["index"] for name, data in events if name == "content_block_stop"]
     assert stops == [0, 1, 2, 3]
     delta = events[-2][1]
@@ -323,7 +330,7 @@ def test_fetch_round_json_and_sse(
     assert message.usage.server_tool_use is not None
     assert message.usage.server_tool_use.web_fetch_requests == 1
     tool_result = rounds(upstream)[1]["messages"][2]["content"][0]
-    assert tool_result["tool_use_id"] == "f1" and "7319" in tool_result["content"]
+    assert tool_result["tool_use_id"] == message.content[0].id and "7319" in tool_result["content"]
     assert "Title: Tool loops" in tool_result["content"]
 
     upstream.script(
@@ -359,7 +366,7 @@ def test_fetch_failures_are_result_errors(
     result = r.json()["content"][1]
     assert result == {
         "type": "web_fetch_tool_result",
-        "tool_use_id": "f1",
+        "tool_use_id": r.json()["content"][0]["id"],
         "content": {"type": "web_fetch_tool_result_error", "error_code": code},
     }
     tool_result = rounds(upstream)[1]["messages"][2]["content"][0]
@@ -662,9 +669,10 @@ def test_alias_lets_a_plain_function_opt_in(
     upstream.script("/v1/messages", json_answer(anthropic_message("ok")))
     r = post(gw, body([plain]))
     content = r.json()["content"]
+    assert SRVTOOLU.match(content[0]["id"])
     assert content[0] == {
         "type": "server_tool_use",
-        "id": "s1",
+        "id": content[0]["id"],
         "name": "web_search",
         "input": {"query": "alias"},
     }
@@ -868,6 +876,40 @@ def test_a_broken_round_ends_with_api_error_and_runs_no_tool(
     assert all(d.get("content_block", {}).get("type") != "server_tool_use" for _, d in got)
 
 
+def test_a_json_answer_to_a_streamed_round_ends_with_api_error(
+    gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider
+) -> None:
+    """A 200 that is not an event stream is a malformed round: its hidden call never reaches the
+    client and no tool runs; the client's stream ends with api_error, first round or later."""
+    hidden = anthropic_tool_message([("s1", "web_search", {"query": "q"})], text="Looking.")
+    upstream.script("/v1/messages", json_answer(hidden))
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/messages",
+        json=body([SEARCH], stream=True),
+        headers={"x-api-key": "k"},
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read()
+    assert b"tool_use" not in raw and b"Looking." not in raw
+    got = events_of(raw)
+    assert got == [("error", _api_error("a streamed round answered application/json"))]
+    assert provider.requests == []
+    # A later round answered the same way: the stream so far, then the same error event.
+    upstream.script("/v1/messages", sse(anthropic_tool_events([("s1", "web_search", {"query": "q"})])))
+    upstream.script("/v1/messages", json_answer(hidden))
+    got = stream(gw, body([SEARCH]))
+    assert got[-1] == ("error", _api_error("a streamed round answered application/json"))
+    assert len(provider.requests) == 1  # the first round's call only
+
+
+def _api_error(reason: str) -> dict[str, Any]:
+    message = f"The upstream model server sent a malformed response: {reason}."
+    return {"type": "error", "error": {"type": "api_error", "message": message}}
+
+
 def test_a_broken_json_round_is_an_api_error(
     gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider
 ) -> None:
@@ -880,6 +922,57 @@ def test_a_broken_json_round_is_an_api_error(
         "message": "The upstream model server sent a malformed response: a tool_use block has an empty id.",
     }
     assert provider.requests == []
+
+
+def test_count_tokens_sends_the_server_tools_as_the_loop_does(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
+) -> None:
+    """vLLM refuses the server-tool declarations: count_tokens counts what the first round sends."""
+    history = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "server_tool_use",
+                    "id": "srvtoolu_0",
+                    "name": "web_search",
+                    "input": {"query": "it"},
+                },
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_0", "content": []},
+                {"type": "text", "text": "Nothing found."},
+            ],
+        },
+        {"role": "user", "content": "Try again."},
+    ]
+    upstream.script("/v1/messages/count_tokens", json_answer(b'{"input_tokens":  42}'))
+    upstream.script("/v1/messages", json_answer(anthropic_message("unused")))
+    counted = sdk(gw).messages.count_tokens(
+        model="test-model",
+        messages=history,
+        tools=[{**SEARCH, "max_uses": 2}, FETCH, WEATHER],  # type: ignore[list-item]
+    )
+    assert counted.input_tokens == 42
+    sent = upstream.last("/v1/messages/count_tokens").json()
+    loop_round = post(gw, {**body([{**SEARCH, "max_uses": 2}, FETCH, WEATHER]), "messages": history})
+    assert loop_round.status_code == 200
+    first_round = rounds(upstream)[0]
+    assert sent["tools"] == first_round["tools"]  # plain function tools, the client's tool kept
+    assert [t["name"] for t in sent["tools"]] == ["get_weather", "web_search", "web_fetch"]
+    assert all("type" not in t for t in sent["tools"])
+    assert sent["messages"] == first_round["messages"]  # server blocks as the model's own turns
+    assert sent["messages"][1]["content"][0]["type"] == "tool_use"
+    # Without gateway tools the body still goes upstream byte for byte.
+    raw = b'{"model":"test-model",  "messages":[{"role":"user","content":"hi"}]}'
+    r = httpx.post(f"{gw.url}/v1/messages/count_tokens", content=raw, headers={"x-api-key": "k"})
+    assert r.status_code == 200
+    assert upstream.last("/v1/messages/count_tokens").body == raw
+    # A bad declaration is the Messages route's 400.
+    r = httpx.post(
+        f"{gw.url}/v1/messages/count_tokens",
+        json={"model": "m", "messages": USER, "tools": [{"type": "web_search_20250305", "name": "search"}]},
+    )
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_upstream_error_bodies_are_forwarded_unmodified(gw: LiveServer, upstream: ScriptedUpstream) -> None:

@@ -18,9 +18,10 @@ import openai
 import orjson
 import pytest
 
+from gateway.passthrough import VLLM_ROUTES
 from inference_app.upstream import forward_headers
 from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401  (every test both ways)
-from tests.servers import LiveServer, free_port
+from tests.servers import GatewayProcess, LiveServer, free_port
 from tests.upstream import (
     DONE,
     Gate,
@@ -619,3 +620,97 @@ def test_one_pooled_keep_alive_client(gw: LiveServer, upstream: ScriptedUpstream
     peers = {rec.extra["peer"] for rec in upstream.requests}
     assert len(upstream.requests) == 6
     assert len(peers) == 1, peers
+
+
+# --- vLLM's other routes and [passthrough] extra_routes --------------------------------------------
+
+RERANK_ANSWER = (
+    b'{"id":"rerank-1","model":"test-model","usage":{"total_tokens":9},'
+    b'"results":[{"index":1,"document":{"text":"b"},"relevance_score":0.9}]}'
+)
+
+
+def _answer_for(path: str) -> tuple[bytes, str]:
+    """What vLLM answers on ``path``: audio bytes for speech, JSON elsewhere."""
+    if path == "/v1/audio/speech":
+        return bytes(range(256)) * 4, "audio/mpeg"
+    return RERANK_ANSWER, "application/json"
+
+
+def _scripted_bytes(upstream: ScriptedUpstream, path: str) -> bytes:
+    from aiohttp import web
+
+    payload, content_type = _answer_for(path)
+
+    async def answer(request: web.Request, rec: Any) -> web.StreamResponse:
+        return web.Response(body=payload, content_type=content_type, headers={"x-vllm-route": path})
+
+    upstream.script(path, answer)
+    return payload
+
+
+@pytest.mark.parametrize("path", VLLM_ROUTES)
+def test_vllm_routes_relay_bytes_unchanged(gw: LiveServer, upstream: ScriptedUpstream, path: str) -> None:
+    payload = _scripted_bytes(upstream, path)
+    sent = b'{ "model":"test-model", "query":"q", "documents":["a","b"],\n "text_1":"x", "top_n":1 }'
+    r = httpx.post(f"{gw.url}{path}?trace=1", content=sent, headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    assert r.content == payload
+    assert r.headers["content-type"].startswith(_answer_for(path)[1])
+    assert r.headers["x-vllm-route"] == path
+    rec = upstream.last()
+    assert (rec.path, rec.method, rec.body) == (path, "POST", sent)
+    assert rec.query == "trace=1"
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert f'gateway_http_requests_total{{method="POST",route="{path}",status="200"}}' in metrics
+
+
+def test_vllm_routes_refuse_without_a_credential_and_consume_the_gateways_key(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
+) -> None:
+    from gateway.auth import apikeys
+
+    gateway_config(auth__require_api_key=True, openai_api_key="sk-upstream")
+    for path in ("/v1/rerank", "/tokenize", "/v1/audio/speech"):
+        r = httpx.post(f"{gw.url}{path}", json={"model": "m"})
+        assert r.status_code == 401, path
+        assert r.json()["error"]["code"] == "missing_bearer_token"
+    assert upstream.requests == []
+    _, secret = apikeys.apikey_create(name="reranker")
+    _scripted_bytes(upstream, "/v1/rerank")
+    r = httpx.post(f"{gw.url}/v1/rerank", json={"model": "m"}, headers={"authorization": f"Bearer {secret}"})
+    assert r.status_code == 200 and r.content == RERANK_ANSWER
+    assert upstream.last("/v1/rerank").headers["authorization"] == "Bearer sk-upstream"
+
+
+def test_vllm_routes_keep_the_body_ceiling(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
+) -> None:
+    gateway_config(server__max_request_body_size_bytes=1000)
+    for path in ("/v1/score", "/pooling"):
+        r = httpx.post(f"{gw.url}{path}", content=b'{"input":"' + b"x" * 2000 + b'"}')
+        assert r.status_code == 413, path
+        assert r.json()["error"]["code"] == "request_too_large"
+    assert upstream.requests == []
+
+
+def test_extra_route_from_config_is_relayed(upstream: ScriptedUpstream, tmp_path: Any) -> None:
+    """``[passthrough] extra_routes`` is read at start-up: a ``manage.py serve`` process given it."""
+    config = tmp_path / "config.toml"
+    config.write_text('[passthrough]\nextra_routes = ["/v2/rerank", "/invocations"]\n')
+    env = {"LLM_API_BASE": upstream.url, "GATEWAY_CONFIG": str(config), "GATEWAY_REQUIRE_API_KEY": "false"}
+    gateway = GatewayProcess(env).wait(60)
+    try:
+        for path in ("/v2/rerank", "/invocations"):
+            payload = _scripted_bytes(upstream, path)
+            sent = b'{"model":"m",  "query":"q"}'
+            r = httpx.post(f"{gateway.url}{path}", content=sent, headers={"x-api-key": "caller"})
+            assert r.status_code == 200 and r.content == payload
+            rec = upstream.last(path)
+            assert rec.body == sent and rec.headers["x-api-key"] == "caller"
+        # A path nobody configured is not relayed.
+        r = httpx.post(f"{gateway.url}/v2/other", content=b"{}")
+        assert r.status_code == 404
+        assert [rec.path for rec in upstream.requests] == ["/v2/rerank", "/invocations"]
+    finally:
+        gateway.stop()

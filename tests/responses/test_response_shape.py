@@ -38,6 +38,7 @@ def _defaults(response: dict[str, Any]) -> None:
             "input_tokens": 0,
             "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
             "output_tokens": 0,
+            "output_tokens_details": {"image_tokens": 0, "text_tokens": 0},
             "total_tokens": 0,
         },
         "web_search": {"num_requests": 0},

@@ -117,6 +117,29 @@ def test_sources_are_returned_when_include_asks(tools_gw: ToolsGateway) -> None:
     assert "include" not in gw.upstream_bodies()[0]
 
 
+def test_include_entries_not_about_gateway_tools_are_forwarded_on_the_responses_wire(
+    tools_gw: ToolsGateway,
+) -> None:
+    """docs/responses.md: the gateway keeps its own tools' ``include`` entries; the others reach a
+    ``responses`` upstream; the chat wire has no ``include``."""
+    gw = tools_gw
+    gw.script(call("web_search", args(queries=["rust"])))
+    gw.script(text("ok"))
+    gw.create(
+        {
+            "model": "m",
+            "input": "x",
+            "tools": [{"type": "web_search_preview"}],
+            "include": ["web_search_call.action.sources", "reasoning.encrypted_content"],
+        }
+    )
+    for body in gw.upstream_bodies():
+        if gw.wire == "responses":
+            assert body["include"] == ["reasoning.encrypted_content"]
+        else:
+            assert "include" not in body
+
+
 def test_gateway_calls_of_a_round_run_concurrently_and_return_in_call_order(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     assert gw.provider is not None

@@ -208,6 +208,31 @@ def test_input_file_refused_on_the_executor_path_only(gw: Gateway) -> None:
     assert gw.upstream_bodies()[-1]["input"][0]["content"][1]["type"] == "input_file"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_input_image_by_file_id_refused_on_the_executor_path(gw: Gateway) -> None:
+    """An image the gateway would have to fetch from a Files API is refused, not sent as a URL."""
+    gw.script(text("seen"))
+    content = [
+        {"type": "input_text", "text": "describe"},
+        {"type": "input_image", "file_id": "file-abc123", "detail": "auto"},
+    ]
+    for extra in ({}, {"stream": True}):
+        r = gw.post({"model": "m", "input": [{"role": "user", "content": content}], **extra})
+        _check_refusal(r.status_code, r.json()["error"], "unsupported_parameter", "input[0].content[1]")
+        assert "file_id" in r.json()["error"]["message"]
+    r = httpx.post(
+        f"{gw.url}/v1/responses/compact",
+        json={"model": "m", "input": [{"role": "user", "content": content}]},
+        timeout=10,
+    )
+    _check_refusal(r.status_code, r.json()["error"], "unsupported_parameter", "input[0].content[1]")
+    _nothing_happened(gw)
+    # An image given by URL still goes to the model.
+    url = [{"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "auto"}]
+    r = gw.post({"model": "m", "input": [{"role": "user", "content": url}]})
+    assert r.status_code == 200, r.text
+
+
 def test_compact_route_answers_405_to_get(gw: Gateway) -> None:
     r = httpx.get(f"{gw.url}/v1/responses/compact", timeout=10)
     assert r.status_code == 405 and r.headers["allow"] == "POST"
