@@ -39,9 +39,8 @@ from typing import Any
 import orjson
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from gateway import errors
+from gateway import errors, memory
 from gateway.auth.websocket import ensure_not_expired
-from gateway.compat import libc
 from gateway.config import Config, get_config
 from gateway.db import run_orm
 from gateway.lifecycle import drain, keep_running
@@ -185,7 +184,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if task is not current:
                 with contextlib.suppress(BaseException):
                     await task
-        libc.connection_closed()  # what the connection held natively goes back to the system
+        memory.connection_closed()  # what the connection held goes back to the system
 
     # --- inbound ---------------------------------------------------------------------------
 

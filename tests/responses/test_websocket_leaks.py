@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.compat import libc
+from gateway import memory
 from tests.servers import ROOT, child_env
 
 CONNECTIONS = 6
@@ -40,25 +40,26 @@ def test_closed_connections_leave_no_object_of_ours_or_the_servers_alive(server:
     assert result == {"outlived": {}, "consumers": 0, "connections": CONNECTIONS}
 
 
-def test_closes_share_one_trim_of_the_c_heap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A burst of closes asks glibc once to give freed memory back; a later close asks again."""
-    calls: list[int] = []
-    trimmer = libc.Trimmer(lambda pad: calls.append(pad) or 1)
-    monkeypatch.setattr(libc, "TRIM_DELAY_S", 0.05)
+def test_closes_share_one_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of closes asks for one collection and one trim; a later close asks again."""
+    trims: list[int] = []
+    collections: list[int] = []
+    releaser = memory.Releaser(lambda pad: trims.append(pad) or 1, lambda: collections.append(1) or 0)
+    monkeypatch.setattr(memory, "RELEASE_DELAY_S", 0.05)
 
     async def closes() -> None:
         for _ in range(50):
-            trimmer.connection_closed()
+            releaser.connection_closed()
         await asyncio.sleep(0.3)
-        assert (calls, trimmer.trims) == ([0], 1)
-        trimmer.connection_closed()
+        assert (collections, trims, releaser.releases) == ([1], [0], 1)
+        releaser.connection_closed()
         await asyncio.sleep(0.3)
 
     asyncio.run(closes())
-    assert (calls, trimmer.trims) == ([0, 0], 2)
+    assert (collections, trims, releaser.releases) == ([1, 1], [0, 0], 2)
 
 
-def test_the_consumer_asks_for_a_trim_when_its_connection_closes(
+def test_the_consumer_asks_for_a_release_when_its_connection_closes(
     monkeypatch: pytest.MonkeyPatch, live_gateway: Any
 ) -> None:
     import websockets
@@ -66,7 +67,7 @@ def test_the_consumer_asks_for_a_trim_when_its_connection_closes(
     from tests.responses.wsutil import ws_url
 
     asked: list[int] = []
-    monkeypatch.setattr(libc, "connection_closed", lambda: asked.append(1))
+    monkeypatch.setattr(memory, "connection_closed", lambda: asked.append(1))
 
     async def open_and_close() -> None:
         async with websockets.connect(ws_url(live_gateway.url)):
@@ -80,6 +81,6 @@ def test_the_consumer_asks_for_a_trim_when_its_connection_closes(
     assert asked == [1]
 
 
-@pytest.mark.skipif(libc.malloc_trim is None, reason="not glibc: no malloc_trim to call")
+@pytest.mark.skipif(memory.malloc_trim is None, reason="not glibc: no malloc_trim to call")
 def test_the_real_malloc_trim_answers() -> None:
-    assert libc.malloc_trim is not None and libc.malloc_trim(0) in (0, 1)
+    assert memory.malloc_trim is not None and memory.malloc_trim(0) in (0, 1)
