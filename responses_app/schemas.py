@@ -81,7 +81,9 @@ class ResponseCreateRequest(BaseModel):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     reasoning: dict[str, Any] | None = None
     safety_identifier: str | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # Any tier name: an explicit value is forwarded unchanged (spec), and the SDK's list grows
+    # ("fast", "ultrafast" in openai 3.57); the upstream decides what it serves.
+    service_tier: str | None = None
     store: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None

@@ -164,6 +164,15 @@ def test_cache_fields_and_tier_are_forwarded_and_not_echoed(gw: Gateway, gateway
     assert set(r.json()) == {"id", "object", "created_at", "output", "usage"}
 
 
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_any_service_tier_is_forwarded_unchanged(gw: Gateway, tier: str) -> None:
+    """The openai 3.57 SDK allows "fast" and "ultrafast"; an explicit tier is forwarded as is."""
+    gw.script(text(SUMMARY))
+    r = compact(gw, {"model": "test-model", "input": HISTORY, "service_tier": tier})
+    assert r.status_code == 200, r.text
+    assert gw.upstream_bodies()[0]["service_tier"] == tier
+
+
 def test_unused_fields_are_accepted_and_not_sent(gw: Gateway) -> None:
     gw.script(text(SUMMARY))
     r = compact(
@@ -210,7 +219,7 @@ def test_unused_fields_are_accepted_and_not_sent(gw: Gateway) -> None:
             "prompt_cache_options",
             None,
         ),
-        ({"model": "m", "input": "hi", "service_tier": "turbo"}, 400, "service_tier", "invalid_value"),
+        ({"model": "m", "input": "hi", "service_tier": 5}, 400, "service_tier", "invalid_type"),
         ({"model": "m", "previous_response_id": "resp_missing"}, 400, "previous_response_id", None),
         ({"model": "m", "input": [{"type": "compaction"}]}, 400, "input[0].encrypted_content", None),
     ],

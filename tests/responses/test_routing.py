@@ -84,3 +84,14 @@ def test_chat_wire_merges_system_and_developer(gw: Gateway, gateway_config: Any)
         {"role": "system", "content": "Rule one.\n\nRule two.\n\nRule three."},
         {"role": "user", "content": "Hi"},
     ]
+
+
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_direct_forwards_any_service_tier_byte_for_byte(gw: Gateway, gateway_config: Any, tier: str) -> None:
+    gateway_config(llm_api_base=gw.upstream.url, upstream_api="responses")
+    gw.upstream.script("/v1/responses", handler(Script([text("ok")], service_tier=tier), "responses"))
+    body = orjson.dumps({"model": "m", "input": "x", "store": False, "service_tier": tier})
+    r = httpx.post(f"{gw.url}/v1/responses", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert gw.upstream.last("/v1/responses").body == body
+    assert Response.objects.count() == 0
