@@ -36,6 +36,9 @@ from responses_app.tool_loop import web_search_available
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
 EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
+# Gateway-owned fields the upstream's /v1/responses does not know: present with any value, they
+# send the request through the executor, which never forwards them (the direct path is byte for byte).
+GATEWAY_OWNED = frozenset({"context_management", "multi_agent"})
 
 
 def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: Config) -> bool:
@@ -46,13 +49,11 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
         return True
     if request.previous_response_id is not None or request.conversation is not None:
         return True
-    if raw.get("context_management"):
-        return True
+    if not GATEWAY_OWNED.isdisjoint(raw):
+        return True  # whatever their value ([] or enabled: false included): only the executor drops them
     if any(tool.get("type") != "function" for tool in request.tools or ()):
         return True
     if async_tools.needs_executor(request.tools, request.input):
-        return True
-    if isinstance(raw.get("multi_agent"), dict) and raw["multi_agent"].get("enabled"):
         return True
     return isinstance(request.input, list) and any(
         item.get("type") in EXECUTOR_ITEM_TYPES for item in request.input
