@@ -84,11 +84,14 @@ def response_prepare(
     response_id: str | None = None,
     created_at: int | None = None,
     cached_history: list[dict[str, Any]] | None = None,
+    model_turn: bool = True,
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
     ``cached_history`` is the checkpoint of ``previous_response_id`` when the caller holds it
     (the WebSocket transport's connection-local state); then the database is not consulted for it.
+    ``model_turn`` False (``POST /v1/responses/compact``): the history is summarized, not answered,
+    so the rules on tool calls and their outputs do not apply (a call may await its output).
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -140,10 +143,12 @@ def response_prepare(
             param="background" if request.background else "store",
             code="invalid_value",
         )
-    # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again).
-    async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
+    if model_turn:  # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again)
+        async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
     multi_agent = raw.get("multi_agent")
-    if agent_tree is not None or (isinstance(multi_agent, dict) and multi_agent.get("enabled") is True):
+    if model_turn and (
+        agent_tree is not None or (isinstance(multi_agent, dict) and multi_agent.get("enabled") is True)
+    ):
         async_tools.check_multi_agent_outputs(history, new_items)
     tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
     return Prepared(
@@ -239,7 +244,7 @@ class Outcome:
     """How a response ended: what :func:`response_store_final` stores with its checkpoint."""
 
     status: str
-    snapshot: dict[str, Any]
+    snapshot: dict[str, Any] | None  # None: a history-only record (a /compact checkpoint)
     output_items: list[dict[str, Any]]
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -382,11 +387,21 @@ def _window(p: Prepared, outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def response_compaction_store(
-    *, prepared: Prepared, retained: list[dict[str, Any]], item: dict[str, Any], answer: dict[str, Any]
+    *,
+    prepared: Prepared,
+    retained: list[dict[str, Any]],
+    item: dict[str, Any],
+    kept: list[dict[str, Any]],
+    usage: dict[str, Any],
 ) -> None:
     """Store a ``POST /v1/responses/compact`` answer as a checkpoint (the retained user messages,
-    then the compaction item) that ``previous_response_id`` can name. The retained messages that
-    were stored already are referenced, not copied; nothing stored before is changed."""
+    the compaction item, then ``kept``: a multi-agent chain's subagent items, with its agent tree)
+    that ``previous_response_id`` can name. The retained messages that were stored already are
+    referenced, not copied; nothing stored before is changed.
+
+    The record is history only (no snapshot): ``GET /v1/responses/{id}`` answers it 409, as the
+    spec says of records made through history-only APIs; the compaction object is not a response.
+    """
     new_ids = {i["id"] for i in prepared.items_to_insert}
     window = dataclasses.replace(
         prepared,
@@ -394,7 +409,14 @@ def response_compaction_store(
         new_items=retained,
         items_to_insert=[message for message in retained if message["id"] in new_ids],
     )
-    outcome = Outcome("completed", answer, [item], answer.get("usage"))
+    outcome = Outcome(
+        "completed",
+        None,
+        [item],
+        usage,
+        window=[*retained, item, *kept],
+        agent_tree=prepared.agent_tree,
+    )
     response_store_final(prepared=window, outcome=outcome)
 
 
