@@ -502,5 +502,7 @@ class Compactor:
         for event in ex.emitter.whole(self.item):
             yield event
         if self.trigger:
+            # The summary is the response's one inference round: its tier is the one returned.
+            ex.service_tier = summary.service_tier
             self.ends_response = True
             self.trigger = False

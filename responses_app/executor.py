@@ -82,8 +82,9 @@ class Executor(Lifecycle):
         """The tool listings and approvals, then the inference rounds; sets :attr:`end_status`."""
         tools = self.tools
         assert tools is not None
-        for event in tools.listing_events(self.emitter):
-            yield event
+        if not self.compactor.trigger:  # a compaction_trigger response is its one compaction item
+            for event in tools.listing_events(self.emitter):
+                yield event
         # The hooks below are async generators; each is entered only when it has work (most
         # responses have no approvals, no gateway calls and no compaction to consider), which saves
         # an async generator's set-up and tear-down per hook per round.

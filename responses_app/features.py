@@ -93,9 +93,7 @@ def refuse_unsupported(raw: Mapping[str, Any]) -> None:
     for name in UNBUILT_FIELDS:
         if raw.get(name) is not None:
             raise _unsupported(f"'{name}' is not supported by this gateway yet.", name)
-    for name in REFUSED_FIELDS:
-        if raw.get(name) is not None:
-            raise _unsupported(f"'{name}' is not supported by this gateway.", name)
+    refuse_hosted_fields(raw)
     multi_agent_config(raw)  # multi-agent mode (beta): its own refusals
     tools = raw.get("tools")
     if isinstance(tools, list):
@@ -108,6 +106,14 @@ def refuse_unsupported(raw: Mapping[str, Any]) -> None:
             if isinstance(item, Mapping):
                 _check_item(item, f"input[{index}]")
         compaction.check_trigger_position(items)
+
+
+def refuse_hosted_fields(raw: Mapping[str, Any]) -> None:
+    """The 400 for a :data:`REFUSED_FIELDS` field set (non-null); ``POST /v1/responses/compact``
+    answers them the same way."""
+    for name in REFUSED_FIELDS:
+        if raw.get(name) is not None:
+            raise _unsupported(f"'{name}' is not supported by this gateway.", name)
 
 
 def _check_tool(tool: Mapping[str, Any], param: str) -> None:

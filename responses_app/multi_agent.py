@@ -125,6 +125,19 @@ def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [*compaction.retained_messages(own[:latest]), *own[latest:]]
 
 
+def compaction_parts(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``POST /v1/responses/compact`` of a multi-agent chain compacts the root agent: its own
+    history (what is summarized, in its model's view, and what the window retains from) and the
+    other agents' items, which the window keeps as they are (each subagent keeps its history, and
+    the stored tree restores the agents)."""
+    return own_history(items, ROOT), [item for item in items if not belongs_to(item, ROOT)]
+
+
+def root_model_view(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The root agent's own history as its model reads it."""
+    return [seen for item in items if (seen := model_item(item, ROOT)) is not None]
+
+
 def _text(value: Any) -> list[dict[str, Any]]:
     return [{"type": "output_text", "text": value, "annotations": []}]
 

@@ -32,6 +32,7 @@ NOT_FORWARDED = frozenset(
         "background_options",
         "max_tool_calls",
         "metadata",
+        "multi_agent",  # the gateway coordinates the agents; the model server sees plain function tools
         "store",
         "stream",
         # WebSocket-only fields (Codex): never meaningful upstream.
@@ -81,7 +82,9 @@ class ResponseCreateRequest(BaseModel):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     reasoning: dict[str, Any] | None = None
     safety_identifier: str | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # Any tier name: an explicit value is forwarded unchanged (spec), and the SDK's list grows
+    # ("fast", "ultrafast" in openai 3.57); the upstream decides what it serves.
+    service_tier: str | None = None
     store: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None

@@ -36,6 +36,9 @@ from responses_app.tool_loop import web_search_available
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
 EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
+# Gateway-owned fields the upstream's /v1/responses does not know: present with any value, they
+# send the request through the executor, which never forwards them (the direct path is byte for byte).
+GATEWAY_OWNED = frozenset({"context_management", "multi_agent"})
 
 
 def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: Config) -> bool:
@@ -46,13 +49,11 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
         return True
     if request.previous_response_id is not None or request.conversation is not None:
         return True
-    if raw.get("context_management"):
-        return True
+    if not GATEWAY_OWNED.isdisjoint(raw):
+        return True  # whatever their value ([] or enabled: false included): only the executor drops them
     if any(tool.get("type") != "function" for tool in request.tools or ()):
         return True
     if async_tools.needs_executor(request.tools, request.input):
-        return True
-    if isinstance(raw.get("multi_agent"), dict) and raw["multi_agent"].get("enabled"):
         return True
     return isinstance(request.input, list) and any(
         item.get("type") in EXECUTOR_ITEM_TYPES for item in request.input
@@ -83,11 +84,14 @@ def response_prepare(
     response_id: str | None = None,
     created_at: int | None = None,
     cached_history: list[dict[str, Any]] | None = None,
+    model_turn: bool = True,
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
     ``cached_history`` is the checkpoint of ``previous_response_id`` when the caller holds it
     (the WebSocket transport's connection-local state); then the database is not consulted for it.
+    ``model_turn`` False (``POST /v1/responses/compact``): the history is summarized, not answered,
+    so the rules on tool calls and their outputs do not apply (a call may await its output).
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -139,10 +143,12 @@ def response_prepare(
             param="background" if request.background else "store",
             code="invalid_value",
         )
-    # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again).
-    async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
+    if model_turn:  # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again)
+        async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
     multi_agent = raw.get("multi_agent")
-    if agent_tree is not None or (isinstance(multi_agent, dict) and multi_agent.get("enabled") is True):
+    if model_turn and (
+        agent_tree is not None or (isinstance(multi_agent, dict) and multi_agent.get("enabled") is True)
+    ):
         async_tools.check_multi_agent_outputs(history, new_items)
     tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
     return Prepared(
@@ -238,7 +244,7 @@ class Outcome:
     """How a response ended: what :func:`response_store_final` stores with its checkpoint."""
 
     status: str
-    snapshot: dict[str, Any]
+    snapshot: dict[str, Any] | None  # None: a history-only record (a /compact checkpoint)
     output_items: list[dict[str, Any]]
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -381,11 +387,21 @@ def _window(p: Prepared, outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def response_compaction_store(
-    *, prepared: Prepared, retained: list[dict[str, Any]], item: dict[str, Any], answer: dict[str, Any]
+    *,
+    prepared: Prepared,
+    retained: list[dict[str, Any]],
+    item: dict[str, Any],
+    kept: list[dict[str, Any]],
+    usage: dict[str, Any],
 ) -> None:
     """Store a ``POST /v1/responses/compact`` answer as a checkpoint (the retained user messages,
-    then the compaction item) that ``previous_response_id`` can name. The retained messages that
-    were stored already are referenced, not copied; nothing stored before is changed."""
+    the compaction item, then ``kept``: a multi-agent chain's subagent items, with its agent tree)
+    that ``previous_response_id`` can name. The retained messages that were stored already are
+    referenced, not copied; nothing stored before is changed.
+
+    The record is history only (no snapshot): ``GET /v1/responses/{id}`` answers it 409, as the
+    spec says of records made through history-only APIs; the compaction object is not a response.
+    """
     new_ids = {i["id"] for i in prepared.items_to_insert}
     window = dataclasses.replace(
         prepared,
@@ -393,7 +409,14 @@ def response_compaction_store(
         new_items=retained,
         items_to_insert=[message for message in retained if message["id"] in new_ids],
     )
-    outcome = Outcome("completed", answer, [item], answer.get("usage"))
+    outcome = Outcome(
+        "completed",
+        None,
+        [item],
+        usage,
+        window=[*retained, item, *kept],
+        agent_tree=prepared.agent_tree,
+    )
     response_store_final(prepared=window, outcome=outcome)
 
 

@@ -20,7 +20,8 @@ from responses_app import runs, selectors, services, tasks
 from responses_app.domain import Prepared
 from responses_app.events import Event
 from responses_app.executor import Executor
-from responses_app.multi_agent import Coordinator, is_multi_agent
+from responses_app.features import REFUSED_FIELDS, refuse_hosted_fields
+from responses_app.multi_agent import Coordinator, compaction_parts, is_multi_agent, root_model_view
 from responses_app.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.tool_loop import ToolLoop, history_model_items
 
@@ -256,7 +257,9 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
             code="invalid_json",
         )
     for key in raw:
-        if key not in _COMPACT_FIELDS and key not in _COMPACT_UNUSED:
+        if key in REFUSED_FIELDS:
+            refuse_hosted_fields(raw)  # as responses.create answers it (null: accepted, unused)
+        elif key not in _COMPACT_FIELDS and key not in _COMPACT_UNUSED:
             raise errors.BadRequest(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
     if raw.get("input") is None and raw.get("previous_response_id") is None:
         raise errors.BadRequest(
@@ -276,28 +279,41 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
         owner=request_principal(request).owner,
         headers=_upstream_headers(_request_headers(request), credential_consumed(request)),
         config=config,
+        model_turn=False,  # a history ending in a call that awaits its output is summarized too
     )
     items = [*prepared.history, *prepared.new_items]
+    kept: list[dict[str, Any]] = []
+    model_items = items
+    if prepared.agent_tree is not None:  # a multi-agent chain: the root agent is compacted
+        items, kept = compaction_parts(items)
+        model_items = root_model_view(items)
     summary = await compaction.summarize(
         upstream=get_upstream(),
         config=config,
         headers=prepared.headers,
         model=parsed.model,
-        model_items=history_model_items(items),
+        model_items=history_model_items(model_items),
         instructions=parsed.instructions,
         forwarded=compaction.forwarded_fields(fields, prepared.prompt_cache_options),
     )
     retained = compaction.retained_messages(items)
     item = compaction.compaction_item(summary.text)
+    # Required by the SDK's CompactedResponse: zeros when the upstream reported none.
+    usage = summary.usage if summary.usage is not None else compaction.usage_dict({})
     answer = {
         "id": prepared.response_id,
         "object": "response.compaction",
         "created_at": prepared.created_at,
         "output": [*retained, item],
-        "usage": summary.usage,
+        "usage": usage,
     }
     await run_orm(
-        services.response_compaction_store, prepared=prepared, retained=retained, item=item, answer=answer
+        services.response_compaction_store,
+        prepared=prepared,
+        retained=retained,
+        item=item,
+        kept=kept,
+        usage=usage,
     )
     return json_response(answer)
 

@@ -18,7 +18,7 @@ from responses_app.compaction import DEFAULT_PROMPT, estimate_tokens
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
 from tests.responses.hostile import CHAT_ANSWER_KINDS, RESPONSES_ANSWER_KINDS
-from tests.responses.scripts import text
+from tests.responses.scripts import call, path_for, text
 from tests.responses.test_access_rules import stored
 from tests.responses.tool_fixtures import model_input
 
@@ -164,6 +164,15 @@ def test_cache_fields_and_tier_are_forwarded_and_not_echoed(gw: Gateway, gateway
     assert set(r.json()) == {"id", "object", "created_at", "output", "usage"}
 
 
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_any_service_tier_is_forwarded_unchanged(gw: Gateway, tier: str) -> None:
+    """The openai 3.57 SDK allows "fast" and "ultrafast"; an explicit tier is forwarded as is."""
+    gw.script(text(SUMMARY))
+    r = compact(gw, {"model": "test-model", "input": HISTORY, "service_tier": tier})
+    assert r.status_code == 200, r.text
+    assert gw.upstream_bodies()[0]["service_tier"] == tier
+
+
 def test_unused_fields_are_accepted_and_not_sent(gw: Gateway) -> None:
     gw.script(text(SUMMARY))
     r = compact(
@@ -210,7 +219,7 @@ def test_unused_fields_are_accepted_and_not_sent(gw: Gateway) -> None:
             "prompt_cache_options",
             None,
         ),
-        ({"model": "m", "input": "hi", "service_tier": "turbo"}, 400, "service_tier", "invalid_value"),
+        ({"model": "m", "input": "hi", "service_tier": 5}, 400, "service_tier", "invalid_type"),
         ({"model": "m", "previous_response_id": "resp_missing"}, 400, "previous_response_id", None),
         ({"model": "m", "input": [{"type": "compaction"}]}, 400, "input[0].encrypted_content", None),
     ],
@@ -328,3 +337,129 @@ def test_input_tokens_counts_a_compaction_item_as_its_summary(gw: Gateway) -> No
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": SUMMARY},
     ]
+
+
+# --- the answer's usage, refusals as create answers them, histories that end in a call ----------
+
+
+def test_compact_reports_zero_usage_when_the_upstream_reports_none(gw: Gateway) -> None:
+    """The SDK's CompactedResponse.usage is required: zeros, not null (docs/responses.md)."""
+    gw.script(text(SUMMARY), usage=None)
+    r = compact(gw, {"model": "test-model", "input": HISTORY})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {
+        "input_tokens": 0,
+        "input_tokens_details": {},
+        "output_tokens": 0,
+        "output_tokens_details": {},
+        "total_tokens": 0,
+    }
+    assert Response.objects.get(id=r.json()["id"]).usage == r.json()["usage"]
+    gw.script(text(SUMMARY), usage=None)
+    compacted = gw.client.responses.compact(model="test-model", input=HISTORY)  # type: ignore[arg-type]
+    assert compacted.usage.input_tokens == compacted.usage.total_tokens == 0
+
+
+@pytest.mark.parametrize("field", ["image", "moderation", "prompt", "background_options", "access_programs"])
+def test_hosted_fields_are_refused_as_create_refuses_them(gw: Gateway, field: str) -> None:
+    value = {"id": "x"}
+    created = gw.post({"model": "m", "input": "hi", field: value})
+    compacted = compact(gw, {"model": "m", "input": "hi", field: value})
+    assert compacted.status_code == created.status_code == 400
+    assert compacted.json() == created.json()
+    assert compacted.json()["error"]["code"] == "unsupported_parameter"
+    assert compacted.json()["error"]["param"] == field
+    assert gw.upstream_bodies() == []
+    assert Response.objects.count() == 0 and Item.objects.count() == 0
+    gw.script(text(SUMMARY))
+    r = compact(gw, {"model": "m", "input": "hi", field: None})  # null: accepted, as create does
+    assert r.status_code == 200, r.text
+
+
+PENDING_CALL = {"type": "function_call", "call_id": "call_open", "name": "lookup", "arguments": "{}"}
+
+
+def test_a_history_ending_in_an_unanswered_call_is_summarized(gw: Gateway) -> None:
+    """Compaction is not a model turn: a call that awaits its output is summarized, not refused."""
+    gw.script(text(SUMMARY))
+    r = compact(gw, {"model": "test-model", "input": [*HISTORY, PENDING_CALL]})
+    assert r.status_code == 200, r.text
+    assert "call_open" in orjson.dumps(gw.upstream_bodies()[0]).decode()
+    assert [i["type"] for i in r.json()["output"]] == ["message", "message", "compaction"]
+
+    # The same through a stored response that ended in a client call.
+    tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+    gw.script(call("lookup", "{}", call_id="call_stored"))
+    stored_call = gw.post({"model": "test-model", "input": "look it up", "tools": tools}).json()
+    assert stored_call["output"][-1]["type"] == "function_call"
+    gw.script(text(SUMMARY))
+    r = compact(gw, {"model": "test-model", "previous_response_id": stored_call["id"]})
+    assert r.status_code == 200, r.text
+    gw.script(text("next"))
+    after = gw.post({"model": "test-model", "previous_response_id": r.json()["id"], "input": "go on"})
+    assert after.status_code == 200, after.text  # the window holds no unanswered call
+
+
+def test_get_of_a_compaction_checkpoint_is_409_history_only(gw: Gateway) -> None:
+    """A /compact checkpoint is a history-only record: GET answers 409 as the spec says of those
+    (docs/responses.md); previous_response_id, input items and delete work on it."""
+    gw.script(text(SUMMARY))
+    compacted = compact(gw, {"model": "test-model", "input": HISTORY}).json()
+    r = httpx.get(f"{gw.url}/v1/responses/{compacted['id']}", timeout=10)
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "response_snapshot_unavailable"
+    listed = httpx.get(f"{gw.url}/v1/responses/{compacted['id']}/input_items?order=asc", timeout=10)
+    assert [i["id"] for i in listed.json()["data"]] == [m["id"] for m in compacted["output"][:-1]]
+    assert httpx.delete(f"{gw.url}/v1/responses/{compacted['id']}", timeout=10).status_code == 200
+
+
+def test_compacting_a_multi_agent_response_keeps_its_agent_tree(gw: Gateway) -> None:
+    """The root agent is compacted; the window keeps the subagents' items and the checkpoint the
+    stored tree, so a continuation from the compaction id is multi-agent and each subagent
+    continues its own history."""
+    from tests.responses.test_multi_agent import Script as _Script
+    from tests.responses.test_multi_agent import _args, body_text, route, task_of, two_subagents
+
+    route(gw, two_subagents, 8)
+    first = gw.post({"model": "m", "input": "do two things", "multi_agent": {"enabled": True}}).json()
+    assert first["status"] == "completed", first
+    tree = Response.objects.get(id=first["id"]).agent_tree
+
+    gw.upstream.scripts[path_for(gw.wire)].clear()  # the router's unused answers
+    gw.script(text("Root summary."))
+    r = compact(gw, {"model": "m", "previous_response_id": first["id"]})
+    assert r.status_code == 200, r.text
+    compacted = r.json()
+    assert [i["type"] for i in compacted["output"]] == ["message", "compaction"]
+    # The summary reads the root's history as the root's model does: no multi-agent items raw.
+    summary_round = orjson.dumps(gw.upstream_bodies()[-1]).decode()
+    assert "answer to task A" in summary_round  # the subagent's answer, as mail to the root
+    assert '"multi_agent_call' not in summary_round and '"agent_message"' not in summary_round
+    row = Response.objects.get(id=compacted["id"])
+    assert row.agent_tree == tree
+    window = [Item.objects.get(id=i).data for i in row.history_item_ids]
+    # The subagents' items (their own, and mail to them) follow the root's window.
+    owners = {
+        i["recipient"] if i["type"] == "agent_message" else i["agent"]["agent_name"] for i in window[2:]
+    }
+    assert owners == {"/root/a", "/root/b"}
+
+    def followup(body: dict[str, Any]) -> Any:
+        task = task_of(body)
+        if task is not None:
+            return _Script([text(f"again {task}")])
+        if "followup_task" not in body_text(body):
+            return _Script(
+                [call("followup_task", _args(target="a", message="more")), call("wait_agent", _args())]
+            )
+        return _Script([text("followed up")])
+
+    count = len(gw.upstream_bodies())
+    route(gw, followup, 4)
+    second = gw.post({"model": "m", "previous_response_id": compacted["id"], "input": "again"}).json()
+    assert second["status"] == "completed", second
+    later = gw.upstream_bodies()[count:]
+    root = [b for b in later if task_of(b) is None]
+    assert "Root summary." in body_text(root[0])
+    sub = [b for b in later if task_of(b) is not None]
+    assert len(sub) == 1 and "answer to task A" in body_text(sub[0]) and "more" in body_text(sub[0])

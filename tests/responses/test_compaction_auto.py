@@ -225,6 +225,47 @@ def test_compaction_trigger_over_sse(gw: Gateway) -> None:
     assert Item.objects.filter(id__in=users).count() == 2  # stored once, referenced by the window
 
 
+def test_a_trigger_response_returns_the_summary_rounds_tier(gw: Gateway) -> None:
+    """The summary is the trigger response's one (terminal) inference round: the tier the upstream
+    reports for it is returned and stored (spec: service_tier)."""
+    gw.script(text(SUMMARY), service_tier="flex")
+    events = gw.stream(
+        {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "service_tier": "priority"}
+    )
+    final = events[-1]["response"]
+    assert final["service_tier"] == "flex"
+    assert Response.objects.get(id=final["id"]).snapshot["service_tier"] == "flex"
+    gw.script(text(SUMMARY), service_tier="default")
+    r = gw.post({"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["service_tier"] == "default"
+
+
+def test_a_trigger_response_with_mcp_tools_is_its_one_compaction_item(
+    tools_gw: ToolsGateway, mcp_server: Any
+) -> None:
+    """No mcp_list_tools before the compaction item: the response is that item alone."""
+    gw = tools_gw
+    _, _, url = mcp_server
+    decl = {"type": "mcp", "server_label": "local", "server_url": url, "require_approval": "never"}
+    gw.script(text(SUMMARY))
+    events = gw.events({"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "tools": [decl]})
+    assert types_of(events) == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["compaction"]
+    # The next response lists the server again (the window holds no listing) and can call it.
+    gw.script(text("ok"))
+    final = gw.create(
+        {"model": "m", "previous_response_id": events[-1]["response"]["id"], "input": "go", "tools": [decl]}
+    )
+    assert [i["type"] for i in final["output"]] == ["mcp_list_tools", "message"]
+
+
 def test_compaction_before_a_tool_round(tools_gw: ToolsGateway) -> None:
     """The check runs before every round: after a web search the history is over the threshold."""
     gw = tools_gw

@@ -84,3 +84,54 @@ def test_chat_wire_merges_system_and_developer(gw: Gateway, gateway_config: Any)
         {"role": "system", "content": "Rule one.\n\nRule two.\n\nRule three."},
         {"role": "user", "content": "Hi"},
     ]
+
+
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_direct_forwards_any_service_tier_byte_for_byte(gw: Gateway, gateway_config: Any, tier: str) -> None:
+    gateway_config(llm_api_base=gw.upstream.url, upstream_api="responses")
+    gw.upstream.script("/v1/responses", handler(Script([text("ok")], service_tier=tier), "responses"))
+    body = orjson.dumps({"model": "m", "input": "x", "store": False, "service_tier": tier})
+    r = httpx.post(f"{gw.url}/v1/responses", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert gw.upstream.last("/v1/responses").body == body
+    assert Response.objects.count() == 0
+
+
+GATEWAY_OWNED = [
+    {"context_management": []},
+    {"context_management": None},
+    {"multi_agent": {"enabled": False}},
+    {"multi_agent": None},
+]
+
+
+@pytest.mark.parametrize("owned", GATEWAY_OWNED)
+@pytest.mark.parametrize("stream", [False, True])
+def test_gateway_owned_fields_never_reach_the_upstream_whatever_their_value(
+    gw: Gateway, gateway_config: Any, owned: dict[str, Any], stream: bool
+) -> None:
+    """A stateless function-only request with a gateway-owned field, empty or off, runs on the
+    executor (the direct path is byte for byte and would hand the field to vLLM raw)."""
+    gateway_config(llm_api_base=gw.upstream.url, upstream_api="responses")
+    gw.upstream.script("/v1/responses", handler(Script([text("typed")]), "responses"))
+    body = {"model": "m", "input": "x", "store": False, "tools": TOOLS, "stream": stream, **owned}
+    r = httpx.post(f"{gw.url}/v1/responses", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    final = sse_events(r)[-1]["response"] if stream else r.json()
+    assert final["output"][0]["id"].startswith("msg_")  # our ids: the executor assembled it
+    sent = gw.upstream.last("/v1/responses").json()
+    assert not set(owned) & set(sent), sent
+    assert Response.objects.count() == 0
+
+
+@pytest.mark.parametrize("upstream_api", ["responses", "chat_completions"])
+def test_a_disabled_multi_agent_never_reaches_the_upstream_of_a_stored_response(
+    gw: Gateway, gateway_config: Any, upstream_api: str
+) -> None:
+    gateway_config(llm_api_base=gw.upstream.url, upstream_api=upstream_api)
+    path = "/v1/responses" if upstream_api == "responses" else "/v1/chat/completions"
+    gw.upstream.script(path, handler(Script([text("ok")]), upstream_api))
+    r = gw.post({"model": "m", "input": "x", "multi_agent": {"enabled": False}, "context_management": []})
+    assert r.status_code == 200, r.text
+    sent = gw.upstream.last(path).json()
+    assert "multi_agent" not in sent and "context_management" not in sent

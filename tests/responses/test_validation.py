@@ -283,3 +283,24 @@ def _json_answer(payload: dict[str, Any]) -> Any:
         return web.json_response(payload)
 
     return answer
+
+
+@pytest.mark.parametrize("wire", ["responses", "chat_completions"])
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_any_service_tier_is_forwarded_unchanged_by_the_executor(gw: Gateway, tier: str) -> None:
+    """The openai 3.57 SDK allows "fast" and "ultrafast"; the spec forwards an explicit tier as is."""
+    gw.script(text("a"), service_tier=tier)
+    r = gw.post({"model": "m", "input": "x", "service_tier": tier})
+    assert r.status_code == 200, r.text
+    assert gw.upstream_bodies()[-1]["service_tier"] == tier
+    assert r.json()["service_tier"] == tier  # reported by the upstream, returned as it is
+    gw.script(text("b"))
+    events = gw.stream({"model": "m", "input": "y", "service_tier": tier})
+    assert events[-1]["type"] == "response.completed"
+    assert gw.upstream_bodies()[-1]["service_tier"] == tier
+
+
+def test_a_service_tier_that_is_not_a_string_is_invalid_type(gw: Gateway) -> None:
+    error = _error(gw.post({"model": "m", "input": "x", "service_tier": 5}))
+    assert (error["param"], error["code"]) == ("service_tier", "invalid_type")
+    _nothing_happened(gw)

@@ -733,3 +733,20 @@ def test_conversation_requests_keep_the_conversations_behaviour(gw: LiveServer, 
     assert error["type"] == "error" and error["status"] == 400 and error["stream_id"] == "d"
     assert len(upstream_bodies(upstream)) == before
     client.close()
+
+
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_any_service_tier_is_forwarded_unchanged(gw: LiveServer, upstream: Any, tier: str) -> None:
+    """The openai 3.57 SDK allows "fast" and "ultrafast"; an explicit tier is forwarded as is."""
+    script(upstream, "ok", service_tier=tier)
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with await connect(gw.url) as ws:
+            c = Client(ws)
+            await c.send(create(service_tier=tier))
+            return await c.until_terminal()
+
+    events = run(scenario())
+    assert events[-1]["type"] == "response.completed", events[-1]
+    assert events[-1]["response"]["service_tier"] == tier
+    assert upstream_bodies(upstream)[0]["service_tier"] == tier
