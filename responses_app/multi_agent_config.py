@@ -3,7 +3,9 @@
 ``multi_agent: {"enabled": true, "max_concurrent_subagents": N}`` (N defaults to 3, a positive
 integer) asks the gateway to coordinate subagents for one response (``responses_app.multi_agent``).
 It requires ``store: true`` and refuses ``max_tool_calls`` and reasoning summaries, each with a 400
-naming its ``param``. The WebSocket transport refuses it (``responses_app.consumers``).
+naming its ``param`` (:func:`refuse_in_multi_agent_mode`, also applied to a continuation of a stored
+agent tree by ``services.response_prepare``). The WebSocket transport refuses it
+(``responses_app.consumers``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
+from responses_app import async_tools
 
 DEFAULT_MAX_CONCURRENT = 3
 
@@ -59,6 +62,14 @@ def multi_agent_config(raw: Mapping[str, Any]) -> MultiAgentConfig | None:
         )
     if not enabled:
         return None
+    refuse_in_multi_agent_mode(raw)
+    return MultiAgentConfig(limit)
+
+
+def refuse_in_multi_agent_mode(raw: Mapping[str, Any]) -> None:
+    """The request rules of multi-agent mode: a fresh ``multi_agent`` request, and a continuation
+    of a stored agent tree (which runs in multi-agent mode whatever it says), get the same 400s."""
+    async_tools.check_parallel_async(raw)
     if raw.get("store") is False:
         raise errors.BadRequest(
             "Multi-agent responses require store=true.", param="store", code="invalid_value"
@@ -93,4 +104,3 @@ def multi_agent_config(raw: Mapping[str, Any]) -> MultiAgentConfig | None:
                     param=f"input[{index}]",
                     code="unsupported_parameter",
                 )
-    return MultiAgentConfig(limit)

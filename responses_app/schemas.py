@@ -32,6 +32,7 @@ NOT_FORWARDED = frozenset(
         "background_options",
         "max_tool_calls",
         "metadata",
+        "multi_agent",  # the gateway coordinates the agents; the model server sees plain function tools
         "store",
         "stream",
         # WebSocket-only fields (Codex): never meaningful upstream.

@@ -30,6 +30,7 @@ from responses_app.domain import Prepared, base_snapshot, strip_credentials
 from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
+from responses_app.multi_agent_config import refuse_in_multi_agent_mode
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
 from responses_app.tool_loop import web_search_available
 
@@ -132,13 +133,10 @@ def response_prepare(
         # A stored response continuing an in-memory (possibly unstored) parent: its checkpoint must
         # only reference stored items, so the parent's items are stored with it (duplicates ignored).
         to_insert = [*history, *to_insert]
-    if agent_tree is not None and (not request.stores or request.background):
-        # A multi-agent continuation inherits the tree's configuration, and its rules.
-        raise errors.BadRequest(
-            "Continuing a multi-agent response requires store=true and no background mode.",
-            param="background" if request.background else "store",
-            code="invalid_value",
-        )
+    if agent_tree is not None:
+        # A multi-agent continuation inherits the tree's configuration, and its rules: the same
+        # refusals as a fresh multi-agent request (max_tool_calls would count per agent otherwise).
+        refuse_in_multi_agent_mode(raw)
     # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again).
     async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
     multi_agent = raw.get("multi_agent")

@@ -158,6 +158,70 @@ def test_refusals(gw: Gateway, fields: dict[str, Any], code: str, param: str, st
 # The WebSocket refusal: tests/responses/test_websocket.py ("ma", multi_agent).
 
 
+@pytest.mark.parametrize("wire", ["responses"])
+def test_async_tools_with_parallel_tool_calls_get_openai_s_recorded_refusal(gw: Gateway) -> None:
+    r = gw.post(
+        {
+            "model": "m",
+            "input": "hi",
+            "multi_agent": MA,
+            "parallel_tool_calls": True,
+            "tools": [{**FN, "async": True}],
+        }
+    )
+    assert r.status_code == 400, r.text
+    # OpenAI's answer, recorded by the reference (its async-tool cassettes, multi-agent-parallel).
+    assert r.json()["error"] == {
+        "message": "Async parallel tool calls are not yet supported in multi-agent mode.",
+        "type": "invalid_request_error",
+        "param": "multi_agent",
+        "code": "unsupported_value",
+    }
+    assert gw.upstream_bodies() == []
+
+
+# A continuation of a multi-agent response runs in multi-agent mode: the same refusals.
+CONTINUATION_REFUSALS: list[tuple[dict[str, Any], str, str]] = [
+    ({"max_tool_calls": 3}, "unsupported_parameter", "max_tool_calls"),
+    ({"reasoning": {"summary": "auto"}}, "unsupported_parameter", "reasoning.summary"),
+    ({"reasoning": {"generate_summary": "concise"}}, "unsupported_parameter", "reasoning.generate_summary"),
+    ({"parallel_tool_calls": True, "tools": [{**FN, "async": True}]}, "unsupported_value", "multi_agent"),
+    ({"store": False}, "invalid_value", "store"),
+    ({"background": True}, "unsupported_parameter", "background"),
+    ({"input": [{"type": "compaction_trigger"}]}, "unsupported_parameter", "input[0]"),
+]
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_continuation_gets_the_refusals_of_a_fresh_multi_agent_request(gw: Gateway) -> None:
+    route(gw, lambda body: Script([text("hello")]), 1)
+    first = gw.post({"model": "m", "input": "hi", "multi_agent": MA}).json()
+    assert first["status"] == "completed", first
+    count, rows = len(gw.upstream_bodies()), Response.objects.count()
+    for fields, code, param in CONTINUATION_REFUSALS:
+        body = {"model": "m", "previous_response_id": first["id"], "input": "more", **fields}
+        for stream in (False, True):
+            r = gw.post({**body, "stream": stream})
+            assert r.status_code == 400, (fields, r.text)
+            assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (code, param), fields
+    assert len(gw.upstream_bodies()) == count and Response.objects.count() == rows
+
+
+def test_multi_agent_is_never_forwarded_upstream(gw: Gateway) -> None:
+    route(gw, two_subagents, 8)
+    final = gw.post(
+        {
+            "model": "m",
+            "input": "do two things",
+            "multi_agent": {"enabled": True, "max_concurrent_subagents": 2},
+        }
+    ).json()
+    assert final["status"] == "completed", final
+    bodies = gw.upstream_bodies()
+    assert len(bodies) >= 4 and {task_of(b) for b in bodies} >= {None, "task A", "task B"}
+    assert [b for b in bodies if "multi_agent" in b] == []
+
+
 # --- the coordinator -----------------------------------------------------------------------------
 
 
