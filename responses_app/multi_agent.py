@@ -47,10 +47,15 @@ from responses_app import compaction
 from responses_app.domain import Prepared, RoundState, Usage
 from responses_app.events import Event, EventTooLarge, StreamFailure
 from responses_app.executor import Executor
-from responses_app.multi_agent_config import MultiAgentConfig, multi_agent_config
+from responses_app.multi_agent_config import (
+    AGENT_ITEM_TYPES,
+    INPUT_MARK,
+    ROOT,
+    MultiAgentConfig,
+    multi_agent_config,
+)
 from responses_app.tool_loop import PRIVATE_KEY, ROUND_CAP_REASON, ToolLoop
 
-ROOT = "/root"
 TREE_VERSION = 1
 COMPACT_AT_TOKENS = 100_000  # per-agent automatic compaction threshold (seam: before_segment_round)
 DEFAULT_WAIT_MS = 30_000
@@ -117,8 +122,20 @@ def belongs_to(item: dict[str, Any], name: str) -> bool:
 
 def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     """Agent ``name``'s part of a stored history; after its latest compaction, the retained user
-    messages, the compaction item and what followed (what its model read when it compacted)."""
-    own = [i for i in items if belongs_to(i, name)]
+    messages, the compaction item and what followed (what its model read when it compacted).
+    Agent items a client gave as input are not the tree's: no agent reads them; and an item the
+    history holds twice (a client gave a stored one back by id) is read once."""
+    own: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for item in items:
+        if not belongs_to(item, name) or item.get(PRIVATE_KEY) == INPUT_MARK:
+            continue
+        item_id = item.get("id")
+        if isinstance(item_id, str):
+            if item_id in seen:
+                continue
+            seen.add(item_id)
+        own.append(item)
     latest = max((n for n, i in enumerate(own) if i.get("type") == compaction.COMPACTION), default=None)
     if latest is None:
         return own
@@ -496,6 +513,8 @@ class Coordinator(Executor):
                 owners[call_id] = name
         woken: list[Agent] = []
         for item in self.p.new_items:
+            if item.get("type") in AGENT_ITEM_TYPES:
+                continue  # stored as input; the tree (and its own items) is the agents' state
             owner = (
                 owners.get(item.get("call_id", "")) if str(item.get("type", "")).endswith("_output") else None
             )

@@ -18,6 +18,14 @@ from gateway import errors
 from responses_app import async_tools
 
 DEFAULT_MAX_CONCURRENT = 3
+ROOT = "/root"
+# The public items of multi-agent mode. As input they are accepted and never reach a model: the
+# agents' state is the stored tree and its own output items (agentic-reference: "multi-agent public
+# items are dropped from the model's input").
+AGENT_ITEM_TYPES = frozenset({"multi_agent_call", "multi_agent_call_output", "agent_message"})
+# Marks (under tool_loop.PRIVATE_KEY, stripped from every public view) an agent item a client gave
+# as input, so a later multi-agent turn does not take it for the tree's own.
+INPUT_MARK = {"agent_item": "input"}
 
 
 @dataclass(frozen=True)
@@ -104,3 +112,21 @@ def refuse_in_multi_agent_mode(raw: Mapping[str, Any]) -> None:
                     param=f"input[{index}]",
                     code="unsupported_parameter",
                 )
+
+
+def single_agent_view(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A history as a single-agent model reads it (a conversation or a stateless replay that holds a
+    multi-agent turn): the root's items without their ``agent`` tag; multi-agent public items and
+    subagents' items dropped. Nothing of multi-agent mode reaches the upstream raw."""
+    out = []
+    for item in items:
+        if item.get("type") in AGENT_ITEM_TYPES:
+            continue
+        agent = item.get("agent")
+        if agent is None:
+            out.append(item)
+            continue
+        if isinstance(agent, Mapping) and agent.get("agent_name") not in (None, ROOT):
+            continue  # a subagent's own work: the root read its answer as mail
+        out.append({k: v for k, v in item.items() if k != "agent"})
+    return out

@@ -30,13 +30,14 @@ from responses_app.domain import Prepared, base_snapshot, strip_credentials
 from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
-from responses_app.multi_agent_config import refuse_in_multi_agent_mode
+from responses_app.multi_agent_config import AGENT_ITEM_TYPES, INPUT_MARK, refuse_in_multi_agent_mode
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
-from responses_app.tool_loop import web_search_available
+from responses_app.tool_loop import PRIVATE_KEY, web_search_available
 
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
-EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
+# Multi-agent items too: the executor drops them from the model's input (never sent raw upstream).
+EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"} | AGENT_ITEM_TYPES
 
 
 def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: Config) -> bool:
@@ -224,6 +225,8 @@ def _resolve_input(
             continue
         item = dict(item)
         item["id"] = translate.mint_item_id(item["type"])
+        if item["type"] in AGENT_ITEM_TYPES:
+            item[PRIVATE_KEY] = INPUT_MARK  # stored, never the model's (responses_app.multi_agent)
         if item["type"] == "message" and "status" not in item:
             item["status"] = "completed"
         resolved.append(item)
