@@ -22,10 +22,13 @@ The shape of a run:
   async-only round goes on, as in single-agent mode); the continuation
   routes each output to the agent that made the call (by the stored attribution).
 * The tree (configuration and each agent's state) is stored with the response as a versioned
-  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it.
-
-Automatic compaction per agent (at :data:`COMPACT_AT_TOKENS` estimated tokens) hooks into
-:meth:`AgentExecutor.before_segment_round`; it is not built yet (the compaction issue).
+  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it. Multi-agent items a
+  client gives back as input are stored and read by no agent (:func:`own_history`).
+* Each agent compacts itself automatically (:meth:`AgentExecutor.before_segment_round`, before
+  every round): at the request's ``context_management`` threshold, else at
+  :data:`COMPACT_AT_TOKENS` estimated tokens; its ``compaction`` item is attributed to it.
+* Assistant messages carry ``phase``: ``final_answer`` when the message ends its agent's turn,
+  ``commentary`` when the round goes on after it (the emitter decides when the message closes).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from responses_app.multi_agent_config import (
 from responses_app.tool_loop import PRIVATE_KEY, ROUND_CAP_REASON, ToolLoop
 
 TREE_VERSION = 1
-COMPACT_AT_TOKENS = 100_000  # per-agent automatic compaction threshold (seam: before_segment_round)
+COMPACT_AT_TOKENS = 100_000  # per-agent automatic compaction threshold (AgentExecutor.before_segment_round)
 DEFAULT_WAIT_MS = 30_000
 MAX_WAIT_MS = 300_000
 ACTIONS = ("spawn_agent", "send_message", "followup_task", "wait_agent", "interrupt_agent", "list_agents")
@@ -168,8 +171,7 @@ def model_item(item: dict[str, Any], name: str) -> dict[str, Any] | None:
             "role": "user",
             "content": [{"type": "input_text", "text": f"[message from {item.get('author')}]\n{text}"}],
         }
-    out = {k: v for k, v in item.items() if k != "agent"}
-    return out
+    return {k: v for k, v in item.items() if k not in ("agent", "phase")}  # the gateway's labels
 
 
 class CollabTools:
@@ -228,6 +230,7 @@ class AgentExecutor(Executor):
         super().__init__(prepared, config, upstream=upstream, event_fields=tag(name))
         self.name = name
         self.emitter.item_fields = tag(name)
+        self.emitter.phases = True  # assistant messages carry phase (final_answer / commentary)
         self.collab = CollabTools(loop, collaborates=name == ROOT)
         self.loop = loop
         self.tools = self.collab  # type: ignore[assignment]  # the wire and the emitter see the proxy

@@ -931,3 +931,59 @@ def test_compact_summarizes_the_root_s_items_only(gw: Gateway) -> None:
     (body,) = gw.upstream_bodies()[count:]
     assert raw_agent_items(body) == []
     assert "both done" in body_text(body) and "answer to task A" not in body_text(body)
+
+
+# --- phase on assistant messages -----------------------------------------------------------------
+
+
+def commentary_then_answer(body: dict[str, Any]) -> Script:
+    task = task_of(body)
+    if task is not None:
+        return Script([text(f"answer to {task}")])
+    if "Spawned" not in body_text(body):  # the root says something, then collaborates
+        return Script(
+            [
+                text("Asking a helper."),
+                call("spawn_agent", _args(task_name="a", message="task A", fork_turns="none")),
+                call("wait_agent", _args(timeout_ms=20000)),
+            ]
+        )
+    return Script([text("all done")])
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_assistant_messages_carry_their_phase(gw: Gateway, stream: bool) -> None:
+    """An assistant message that ends its agent's turn is ``final_answer``; one the round goes on
+    after (calls follow it) is ``commentary`` (spec: a streamed response can hold a message with
+    phase: final_answer followed by the root's next answer). The SDK's beta types parse it."""
+    route(gw, commentary_then_answer, 4)
+    body = {"model": "m", "input": "go", "multi_agent": MA}
+    if stream:
+        events = gw.stream(body)
+        final = check_attribution(events)
+        done = {
+            e["item"]["id"]: e["item"].get("phase")
+            for e in events
+            if e["type"] == "response.output_item.done" and e["item"]["type"] == "message"
+        }
+        assert done == {i["id"]: i["phase"] for i in final["output"] if i["type"] == "message"}
+    else:
+        final = gw.post(body).json()
+        for item in final["output"]:
+            ITEMS.validate_python(item)
+    assert final["status"] == "completed", final
+    phases = [
+        (i["agent"]["agent_name"], i["content"][0]["text"], i["phase"])
+        for i in final["output"]
+        if i["type"] == "message"
+    ]
+    assert phases == [
+        ("/root", "Asking a helper.", "commentary"),
+        ("/root/a", "answer to task A", "final_answer"),
+        ("/root", "all done", "final_answer"),
+    ]
+    stored = httpx.get(f"{gw.url}/v1/responses/{final['id']}", timeout=10).json()
+    assert [i.get("phase") for i in stored["output"]] == [i.get("phase") for i in final["output"]]
+    # The phase is the gateway's label for the client: the model server never reads it back.
+    later = [b for b in gw.upstream_bodies() if task_of(b) is None][1:]
+    assert later and all('"phase"' not in orjson.dumps(b).decode() for b in later)
