@@ -129,13 +129,17 @@ def check_multi_agent(raw: Mapping[str, Any]) -> None:
     """Multi-agent mode with an explicit ``parallel_tool_calls: true`` and an async tool: refused.
     The gateway defaults ``parallel_tool_calls`` to false, so only an explicit true conflicts."""
     multi_agent = raw.get("multi_agent")
-    if not (isinstance(multi_agent, Mapping) and multi_agent.get("enabled") is True):
-        return
+    if isinstance(multi_agent, Mapping) and multi_agent.get("enabled") is True:
+        check_parallel_async(raw)
+
+
+def check_parallel_async(raw: Mapping[str, Any]) -> None:
+    """In multi-agent mode (a fresh request, or a continuation of a stored agent tree): an explicit
+    ``parallel_tool_calls: true`` with an async tool is refused, in OpenAI's recorded words."""
     tools = raw.get("tools")
     if raw.get("parallel_tool_calls") is True and isinstance(tools, list) and request_declares_async(tools):
         raise errors.BadRequest(
-            "Multi-agent mode does not support async tools with 'parallel_tool_calls': true; "
-            "set 'parallel_tool_calls' to false (the default) or declare the tools without 'async'.",
+            "Async parallel tool calls are not yet supported in multi-agent mode.",  # OpenAI's words
             param="multi_agent",
             code="unsupported_value",
         )

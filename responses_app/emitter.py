@@ -66,6 +66,10 @@ class Emitter:
         # Async calls held back this round (they followed a gateway call): (kind, call_id, name, text).
         self.deferred: list[tuple[str, str, str, str]] = []
         self.item_fields: dict[str, Any] = {}  # added to every item opened or appended whole
+        # Multi-agent mode: each assistant message says whether it ends its agent's turn
+        # (``phase``: ``final_answer``) or the round goes on after it (``commentary``).
+        self.phases = False
+        self.following: str | None = None  # the kind of the item whose opening closes the open one
 
     def retain(self, size: int) -> None:
         """Count ``size`` bytes against ``max_retained_bytes``; over it the response fails."""
@@ -116,7 +120,11 @@ class Emitter:
         :meth:`flush_deferred`."""
         if self.open is not None and self.open.key == key:
             return []
-        out = self.close()
+        self.following = kind
+        try:
+            out = self.close()
+        finally:
+            self.following = None
         if kind == "function_call" and self.tools is not None and self.tools.is_gateway(as_str(name)):
             # A gateway tool call: buffered whole; the tool loop emits the public item when it closes.
             self.open = OpenItem(
@@ -277,12 +285,18 @@ class Emitter:
                     out += self.call_delta(key, as_str(item.get("arguments")))
                 elif itype == "custom_tool_call" and item.get("input"):
                     out += self.call_delta(key, as_str(item.get("input")))
+            if self.phases and self.open.kind == "message":
+                return out  # its phase is known once the next item opens or the round ends
             out += self.close()
         elif key not in self.closed_keys and isinstance(itype, str):
             if itype in ("message", "reasoning", "function_call", "custom_tool_call"):
                 out += self.ensure(key, itype, call_id=item.get("call_id"), name=item.get("name"))
                 return out + self.item_done(key, item)
-            out += self.close()
+            self.following = itype
+            try:
+                out += self.close()
+            finally:
+                self.following = None
             whole = dict(item)
             whole["id"] = new_id("item")
             out += self.whole(whole)
@@ -332,6 +346,9 @@ class Emitter:
             out.append(self.part_event("response.content_part.done", part))
             item["status"] = "completed"
             item["content"] = [part]
+            if self.phases:
+                ends_turn = self.following is None and not (self.client_calls or self.gateway_calls)
+                item["phase"] = "final_answer" if ends_turn else "commentary"
         elif current.kind == "reasoning":
             out.append(
                 sink.make(

@@ -36,6 +36,7 @@ from responses_app import async_tools, compaction, parsers, services, steering, 
 from responses_app.domain import Prepared, RoundState
 from responses_app.events import Event, StreamFailure
 from responses_app.lifecycle import Lifecycle
+from responses_app.multi_agent_config import single_agent_view
 from responses_app.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
 
 
@@ -161,11 +162,13 @@ class Executor(Lifecycle):
 
     def model_items(self) -> list[dict[str, Any]]:
         """The history as the model sees it: built-in tool items in their function-call form, client
-        tool calls under the names the model knows them by, a compaction as its summary."""
+        tool calls under the names the model knows them by, a compaction as its summary, an earlier
+        multi-agent turn as the root's items only."""
+        prior = single_agent_view([*self.p.history, *self.p.new_items])  # no multi-agent items raw
         if self.tools is None:
-            items = [*self.p.history, *self.p.new_items, *self.output]
+            items = [*prior, *self.output]
         else:
-            items = self.tools.model_items([*self.p.history, *self.p.new_items], self.output)
+            items = self.tools.model_items(prior, self.output)
         return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
     async def run_round(self, state: RoundState) -> AsyncIterator[Event]:

@@ -15,7 +15,7 @@ from typing import Any
 from gateway import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
 from responses_app import async_tools, compaction
-from responses_app.multi_agent_config import multi_agent_config
+from responses_app.multi_agent_config import AGENT_ITEM_TYPES, multi_agent_config
 from responses_app.tool_decls import check_declared_tool
 
 # Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
@@ -57,6 +57,8 @@ KNOWN_ITEM_TYPES = frozenset(
         "tool_search_output",
         "compaction",
         "compaction_trigger",
+        # Multi-agent public items: accepted, stored, never given to a model (multi_agent_config).
+        *AGENT_ITEM_TYPES,
     }
 )
 # Items of the SDK's input union for capabilities the gateway does not have.

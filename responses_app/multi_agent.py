@@ -22,10 +22,13 @@ The shape of a run:
   async-only round goes on, as in single-agent mode); the continuation
   routes each output to the agent that made the call (by the stored attribution).
 * The tree (configuration and each agent's state) is stored with the response as a versioned
-  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it.
-
-Automatic compaction per agent (at :data:`COMPACT_AT_TOKENS` estimated tokens) hooks into
-:meth:`AgentExecutor.before_segment_round`; it is not built yet (the compaction issue).
+  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it. Multi-agent items a
+  client gives back as input are stored and read by no agent (:func:`own_history`).
+* Each agent compacts itself automatically (:meth:`AgentExecutor.before_segment_round`, before
+  every round): at the request's ``context_management`` threshold, else at
+  :data:`COMPACT_AT_TOKENS` estimated tokens; its ``compaction`` item is attributed to it.
+* Assistant messages carry ``phase``: ``final_answer`` when the message ends its agent's turn,
+  ``commentary`` when the round goes on after it (the emitter decides when the message closes).
 """
 
 from __future__ import annotations
@@ -47,12 +50,17 @@ from responses_app import compaction
 from responses_app.domain import Prepared, RoundState, Usage
 from responses_app.events import Event, EventTooLarge, StreamFailure
 from responses_app.executor import Executor
-from responses_app.multi_agent_config import MultiAgentConfig, multi_agent_config
+from responses_app.multi_agent_config import (
+    AGENT_ITEM_TYPES,
+    INPUT_MARK,
+    ROOT,
+    MultiAgentConfig,
+    multi_agent_config,
+)
 from responses_app.tool_loop import PRIVATE_KEY, ROUND_CAP_REASON, ToolLoop
 
-ROOT = "/root"
 TREE_VERSION = 1
-COMPACT_AT_TOKENS = 100_000  # per-agent automatic compaction threshold (seam: before_segment_round)
+COMPACT_AT_TOKENS = 100_000  # per-agent automatic compaction threshold (AgentExecutor.before_segment_round)
 DEFAULT_WAIT_MS = 30_000
 MAX_WAIT_MS = 300_000
 ACTIONS = ("spawn_agent", "send_message", "followup_task", "wait_agent", "interrupt_agent", "list_agents")
@@ -117,8 +125,20 @@ def belongs_to(item: dict[str, Any], name: str) -> bool:
 
 def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     """Agent ``name``'s part of a stored history; after its latest compaction, the retained user
-    messages, the compaction item and what followed (what its model read when it compacted)."""
-    own = [i for i in items if belongs_to(i, name)]
+    messages, the compaction item and what followed (what its model read when it compacted).
+    Agent items a client gave as input are not the tree's: no agent reads them; and an item the
+    history holds twice (a client gave a stored one back by id) is read once."""
+    own: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for item in items:
+        if not belongs_to(item, name) or item.get(PRIVATE_KEY) == INPUT_MARK:
+            continue
+        item_id = item.get("id")
+        if isinstance(item_id, str):
+            if item_id in seen:
+                continue
+            seen.add(item_id)
+        own.append(item)
     latest = max((n for n, i in enumerate(own) if i.get("type") == compaction.COMPACTION), default=None)
     if latest is None:
         return own
@@ -164,8 +184,7 @@ def model_item(item: dict[str, Any], name: str) -> dict[str, Any] | None:
             "role": "user",
             "content": [{"type": "input_text", "text": f"[message from {item.get('author')}]\n{text}"}],
         }
-    out = {k: v for k, v in item.items() if k != "agent"}
-    return out
+    return {k: v for k, v in item.items() if k not in ("agent", "phase")}  # the gateway's labels
 
 
 class CollabTools:
@@ -224,6 +243,7 @@ class AgentExecutor(Executor):
         super().__init__(prepared, config, upstream=upstream, event_fields=tag(name))
         self.name = name
         self.emitter.item_fields = tag(name)
+        self.emitter.phases = True  # assistant messages carry phase (final_answer / commentary)
         self.collab = CollabTools(loop, collaborates=name == ROOT)
         self.loop = loop
         self.tools = self.collab  # type: ignore[assignment]  # the wire and the emitter see the proxy
@@ -509,6 +529,8 @@ class Coordinator(Executor):
                 owners[call_id] = name
         woken: list[Agent] = []
         for item in self.p.new_items:
+            if item.get("type") in AGENT_ITEM_TYPES:
+                continue  # stored as input; the tree (and its own items) is the agents' state
             owner = (
                 owners.get(item.get("call_id", "")) if str(item.get("type", "")).endswith("_output") else None
             )

@@ -3,7 +3,9 @@
 ``multi_agent: {"enabled": true, "max_concurrent_subagents": N}`` (N defaults to 3, a positive
 integer) asks the gateway to coordinate subagents for one response (``responses_app.multi_agent``).
 It requires ``store: true`` and refuses ``max_tool_calls`` and reasoning summaries, each with a 400
-naming its ``param``. The WebSocket transport refuses it (``responses_app.consumers``).
+naming its ``param`` (:func:`refuse_in_multi_agent_mode`, also applied to a continuation of a stored
+agent tree by ``services.response_prepare``). The WebSocket transport refuses it
+(``responses_app.consumers``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
+from responses_app import async_tools
 
 DEFAULT_MAX_CONCURRENT = 3
+ROOT = "/root"
+# The public items of multi-agent mode. As input they are accepted and never reach a model: the
+# agents' state is the stored tree and its own output items (agentic-reference: "multi-agent public
+# items are dropped from the model's input").
+AGENT_ITEM_TYPES = frozenset({"multi_agent_call", "multi_agent_call_output", "agent_message"})
+# Marks (under tool_loop.PRIVATE_KEY, stripped from every public view) an agent item a client gave
+# as input, so a later multi-agent turn does not take it for the tree's own.
+INPUT_MARK = {"agent_item": "input"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,14 @@ def multi_agent_config(raw: Mapping[str, Any]) -> MultiAgentConfig | None:
         )
     if not enabled:
         return None
+    refuse_in_multi_agent_mode(raw)
+    return MultiAgentConfig(limit)
+
+
+def refuse_in_multi_agent_mode(raw: Mapping[str, Any]) -> None:
+    """The request rules of multi-agent mode: a fresh ``multi_agent`` request, and a continuation
+    of a stored agent tree (which runs in multi-agent mode whatever it says), get the same 400s."""
+    async_tools.check_parallel_async(raw)
     if raw.get("store") is False:
         raise errors.BadRequest(
             "Multi-agent responses require store=true.", param="store", code="invalid_value"
@@ -93,4 +112,21 @@ def multi_agent_config(raw: Mapping[str, Any]) -> MultiAgentConfig | None:
                     param=f"input[{index}]",
                     code="unsupported_parameter",
                 )
-    return MultiAgentConfig(limit)
+
+
+def single_agent_view(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A history as a single-agent model reads it (a conversation or a stateless replay that holds a
+    multi-agent turn): the root's items without their ``agent`` tag; multi-agent public items and
+    subagents' items dropped. Nothing of multi-agent mode reaches the upstream raw."""
+    out = []
+    for item in items:
+        if item.get("type") in AGENT_ITEM_TYPES:
+            continue
+        agent = item.get("agent")
+        if agent is None:
+            out.append(item)
+            continue
+        if isinstance(agent, Mapping) and agent.get("agent_name") not in (None, ROOT):
+            continue  # a subagent's own work: the root read its answer as mail
+        out.append({k: v for k, v in item.items() if k != "agent"})
+    return out

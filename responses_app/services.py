@@ -30,12 +30,14 @@ from responses_app.domain import Prepared, base_snapshot, strip_credentials
 from responses_app.features import refuse_executor_only
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
+from responses_app.multi_agent_config import AGENT_ITEM_TYPES, INPUT_MARK, refuse_in_multi_agent_mode
 from responses_app.schemas import ResponseCreateRequest, check_prompt_cache_options
-from responses_app.tool_loop import web_search_available
+from responses_app.tool_loop import PRIVATE_KEY, web_search_available
 
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
-EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"}
+# Multi-agent items too: the executor drops them from the model's input (never sent raw upstream).
+EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"} | AGENT_ITEM_TYPES
 # Gateway-owned fields the upstream's /v1/responses does not know: present with any value, they
 # send the request through the executor, which never forwards them (the direct path is byte for byte).
 GATEWAY_OWNED = frozenset({"context_management", "multi_agent"})
@@ -136,13 +138,10 @@ def response_prepare(
         # A stored response continuing an in-memory (possibly unstored) parent: its checkpoint must
         # only reference stored items, so the parent's items are stored with it (duplicates ignored).
         to_insert = [*history, *to_insert]
-    if agent_tree is not None and (not request.stores or request.background):
-        # A multi-agent continuation inherits the tree's configuration, and its rules.
-        raise errors.BadRequest(
-            "Continuing a multi-agent response requires store=true and no background mode.",
-            param="background" if request.background else "store",
-            code="invalid_value",
-        )
+    if agent_tree is not None and model_turn:
+        # A multi-agent continuation inherits the tree's configuration, and its rules: the same
+        # refusals as a fresh multi-agent request (max_tool_calls would count per agent otherwise).
+        refuse_in_multi_agent_mode(raw)
     if model_turn:  # OpenAI's pairing rules; a pending async call may go unanswered (or be answered again)
         async_tools.check_tool_outputs(history, new_items, translate.CALL_TYPES)
     multi_agent = raw.get("multi_agent")
@@ -232,6 +231,8 @@ def _resolve_input(
             continue
         item = dict(item)
         item["id"] = translate.mint_item_id(item["type"])
+        if item["type"] in AGENT_ITEM_TYPES:
+            item[PRIVATE_KEY] = INPUT_MARK  # stored, never the model's (responses_app.multi_agent)
         if item["type"] == "message" and "status" not in item:
             item["status"] = "completed"
         resolved.append(item)

@@ -48,6 +48,7 @@ from inference_app.tools import (
 from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, error_output, mcp_function_name
 from inference_app.tools.mcp import check_server_allowed
 from responses_app import compaction, translate
+from responses_app.multi_agent_config import single_agent_view
 
 if TYPE_CHECKING:
     from responses_app.domain import Emitting, Prepared
@@ -689,7 +690,7 @@ def history_model_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if item.get("type") == "mcp_approval_request" and isinstance(item.get("id"), str)
     }
     viewed: list[dict[str, Any]] = []
-    for item in items:
+    for item in single_agent_view(items):  # a multi-agent turn: the root's items only
         viewed += model_view(item, item.get(PRIVATE_KEY), requests)
     tool_map = translate.ToolMap.build(None)
     return [tool_map.upstream_item(item) for item in compaction.model_view(viewed)]
