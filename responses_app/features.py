@@ -29,8 +29,6 @@ UNRUNNABLE_TOOL_TYPES = frozenset(
         "computer",
         "computer_use_preview",
         "image_generation",
-        "local_shell",
-        "apply_patch",
         "programmatic_tool_calling",
     }
 )
@@ -53,6 +51,10 @@ KNOWN_ITEM_TYPES = frozenset(
         "item_reference",
         "shell_call",
         "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
         "tool_search_call",
         "tool_search_output",
         "compaction",
@@ -66,10 +68,6 @@ UNRUNNABLE_ITEM_TYPES = frozenset(
         "computer_call_output",
         "file_search_call",
         "image_generation_call",
-        "local_shell_call",
-        "local_shell_call_output",
-        "apply_patch_call",
-        "apply_patch_call_output",
         "additional_tools",
         "configuration_update",
         "program",
@@ -158,8 +156,42 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     async_tools.check_item(item, kind, param)
     if kind in ("tool_search_call", "tool_search_output"):
         _check_tool_search_item(item, param)
+    if kind in CLIENT_CALL_FIELDS:
+        _check_client_call_item(item, kind, param)
     if kind == "compaction":
         compaction.check_compaction_item(dict(item), param)
+
+
+# Client tool call items and their outputs: the fields the gateway needs (besides the typed
+# shapes), in the SDK's order. A ``local_shell_call_output`` names its call by ``call_id`` or, as the
+# SDK types it, by ``id``.
+CLIENT_CALL_FIELDS: dict[str, tuple[str, ...]] = {
+    "apply_patch_call": ("call_id", "operation"),
+    "apply_patch_call_output": ("call_id", "status"),
+    "local_shell_call": ("call_id", "action"),
+    "local_shell_call_output": ("call_id", "output"),
+}
+
+
+def _check_client_call_item(item: Mapping[str, Any], kind: str, param: str) -> None:
+    for name in CLIENT_CALL_FIELDS[kind]:
+        value = item.get(name)
+        if name == "call_id" and kind == "local_shell_call_output" and value is None:
+            value = item.get("id")
+        if value is None or value == "":
+            raise errors.BadRequest(
+                f"Missing required parameter: '{param}.{name}'.",
+                param=f"{param}.{name}",
+                code="missing_required_parameter",
+            )
+    status = item.get("status")
+    if kind == "apply_patch_call_output" and status not in ("completed", "failed"):
+        shown = f"'{status}'" if isinstance(status, str) else errors.json_type_name(status)
+        raise errors.BadRequest(
+            f"Invalid value: {shown}. Supported values are: 'completed' and 'failed'.",
+            param=f"{param}.status",
+            code="invalid_value",
+        )
 
 
 def _check_execution(value: Any, param: str) -> None:
