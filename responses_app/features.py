@@ -18,9 +18,9 @@ from responses_app import async_tools, compaction
 from responses_app.multi_agent_config import multi_agent_config
 from responses_app.tool_decls import check_declared_tool
 
-# Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
+# Tools the gateway runs itself or hands to the client (``tool_search``: either execution).
 RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES | {"tool_search"}
-# What a client-executed tool search may load (``tool_search_output.tools``).
+# What a tool search may load (``tool_search_output.tools``).
 LOADABLE_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
 # Tool types the OpenAI SDK defines that need a capability the gateway does not have.
 UNRUNNABLE_TOOL_TYPES = frozenset(
@@ -125,12 +125,12 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
     async_tools.check_tool_declaration(tool, param)
     if kind == "tool_search":
         _check_execution(tool.get("execution"), f"{param}.execution")
-    if kind == "tool_search" and tool.get("execution") != "client":
-        raise errors.BadRequest(
-            "Server-executed tool search ('execution': 'server', the default) is not supported by this "
-            "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
-            param=f"{param}.execution",
-            code="unsupported_value",
+    if kind == "tool_search" and tool.get("execution") != "client" and tool.get("parameters") is not None:
+        # The gateway's own search takes a query; a parameter schema is the client's business.
+        raise _unsupported(
+            "'parameters' applies to a client-executed tool search ('execution': 'client') only; "
+            "the gateway's own search takes a 'query'.",
+            f"{param}.parameters",
         )
     if kind == "tool_search":
         for field, expected, types in (("description", "a string", str), ("parameters", "an object", dict)):
@@ -205,14 +205,9 @@ def _check_execution(value: Any, param: str) -> None:
 
 
 def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
-    """Client tool-search state: client execution only; the output loads tools the model can call."""
+    """Tool-search state (either execution): a call and its output pair by ``call_id``; the output
+    loads tools the model can call."""
     _check_execution(item.get("execution"), f"{param}.execution")
-    if item.get("execution") == "server":
-        raise errors.BadRequest(
-            "Server-executed tool search is not supported by this gateway; only 'execution': 'client'.",
-            param=f"{param}.execution",
-            code="unsupported_value",
-        )
     call_id = item.get("call_id")
     if not isinstance(call_id, str) or not call_id:  # a client call and its output pair by call_id
         raise errors.BadRequest(

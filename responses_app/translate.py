@@ -313,8 +313,10 @@ class ToolMap:
                 out._add(index, kind, tool, None)
             elif kind in FIXED_FUNCTIONS:
                 out._add(index, kind, {**tool, "name": FIXED_FUNCTIONS[kind][0]}, None)
-            elif kind == "tool_search":
+            elif kind == "tool_search" and tool.get("execution") == "client":
                 out._add(index, "tool_search", {**tool, "name": TOOL_SEARCH_FUNCTION}, None)
+            elif kind == "tool_search":
+                continue  # server-executed: the tool loop offers it and runs it (responses_app.tool_search)
             elif kind == "namespace":
                 namespace = tool.get("name")
                 if not isinstance(namespace, str) or not namespace:

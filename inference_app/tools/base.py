@@ -22,7 +22,9 @@ import orjson
 
 from gateway.config import Config
 
-GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp"]
+# ``tool_search``: the Responses executor's own search of the request's deferred tools (it runs in
+# the executor, never through :func:`run_gateway_calls`).
+GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp", "tool_search"]
 Owner = Literal["client", "gateway", "unknown"]
 
 CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell", "apply_patch", "local_shell"})
