@@ -162,6 +162,7 @@ class Emitting(Protocol):
 
     output: list[dict[str, Any]]
     sink: EventSink
+    client_tools: ToolMap  # what a server-run tool search loads into
 
     def retain(self, size: int) -> None: ...
 

@@ -18,9 +18,9 @@ from responses_app import async_tools, compaction
 from responses_app.multi_agent_config import AGENT_ITEM_TYPES, multi_agent_config
 from responses_app.tool_decls import check_declared_tool
 
-# Tools the gateway runs itself or hands to the client (``tool_search`` with client execution).
+# Tools the gateway runs itself or hands to the client (``tool_search``: either execution).
 RUNNABLE_TOOL_TYPES = CLIENT_TOOL_TYPES | GATEWAY_TOOL_TYPES | {"tool_search"}
-# What a client-executed tool search may load (``tool_search_output.tools``).
+# What a tool search may load (``tool_search_output.tools``).
 LOADABLE_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
 # Tool types the OpenAI SDK defines that need a capability the gateway does not have.
 UNRUNNABLE_TOOL_TYPES = frozenset(
@@ -29,8 +29,6 @@ UNRUNNABLE_TOOL_TYPES = frozenset(
         "computer",
         "computer_use_preview",
         "image_generation",
-        "local_shell",
-        "apply_patch",
         "programmatic_tool_calling",
     }
 )
@@ -53,6 +51,10 @@ KNOWN_ITEM_TYPES = frozenset(
         "item_reference",
         "shell_call",
         "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
         "tool_search_call",
         "tool_search_output",
         "compaction",
@@ -68,10 +70,6 @@ UNRUNNABLE_ITEM_TYPES = frozenset(
         "computer_call_output",
         "file_search_call",
         "image_generation_call",
-        "local_shell_call",
-        "local_shell_call_output",
-        "apply_patch_call",
-        "apply_patch_call_output",
         "additional_tools",
         "configuration_update",
         "program",
@@ -135,12 +133,12 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
     async_tools.check_tool_declaration(tool, param)
     if kind == "tool_search":
         _check_execution(tool.get("execution"), f"{param}.execution")
-    if kind == "tool_search" and tool.get("execution") != "client":
-        raise errors.BadRequest(
-            "Server-executed tool search ('execution': 'server', the default) is not supported by this "
-            "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
-            param=f"{param}.execution",
-            code="unsupported_value",
+    if kind == "tool_search" and tool.get("execution") != "client" and tool.get("parameters") is not None:
+        # The gateway's own search takes a query; a parameter schema is the client's business.
+        raise _unsupported(
+            "'parameters' applies to a client-executed tool search ('execution': 'client') only; "
+            "the gateway's own search takes a 'query'.",
+            f"{param}.parameters",
         )
     if kind == "tool_search":
         for field, expected, types in (("description", "a string", str), ("parameters", "an object", dict)):
@@ -166,8 +164,42 @@ def _check_item(item: Mapping[str, Any], param: str) -> None:
     async_tools.check_item(item, kind, param)
     if kind in ("tool_search_call", "tool_search_output"):
         _check_tool_search_item(item, param)
+    if kind in CLIENT_CALL_FIELDS:
+        _check_client_call_item(item, kind, param)
     if kind == "compaction":
         compaction.check_compaction_item(dict(item), param)
+
+
+# Client tool call items and their outputs: the fields the gateway needs (besides the typed
+# shapes), in the SDK's order. A ``local_shell_call_output`` names its call by ``call_id`` or, as the
+# SDK types it, by ``id``.
+CLIENT_CALL_FIELDS: dict[str, tuple[str, ...]] = {
+    "apply_patch_call": ("call_id", "operation"),
+    "apply_patch_call_output": ("call_id", "status"),
+    "local_shell_call": ("call_id", "action"),
+    "local_shell_call_output": ("call_id", "output"),
+}
+
+
+def _check_client_call_item(item: Mapping[str, Any], kind: str, param: str) -> None:
+    for name in CLIENT_CALL_FIELDS[kind]:
+        value = item.get(name)
+        if name == "call_id" and kind == "local_shell_call_output" and value is None:
+            value = item.get("id")
+        if value is None or value == "":
+            raise errors.BadRequest(
+                f"Missing required parameter: '{param}.{name}'.",
+                param=f"{param}.{name}",
+                code="missing_required_parameter",
+            )
+    status = item.get("status")
+    if kind == "apply_patch_call_output" and status not in ("completed", "failed"):
+        shown = f"'{status}'" if isinstance(status, str) else errors.json_type_name(status)
+        raise errors.BadRequest(
+            f"Invalid value: {shown}. Supported values are: 'completed' and 'failed'.",
+            param=f"{param}.status",
+            code="invalid_value",
+        )
 
 
 def _check_execution(value: Any, param: str) -> None:
@@ -181,14 +213,9 @@ def _check_execution(value: Any, param: str) -> None:
 
 
 def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
-    """Client tool-search state: client execution only; the output loads tools the model can call."""
+    """Tool-search state (either execution): a call and its output pair by ``call_id``; the output
+    loads tools the model can call."""
     _check_execution(item.get("execution"), f"{param}.execution")
-    if item.get("execution") == "server":
-        raise errors.BadRequest(
-            "Server-executed tool search is not supported by this gateway; only 'execution': 'client'.",
-            param=f"{param}.execution",
-            code="unsupported_value",
-        )
     call_id = item.get("call_id")
     if not isinstance(call_id, str) or not call_id:  # a client call and its output pair by call_id
         raise errors.BadRequest(

@@ -784,7 +784,16 @@ class Coordinator(Executor):
         self.stored = await services.store_final(self.p, outcome)
 
 
-CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "shell_call", "tool_search_call"})
+CLIENT_CALL_TYPES = frozenset(
+    {
+        "function_call",
+        "custom_tool_call",
+        "shell_call",
+        "apply_patch_call",
+        "local_shell_call",
+        "tool_search_call",
+    }
+)
 
 
 def _open_calls(output: list[dict[str, Any]]) -> list[str]:

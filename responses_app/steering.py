@@ -62,15 +62,16 @@ _REQUIRED: dict[str, str] = {
     "function_call": "function_call_output",
     "custom_tool_call": "custom_tool_call_output",
     "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
     "tool_search_call": "tool_search_output",
 }
-# Items that wait for the client in a way steering does not carry (approvals, other call kinds).
+# Items that wait for the client in a way steering does not carry (approvals, other call kinds:
+# the SDK's ``ResponseSteerRequiredInput`` has no ``local_shell_call_output``).
 _UNSUPPORTED_CLIENT_ITEMS = frozenset(
     {
         "mcp_approval_request",
         "computer_call",
         "local_shell_call",
-        "apply_patch_call",
     }
 )
 

@@ -47,7 +47,7 @@ from inference_app.tools import (
 )
 from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, error_output, mcp_function_name
 from inference_app.tools.mcp import check_server_allowed
-from responses_app import compaction, translate
+from responses_app import compaction, tool_search, translate
 from responses_app.multi_agent_config import single_agent_view
 
 if TYPE_CHECKING:
@@ -123,6 +123,7 @@ class ToolLoop:
     pending: list[_Pending] = field(default_factory=list)
     ends_response: bool = False  # an approval request was emitted this round
     round_calls: int = 0  # gateway calls the model made this round (run or refused)
+    search: tool_search.ServerToolSearch | None = None  # a server-executed tool_search, if declared
 
     # --- before the response starts ------------------------------------------------------------
 
@@ -144,12 +145,13 @@ class ToolLoop:
         toolset = classify_tools(declared, config=config)
         approvals = _approvals(prepared.history, prepared.new_items)
         include = frozenset(prepared.request.include or ())
+        search = _server_search(prepared)
         if not toolset.mcp_servers:
-            return cls(toolset, budget, config, include, approvals=approvals)
+            return cls(toolset, budget, config, include, approvals=approvals, search=search)
         if not discover:
             for server in toolset.mcp_servers:
                 await check_server_allowed(server, config)
-            return cls(toolset, budget, config, include, approvals=approvals)
+            return cls(toolset, budget, config, include, approvals=approvals, search=search)
         declared = {server.label for server in toolset.mcp_servers}
         # One mcp_list_tools item per server label per history: earlier listings are re-offered.
         prior = [
@@ -169,7 +171,9 @@ class ToolLoop:
                 code="array_above_max_length",
             )
         toolset = toolset.with_mcp_tools([*prior, *listings])
-        return cls(toolset, budget, config, include, listings=listings, approvals=approvals)
+        if search is not None and search.name in toolset.functions:
+            raise _search_collision(toolset.functions[search.name].tool_index)
+        return cls(toolset, budget, config, include, listings=listings, approvals=approvals, search=search)
 
     # --- what goes upstream --------------------------------------------------------------------
 
@@ -178,10 +182,25 @@ class ToolLoop:
         self.round_calls = 0
 
     def is_gateway(self, name: str) -> bool:
+        if self.search is not None and name == self.search.name:
+            return True
         return self.toolset.owner(name) == "gateway"
 
     def _functions(self) -> list[FunctionDef]:
-        return self.toolset.model_functions() if self.budget.offer_gateway_tools else []
+        if not self.budget.offer_gateway_tools:
+            return []
+        functions = self.toolset.model_functions()
+        if self.search is not None:
+            functions.append(
+                FunctionDef(
+                    self.search.name,
+                    "tool_search",
+                    self.search.description,
+                    translate.TOOL_SEARCH_DECLARATION["parameters"],
+                    -1,
+                )
+            )
+        return functions
 
     def responses_tools(self, declared: Iterable[Any] | None) -> list[dict[str, Any]]:
         """The ``tools`` of a ``/v1/responses`` round: declared tools without the gateway's built-ins,
@@ -275,8 +294,10 @@ class ToolLoop:
 
     def on_gateway_call(self, ex: Emitting, call_id: str, name: str, arguments: str) -> list[Event]:
         """The model called gateway function ``name``: approval, budget, then the item's first events."""
-        fn = self.toolset.functions[name]
         self.round_calls += 1
+        if self.search is not None and name == self.search.name:
+            return self._search(ex, call_id, name, arguments)
+        fn = self.toolset.functions[name]
         if fn.kind == "mcp" and call_requires_approval(self.toolset, name):
             self.ends_response = True
             item = {
@@ -291,6 +312,27 @@ class ToolLoop:
             return self._refuse(ex, fn, call_id, name, arguments)
         call = self.toolset.make_call(call_id, name, arguments)
         return self._start(ex, fn, call)
+
+    def _search(self, ex: Emitting, call_id: str, name: str, arguments: str) -> list[Event]:
+        """A server-run tool search: done at once (no I/O); its call and output items are emitted
+        and the tools found are offered to the model from the next round on."""
+        assert self.search is not None
+        if not self.budget.admit():  # a built-in tool call: it counts against max_tool_calls
+            view = {
+                "call_id": call_id,
+                "name": name,
+                "arguments": arguments,
+                "output": self.budget.refusal_output,
+            }
+            self.hidden.append((len(ex.output), _function_pair(view)))
+            return []
+        args, query = tool_search.query_of(arguments)
+        found = self.search.search(query)
+        out: list[Event] = []
+        for item in tool_search.items(call_id, args, found):
+            out += ex.whole(item)
+        ex.client_tools.load([ex.output[-1]])
+        return out
 
     def _refuse(self, ex: Emitting, fn: FunctionDef, call_id: str, name: str, arguments: str) -> list[Event]:
         """Over ``max_tool_calls``: not run; the model gets the limit error; one item may stay."""
@@ -535,6 +577,33 @@ class ToolLoop:
                 else:
                     item["error"] = {"type": "mcp_protocol_error", "code": -32603, "message": message}
         return item
+
+
+def _search_collision(index: int) -> errors.BadRequest:
+    name = translate.TOOL_SEARCH_FUNCTION
+    return errors.BadRequest(
+        f"Invalid 'tools[{index}]': tool '{name}' reaches the model under the same name as the "
+        "server-executed tool search. Tool names must be unique.",
+        param=f"tools[{index}]",
+        code="tool_name_collision",
+    )
+
+
+def _server_search(prepared: Prepared) -> tool_search.ServerToolSearch | None:
+    """The request's server-executed tool search; a client tool named like its function is refused."""
+    search = tool_search.ServerToolSearch.from_tools(prepared.raw.get("tools"))
+    if search is None:
+        return None
+    tool_map = prepared.tool_map
+    taken = tool_map.by_upstream.get(search.name) if tool_map is not None else None
+    if taken is not None:
+        declared = prepared.raw.get("tools") or []
+        index = next(
+            (i for i, t in enumerate(declared) if isinstance(t, dict) and search.name in (t.get("name"),)),
+            0,
+        )
+        raise _search_collision(index)
+    return search
 
 
 # --- the model's view: built-in items <-> function calls ------------------------------------------

@@ -30,6 +30,10 @@ ID_PREFIX = {
     "reasoning": "rs",
     "shell_call": "sh",
     "shell_call_output": "sho",
+    "apply_patch_call": "apc",
+    "apply_patch_call_output": "apco",
+    "local_shell_call": "lsc",
+    "local_shell_call_output": "lsco",
     "tool_search_call": "tsc",
     "tool_search_output": "tso",
     "compaction": "cmp",
@@ -39,6 +43,8 @@ CALL_TYPES = {
     "function_call": "function_call_output",
     "custom_tool_call": "custom_tool_call_output",
     "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "local_shell_call": "local_shell_call_output",
     "tool_search_call": "tool_search_output",
 }
 OUTPUT_TYPES = {v: k for k, v in CALL_TYPES.items()}
@@ -67,6 +73,9 @@ def normalize_input(value: str | list[dict[str, Any]] | None) -> list[dict[str, 
         if kind == "message" and isinstance(item.get("content"), str):
             role = str(item.get("role", "user"))
             item["content"] = [_text_part(role, item["content"])]
+        elif kind == "local_shell_call_output" and "call_id" not in item and isinstance(item.get("id"), str):
+            # The SDK's output names its call by ``id`` (OpenAI's guide sends ``call_id``): pair by it.
+            item["call_id"] = item.pop("id")
         items.append(item)
     return items
 
@@ -263,7 +272,7 @@ def upstream_tool_name(name: str) -> str:
 class ClientTool:
     """One client-executed tool: how the client declared it and the name the upstream sees."""
 
-    kind: str  # function | custom | shell | tool_search
+    kind: str  # function | custom | shell | apply_patch | local_shell | tool_search
     name: str
     namespace: str | None
     upstream_name: str
@@ -282,7 +291,8 @@ class ToolMap:
       under the same name are refused before inference.
     * ``web_search`` is withheld from the model when no search provider is configured (the request
       proceeds without it); other tool types are forwarded unchanged.
-    * the client-owned ``shell`` and ``tool_search`` tools become functions (see :data:`WHOLE_CALLS`);
+    * the client-owned ``shell``, ``apply_patch``, ``local_shell`` and ``tool_search`` tools become
+      functions (see :data:`FIXED_FUNCTIONS` and :data:`WHOLE_CALLS`);
       the tools a client-executed tool search loaded (its ``tool_search_output`` items) join the
       map through :meth:`load`.
     """
@@ -301,10 +311,12 @@ class ToolMap:
                 continue  # deferred: the model sees it once a tool_search_output loads it (load())
             if kind in ("function", "custom"):
                 out._add(index, kind, tool, None)
-            elif kind == "shell":
-                out._add(index, "shell", {**tool, "name": SHELL_FUNCTION}, None)
-            elif kind == "tool_search":
+            elif kind in FIXED_FUNCTIONS:
+                out._add(index, kind, {**tool, "name": FIXED_FUNCTIONS[kind][0]}, None)
+            elif kind == "tool_search" and tool.get("execution") == "client":
                 out._add(index, "tool_search", {**tool, "name": TOOL_SEARCH_FUNCTION}, None)
+            elif kind == "tool_search":
+                continue  # server-executed: the tool loop offers it and runs it (responses_app.tool_search)
             elif kind == "namespace":
                 namespace = tool.get("name")
                 if not isinstance(namespace, str) or not namespace:
@@ -384,8 +396,8 @@ class ToolMap:
     def _function(self, tool: ClientTool) -> dict[str, Any]:
         """The flat function declaration (Responses shape) for one client tool."""
         d = tool.declaration
-        if tool.kind == "shell":
-            return {"type": "function", "name": tool.upstream_name, **SHELL_DECLARATION}
+        if tool.kind in FIXED_FUNCTIONS:
+            return {"type": "function", "name": tool.upstream_name, **FIXED_FUNCTIONS[tool.kind][1]}
         if tool.kind == "tool_search":
             return {
                 "type": "function",
@@ -444,14 +456,16 @@ class ToolMap:
             out = dict(item)
             out["type"] = "function_call_output"
             return out
-        if kind == "shell_call":
-            tool = self.by_client.get((None, SHELL_FUNCTION))
+        if kind in FIXED_CALLS:
+            tool_kind, field_name = FIXED_CALLS[kind]
+            name = FIXED_FUNCTIONS[tool_kind][0]
+            tool = self.by_client.get((None, name))
             return {
                 "type": "function_call",
                 "id": item.get("id"),
                 "call_id": item.get("call_id"),
-                "name": tool.upstream_name if tool else SHELL_FUNCTION,
-                "arguments": orjson.dumps(item.get("action") or {}).decode(),
+                "name": tool.upstream_name if tool else name,
+                "arguments": orjson.dumps(item.get(field_name) or {}).decode(),
                 "status": "completed",
             }
         if kind == "tool_search_call":
@@ -475,12 +489,31 @@ class ToolMap:
                     item.get("output" if kind == "shell_call_output" else "tools") or []
                 ).decode(),
             }
+        if kind == "apply_patch_call_output":
+            # The model needs the status (a failed patch) as much as the log text.
+            result = {"status": item.get("status"), "output": item.get("output")}
+            return {
+                "type": "function_call_output",
+                "call_id": item.get("call_id"),
+                "output": orjson.dumps(result).decode(),
+            }
+        if kind == "local_shell_call_output":
+            output = item.get("output")  # already a JSON string of the command's result
+            return {
+                "type": "function_call_output",
+                "call_id": item.get("call_id"),
+                "output": _output_text(output),
+            }
         return item
 
     def tool_choice(self, choice: Any) -> Any:
         """A named ``tool_choice`` pointing at a client tool, with the name the upstream sees."""
         if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
             tool = self.by_client.get((choice.get("namespace"), str(choice.get("name", ""))))
+            if tool is not None:
+                return {"type": "function", "name": tool.upstream_name}
+        if isinstance(choice, dict) and choice.get("type") == "apply_patch":
+            tool = self.by_client.get((None, APPLY_PATCH_FUNCTION))
             if tool is not None:
                 return {"type": "function", "name": tool.upstream_name}
         return choice
@@ -563,9 +596,123 @@ def tool_search_call_item(item_id: str, call_id: str, arguments: str) -> dict[st
     }
 
 
+# --- the client-owned apply_patch and local_shell tools ------------------------------------------
+
+# Both work like ``shell``: the model sees a function, its call comes back as the public call item
+# (``apply_patch_call`` with the ``operation``, ``local_shell_call`` with the ``action``), and the
+# client's output item reaches the model as the function's output.
+APPLY_PATCH_FUNCTION = "apply_patch"
+APPLY_PATCH_DECLARATION: dict[str, Any] = {
+    "description": "Create, update or delete one file of the user's workspace with a diff.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "type": {
+                "type": "string",
+                "enum": ["create_file", "update_file", "delete_file"],
+                "description": "What to do with the file.",
+            },
+            "path": {"type": "string", "description": "The file's path, relative to the workspace root."},
+            "diff": {"type": "string", "description": "The diff to apply (not for delete_file)."},
+        },
+        "required": ["type", "path"],
+    },
+}
+LOCAL_SHELL_FUNCTION = "local_shell"
+LOCAL_SHELL_DECLARATION: dict[str, Any] = {
+    "description": "Run one command on the user's machine and get its output.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "command": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The command and its arguments (argv).",
+            },
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "Environment variables to set.",
+            },
+            "timeout_ms": {"type": "integer", "description": "Optional time limit."},
+            "working_directory": {"type": "string", "description": "Optional working directory."},
+            "user": {"type": "string", "description": "Optional user to run the command as."},
+        },
+        "required": ["command"],
+    },
+}
+
+
+def _arguments(arguments: str) -> dict[str, Any]:
+    try:
+        args = orjson.loads(arguments) if arguments else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
+def apply_patch_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any]:
+    """The public ``apply_patch_call`` for the model's call of the apply_patch function."""
+    args = _arguments(arguments)
+    kind = args.get("type")
+    operation: dict[str, Any] = {
+        "type": kind if kind in ("create_file", "update_file", "delete_file") else "update_file",
+        "path": args["path"] if isinstance(args.get("path"), str) else "",
+    }
+    if operation["type"] != "delete_file":
+        operation["diff"] = args["diff"] if isinstance(args.get("diff"), str) else ""
+    return {
+        "id": item_id,
+        "type": "apply_patch_call",
+        "call_id": call_id,
+        "operation": operation,
+        "status": "completed",
+    }
+
+
+def local_shell_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any]:
+    """The public ``local_shell_call`` for the model's call of the local_shell function."""
+    args = _arguments(arguments)
+    command = args.get("command")
+    if isinstance(command, str):
+        command = [command]
+    env = args.get("env")
+    action: dict[str, Any] = {
+        "type": "exec",
+        "command": [c for c in command if isinstance(c, str)] if isinstance(command, list) else [],
+        "env": {k: v for k, v in env.items() if isinstance(v, str)} if isinstance(env, dict) else {},
+    }
+    timeout = args.get("timeout_ms")
+    action["timeout_ms"] = timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else None
+    for key in ("user", "working_directory"):
+        action[key] = args[key] if isinstance(args.get(key), str) else None
+    return {
+        "id": item_id,
+        "type": "local_shell_call",
+        "call_id": call_id,
+        "action": action,
+        "status": "completed",
+    }
+
+
+# Client tools with a fixed function: the tool type → (the function's name, its declaration).
+FIXED_FUNCTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "shell": (SHELL_FUNCTION, SHELL_DECLARATION),
+    "apply_patch": (APPLY_PATCH_FUNCTION, APPLY_PATCH_DECLARATION),
+    "local_shell": (LOCAL_SHELL_FUNCTION, LOCAL_SHELL_DECLARATION),
+}
+# Their public call items → (the tool type, the field the model's arguments are rebuilt from).
+FIXED_CALLS: dict[str, tuple[str, str]] = {
+    "shell_call": ("shell", "action"),
+    "apply_patch_call": ("apply_patch", "operation"),
+    "local_shell_call": ("local_shell", "action"),
+}
+
 # Client tools whose call is buffered whole and streamed as one public item: the kind of the
 # client tool → (the public item type, its builder).
 WHOLE_CALLS = {
     "shell": ("shell_call", shell_call_item),
+    "apply_patch": ("apply_patch_call", apply_patch_call_item),
+    "local_shell": ("local_shell_call", local_shell_call_item),
     "tool_search": ("tool_search_call", tool_search_call_item),
 }

@@ -22,10 +22,12 @@ import orjson
 
 from gateway.config import Config
 
-GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp"]
+# ``tool_search``: the Responses executor's own search of the request's deferred tools (it runs in
+# the executor, never through :func:`run_gateway_calls`).
+GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp", "tool_search"]
 Owner = Literal["client", "gateway", "unknown"]
 
-CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell"})
+CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell", "apply_patch", "local_shell"})
 WEB_SEARCH_TYPES = frozenset(
     {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
 )

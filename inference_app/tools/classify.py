@@ -43,8 +43,8 @@ def _client_names(tool: Mapping[str, Any]) -> list[str]:
                 if isinstance(member, Mapping) and isinstance(member.get("name"), str):
                     names.append(member["name"])
         return names
-    if kind == "shell":
-        return ["shell"]
+    if kind in ("shell", "apply_patch", "local_shell"):
+        return [kind]  # the function the model sees (responses_app.translate.FIXED_FUNCTIONS)
     return []
 
 

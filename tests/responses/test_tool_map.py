@@ -330,13 +330,6 @@ def test_tool_search_state_routes_to_the_executor(gw: Gateway) -> None:
 _SEARCH_CALL = {"type": "tool_search_call", "call_id": "c1", "arguments": {}, "execution": "client"}
 TOOL_SEARCH_REFUSALS: list[tuple[dict[str, Any], str, str, str]] = [
     (
-        {"tools": [{"type": "tool_search"}]},
-        "unsupported_value",
-        "tools[0].execution",
-        "Server-executed tool search ('execution': 'server', the default) is not supported by this "
-        "gateway: declare {'type': 'tool_search', 'execution': 'client'} and run the search in the client.",
-    ),
-    (
         {"tools": [{**TOOL_SEARCH, "parameters": 5}]},
         "invalid_type",
         "tools[0].parameters",

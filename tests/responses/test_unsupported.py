@@ -69,16 +69,19 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
         "unsupported_value",
         "multi_agent",
     ),
-    # Tool search runs in the client only: server execution (the SDK's default) is refused.
-    ({"tools": [{"type": "tool_search"}]}, "unsupported_value", "tools[0].execution"),
+    # The gateway's own tool search (server execution, the SDK's default) takes a query, no schema.
     (
-        {"tools": [FN, {"type": "tool_search", "execution": "server"}]},
-        "unsupported_value",
-        "tools[1].execution",
+        {"tools": [FN, {"type": "tool_search", "execution": "server", "parameters": {"type": "object"}}]},
+        "unsupported_parameter",
+        "tools[1].parameters",
     ),
     (
-        {"input": [{"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "server"}]},
-        "unsupported_value",
+        {
+            "input": [
+                {"type": "tool_search_call", "call_id": "ts1", "arguments": {}, "execution": "elsewhere"}
+            ]
+        },
+        "invalid_value",
         "input[0].execution",
     ),
     (

@@ -905,13 +905,19 @@ def test_disconnect_discards_unapplied_steering_even_for_a_stored_parent(
 
 
 def test_pending_lists_custom_shell_and_client_tool_search_stubs(gw: LiveServer, upstream: Any) -> None:
-    custom = {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}
-    tools = [custom, {"type": "shell"}, {"type": "tool_search", "execution": "client"}]
+    custom = {"type": "custom", "name": "patch", "description": "Apply a patch."}
+    tools = [
+        custom,
+        {"type": "shell"},
+        {"type": "tool_search", "execution": "client"},
+        {"type": "apply_patch"},
+    ]
     script(
         upstream,
-        call("apply_patch", '{"input": "*** patch"}', call_id="call_c"),
+        call("patch", '{"input": "*** patch"}', call_id="call_c"),
         call("shell", '{"commands": ["ls"]}', call_id="call_sh"),
         call("tool_search", '{"query": "weather"}', call_id="call_ts"),
+        call("apply_patch", '{"type": "delete_file", "path": "a"}', call_id="call_ap"),
     )
     script(upstream, text("all answered"))
     outputs = [
@@ -922,6 +928,7 @@ def test_pending_lists_custom_shell_and_client_tool_search_stubs(gw: LiveServer,
             "output": [{"stdout": "a\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
         },
         {"type": "tool_search_output", "call_id": "call_ts", "execution": "client", "tools": [WEATHER_TOOL]},
+        {"type": "apply_patch_call_output", "call_id": "call_ap", "status": "completed"},
     ]
 
     async def scenario() -> list[dict[str, Any]]:
@@ -944,6 +951,7 @@ def test_pending_lists_custom_shell_and_client_tool_search_stubs(gw: LiveServer,
         {"type": "custom_tool_call_output", "call_id": "call_c"},
         {"type": "shell_call_output", "call_id": "call_sh"},
         {"type": "tool_search_output", "call_id": "call_ts", "execution": "client"},
+        {"type": "apply_patch_call_output", "call_id": "call_ap"},
     ]
     assert events[-1]["type"] == "response.completed"
     body = upstream_bodies(upstream)[1]
