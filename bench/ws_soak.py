@@ -111,8 +111,13 @@ def start_upstream() -> str:
 
 
 def _create(index: int) -> str:
-    store = "true" if index % 2 else "false"
-    return '{"type":"response.create","model":"test-model","input":"Tell me about the fox.","store":%s}' % store
+    body = {
+        "type": "response.create",
+        "model": "test-model",
+        "input": "Tell me about the fox.",
+        "store": bool(index % 2),
+    }
+    return orjson.dumps(body).decode()
 
 
 async def ws_cycle(url: str, connections: int, respond: bool, pid: int) -> tuple[float, int]:
@@ -130,12 +135,13 @@ async def ws_cycle(url: str, connections: int, respond: bool, pid: int) -> tuple
             opened.append(ws)
             if respond:
                 await ws.send(_create(index))
-                while True:
-                    event = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
-                    if event["type"] == "response.completed":
-                        break
-                    if event["type"] in ("error", "response.failed", "response.incomplete"):
-                        raise RuntimeError(event)
+                async with asyncio.timeout(60):
+                    while True:
+                        event = orjson.loads(await ws.recv())
+                        if event["type"] == "response.completed":
+                            break
+                        if event["type"] in ("error", "response.failed", "response.incomplete"):
+                            raise RuntimeError(event)
         except Exception:
             errors += 1
 
@@ -158,7 +164,10 @@ def run_ws(name: str, base: str, pid: int, args: argparse.Namespace, respond: bo
         held.append(peak)
         closed.append(rss_mib(pid))
         errors += failed
-        print(f"    cycle {cycle + 1:2}: held {peak:6.0f}  closed {closed[-1]:6.0f} MiB  errors {failed}", flush=True)
+        print(
+            f"    cycle {cycle + 1:2}: held {peak:6.0f}  closed {closed[-1]:6.0f} MiB  errors {failed}",
+            flush=True,
+        )
     first, later = closed[0], closed[1:]
     drift = max((abs(value - first) / first for value in later), default=0.0)
     return {"held": max(held), "first": first, "last": closed[-1], "drift": drift, "errors": errors}
@@ -196,9 +205,14 @@ async def http_traffic(base: str, pid: int, args: argparse.Namespace) -> tuple[l
             while time.monotonic() < deadline:
                 await asyncio.sleep(args.sample)
                 samples.append(rss_mib(pid))
-                print(f"    {len(samples) * args.sample:5.0f} s: {samples[-1]:6.0f} MiB, {counts['ok']} requests", flush=True)
+                print(
+                    f"    {len(samples) * args.sample:5.0f} s: {samples[-1]:6.0f} MiB, {counts['ok']} requests",
+                    flush=True,
+                )
 
-        workers = [worker("/v1/responses", STORED_SSE, b"response.completed") for _ in range(args.concurrency)]
+        workers = [
+            worker("/v1/responses", STORED_SSE, b"response.completed") for _ in range(args.concurrency)
+        ]
         workers += [worker("/v1/chat/completions", CHAT, b"[DONE]") for _ in range(args.concurrency)]
         await asyncio.gather(sampler(), *workers)
     return samples, counts["ok"], counts["errors"]
@@ -229,13 +243,17 @@ def start(target: str, upstream: str, args: argparse.Namespace, tmp: Path) -> tu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reference", default="/work/ref-venv/bin/agentic-server")
     parser.add_argument("--targets", default="ours,daphne,reference")
     parser.add_argument("--parts", default="idle,response,http")
     parser.add_argument("--cycles", type=int, default=11)
     parser.add_argument("--connections", type=int, default=2000)
-    parser.add_argument("--settle", type=float, default=5.0, help="seconds between the last close and the reading")
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="seconds between the last close and the reading"
+    )
     parser.add_argument("--http-minutes", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0, help="minutes of HTTP traffic left out")
     parser.add_argument("--sample", type=float, default=30.0)
@@ -259,7 +277,9 @@ def main() -> None:
                     proc.wait(60)
 
     failed = False
-    print("\n| target | part | first (MiB) | last (MiB) | largest drift after the first | held (MiB) | errors |")
+    print(
+        "\n| target | part | first (MiB) | last (MiB) | largest drift after the first | held (MiB) | errors |"
+    )
     print("|---|---|---|---|---|---|---|")
     for (target, part), r in results.items():
         within = r["drift"] <= TOLERANCE
