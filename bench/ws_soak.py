@@ -18,6 +18,7 @@ A connection or request that fails is an error; a run with errors is a failing r
 
     .venv/bin/python bench/ws_soak.py [--reference /work/ref-venv/bin/agentic-server]
         [--targets ours,daphne,reference] [--cycles 11] [--connections 2000] [--http-minutes 10]
+        [--postgres postgres://postgres@127.0.0.1:5432/postgres] [--env NAME=value ...]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.fast_upstream import chat_events  # noqa: E402
-from bench.responses import _health, _models, _responses, start_reference  # noqa: E402
+from bench.responses import _health, _models, _responses, postgres_url, start_reference  # noqa: E402
 from tests.servers import GatewayProcess, free_port, wait_port  # noqa: E402
 
 TOLERANCE = 0.05
@@ -236,6 +237,9 @@ def start(target: str, upstream: str, args: argparse.Namespace, tmp: Path) -> tu
         home.mkdir(exist_ok=True)
         return start_reference(args.reference, upstream, str(home))
     env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": str(tmp / target)}
+    if args.postgres:
+        env["DATABASE_URL"] = postgres_url(args.postgres, f"bench_soak_{target}")
+    env.update(item.split("=", 1) for item in args.env)
     if target == "daphne":
         env["GATEWAY_SERVER_ASGI_SERVER"] = "daphne"
     gateway = GatewayProcess(env, log=os.devnull).wait(60)
@@ -258,6 +262,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="minutes of HTTP traffic left out")
     parser.add_argument("--sample", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--postgres",
+        default="",
+        help="a PostgreSQL server URL: our gateway on a fresh database there (default SQLite)",
+    )
+    parser.add_argument("--env", action="append", default=[], help="NAME=value for our gateway (repeatable)")
     args = parser.parse_args()
     parts = args.parts.split(",")
 
