@@ -11,8 +11,8 @@ core), our gateway on daphne, and the reference gateway (``agentic-api`` 0.9.0).
   (``closed``). Pass: after the first cycle, ``closed`` stays within 5 % of the first cycle's.
 * **HTTP traffic** (``--http-minutes``): stored SSE Responses and pass-through SSE chat
   completions, ``--concurrency`` clients each, for the whole time; RSS sampled every
-  ``--sample`` seconds. Pass: after the first ``--warmup`` minute(s), within 5 % of the first
-  sample after it.
+  ``--sample`` seconds. Pass: after the first ``--warmup`` minutes (the bounded caches filling),
+  within 5 % of the first sample after it.
 
 A connection or request that fails is an error; a run with errors is a failing result (exit 1).
 
@@ -259,7 +259,13 @@ def main() -> None:
         "--settle", type=float, default=5.0, help="seconds between the last close and the reading"
     )
     parser.add_argument("--http-minutes", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=1.0, help="minutes of HTTP traffic left out")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=3.0,
+        help="minutes of HTTP traffic left out while the bounded caches fill (the history cache: up to "
+        "64 MiB a process; SQLite's page cache: up to 2 MiB a database connection)",
+    )
     parser.add_argument("--sample", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument(
