@@ -856,6 +856,7 @@ def test_without_the_client_handed_over_the_http_upstream_says_so(
         upstream.get_upstream()
 
 
+@pytest.mark.process
 def test_a_celery_worker_process_gets_the_client() -> None:
     """A worker sets Django up when it imports its task modules (Celery's Django fix-up), which runs
     the gateway app's ``ready()``: an ``HttpUpstream`` built in a task has the lean client."""

@@ -34,6 +34,8 @@ from tests.responses.wsutil import ws_url
 from tests.servers import GatewayProcess
 from tests.upstream import Recorded
 
+pytestmark = pytest.mark.process
+
 REDIS_URL = "redis://127.0.0.1:6379/12"
 CHAT = "/v1/chat/completions"
 LEASE_S = 3.0

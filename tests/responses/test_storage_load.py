@@ -26,6 +26,8 @@ from tests.responses.scripts import Script, handler, text
 from tests.servers import GatewayProcess
 from tests.upstream import Recorded
 
+pytestmark = pytest.mark.process
+
 RESPONSES = 64
 CHAINS = 16
 TURNS = 20
