@@ -27,7 +27,7 @@ import redis
 import websockets
 from aiohttp import web
 
-from tests.faults import CeleryWorker, PostgresCluster, gateway, postgres_available
+from tests.faults import CeleryWorker, PostgresCluster, gateway
 from tests.responses.conftest import sse_events
 from tests.responses.scripts import Script, handler, text
 from tests.responses.wsutil import ws_url
@@ -220,7 +220,6 @@ def test_unreachable_broker_refuses_background_work_and_stores_nothing(upstream:
         gw.stop()
 
 
-@pytest.mark.skipif(not postgres_available(), reason="needs PostgreSQL's initdb/pg_ctl")
 def test_postgres_restart_under_load_leaves_nothing_queued(upstream: Any, broker_db: None) -> None:
     cluster = PostgresCluster()
     env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": REDIS_URL, "DATABASE_URL": cluster.url}
@@ -528,8 +527,6 @@ def _database(backend: str, cleanup: contextlib.ExitStack, data_dir: Path) -> di
     """The gateway's database for ``backend``: SQLite in ``data_dir``, or the test's own cluster."""
     if backend == "sqlite":
         return {"GATEWAY_SERVER_DATA_DIR": str(data_dir)}
-    if not postgres_available():
-        pytest.skip("needs PostgreSQL's initdb/pg_ctl")
     cluster = PostgresCluster()
     cleanup.callback(cluster.stop)
     cluster.start()
