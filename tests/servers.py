@@ -14,9 +14,11 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
@@ -134,6 +136,43 @@ def child_env(env: Mapping[str, str]) -> dict[str, str]:
     return full_env
 
 
+class ScratchDatabase:
+    """A fresh, empty PostgreSQL database of its own for a gateway or worker process in the
+    PostgreSQL leg (`make test-postgres`: this process's ``DATABASE_URL`` names the server), so a
+    process a test starts runs on the leg's database engine; dropped by :meth:`drop`."""
+
+    def __init__(self, server_url: str) -> None:
+        parts = urlsplit(server_url)
+        self.name = f"gw_proc_{uuid.uuid4().hex[:16]}"
+        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+        self._admin = urlunsplit(parts._replace(path="/postgres", query=""))
+        self._execute(f'CREATE DATABASE "{self.name}"')
+
+    @staticmethod
+    def for_this_leg() -> ScratchDatabase | None:
+        """One in the PostgreSQL leg; None in the SQLite leg."""
+        url = os.environ.get("DATABASE_URL", "")
+        return ScratchDatabase(url) if url.startswith(("postgres://", "postgresql://")) else None
+
+    def _execute(self, statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self._admin, autocommit=True) as admin:
+            admin.execute(statement)  # type: ignore[arg-type]  # a name made here, not input
+
+    def drop(self) -> None:
+        self._execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def process_database(data_dir: Path) -> tuple[dict[str, str], ScratchDatabase | None]:
+    """The environment naming a gateway process's database in this leg: a scratch PostgreSQL
+    database in the PostgreSQL leg (the caller drops it), SQLite in ``data_dir`` otherwise."""
+    database = ScratchDatabase.for_this_leg()
+    if database is None:
+        return {"GATEWAY_SERVER_DATA_DIR": str(data_dir)}, None
+    return {"DATABASE_URL": database.url, "GATEWAY_SERVER_DATA_DIR": str(data_dir)}, database
+
+
 class GatewayProcess:
     """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does).
 
@@ -141,6 +180,10 @@ class GatewayProcess:
     ``os.devnull`` included) for long runs such as the bench scripts, which a pipe nobody reads would
     stall. ``root``: the checkout to run it from (the bench compares an earlier commit's gateway).
     ``wrapper``: a command the server runs under (``bench/instructions.py``: valgrind).
+
+    Its database: the one ``env`` names (``DATABASE_URL``, or SQLite in ``GATEWAY_SERVER_DATA_DIR``);
+    when it names none, a :class:`ScratchDatabase` of its own in the PostgreSQL leg (dropped by
+    :meth:`stop`), SQLite in a temporary folder in the SQLite leg.
     """
 
     def __init__(
@@ -157,16 +200,26 @@ class GatewayProcess:
         full_env = child_env(env)
         full_env["PORT"] = str(self.port)
         full_env.setdefault("HOST", "127.0.0.1")
-        # Its own embedded database unless the test names one, migrated like `make run` does.
+        self.database: ScratchDatabase | None = None
+        if "DATABASE_URL" not in env and "GATEWAY_SERVER_DATA_DIR" not in env and migrate:
+            self.database = ScratchDatabase.for_this_leg()
+            if self.database is not None:
+                full_env["DATABASE_URL"] = self.database.url
+        # Its own database unless the test names one, migrated like `make run` does.
         full_env.setdefault("GATEWAY_SERVER_DATA_DIR", tempfile.mkdtemp(prefix="gateway-proc-"))
         if migrate:
-            subprocess.run(
-                [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-                cwd=root,
-                env=full_env,
-                check=True,
-                timeout=120,
-            )
+            try:
+                subprocess.run(
+                    [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
+                    cwd=root,
+                    env=full_env,
+                    check=True,
+                    timeout=120,
+                )
+            except BaseException:
+                if self.database is not None:
+                    self.database.drop()
+                raise
         self.log = None if log is None else open(log, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
             [*wrapper, sys.executable, "manage.py", "serve"],
@@ -207,3 +260,6 @@ class GatewayProcess:
                 self.proc.kill()
         if self.log is not None:
             self.log.close()
+        if self.database is not None:
+            self.database.drop()
+            self.database = None
