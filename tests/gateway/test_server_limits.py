@@ -155,9 +155,17 @@ def _rss(pid: int) -> int:
 
 
 @pytest.mark.process
-def test_too_many_header_fields_is_a_431(served: Any) -> None:
-    fields = b"".join(b"X-Field-%d: 1\r\n" % i for i in range(101))
-    answer, _ = exchange(served.port, b"GET /health HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+def test_header_fields_up_to_the_limit_are_served_and_one_more_is_a_431(served: Any) -> None:
+    """``[server] max_request_headers`` (100) at its boundary: 100 fields, Host included, are
+    served; 101 are refused."""
+
+    def head(count: int) -> bytes:  # ``count`` header fields in all, Host and Connection included
+        fields = b"".join(b"X-Field-%d: 1\r\n" % i for i in range(count - 2))
+        return b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + fields + b"\r\n"
+
+    answer, _ = exchange(served.port, head(100))
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
+    answer, _ = exchange(served.port, head(101))
     assert_refused(
         answer,
         431,
