@@ -33,7 +33,8 @@ from tests.responses.wsutil import ws_url
 from tests.servers import GatewayProcess, process_database
 from tests.upstream import Recorded
 
-pytestmark = pytest.mark.process
+# Processes started, killed and restarted, and waits bounded at up to 90 s each: more than the default.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
 CHAT = "/v1/chat/completions"

@@ -25,7 +25,8 @@ from tests.responses.scripts import Script, handler, text
 from tests.servers import GatewayProcess
 from tests.upstream import Recorded
 
-pytestmark = pytest.mark.process
+# A gateway process under concurrent load, its requests bounded at 120 s each: more than the default.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 RESPONSES = 64
 CHAINS = 16
