@@ -7,6 +7,7 @@ tests exercise real sockets, real chunked transfer and real disconnects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -74,6 +75,36 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, which stops at once when :meth:`LiveServer.stop` tells it: its main loop
+    waits on an event between its ticks instead of sleeping 0.1 s, and a shutdown with nothing
+    open does not wait (most tests are short, and each stops a server or two)."""
+
+    stopping: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self.stopping = asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.1)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown gives open connections 0.1 s to wind down; with none open and no
+        task left there is nothing to wait for."""
+        if self.server_state.connections or self.server_state.tasks:
+            await super().shutdown(sockets)
+            return
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
+
+
 class LiveServer:
     """An ASGI app served by uvicorn on 127.0.0.1:<port> in a daemon thread."""
 
@@ -96,7 +127,7 @@ class LiveServer:
             "http": GatewayHttpProtocol,
         }
         options.update(uvicorn_options)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
+        self.server = _PromptServer(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -118,11 +149,18 @@ class LiveServer:
 
     def start(self) -> LiveServer:
         self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.002)  # uvicorn's own flag: listening (most tests start a server or two)
         wait_port(self.port)
         return self
 
     def stop(self) -> None:
         self.server.should_exit = True
+        stopping, loop = self.server.stopping, self.loop
+        if stopping is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already closed
+                loop.call_soon_threadsafe(stopping.set)
         self.thread.join(timeout=10)
 
 
