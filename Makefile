@@ -76,7 +76,7 @@ format: install-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-## The in-process tests on SQLite, in about a minute: no gateway, worker, database cluster or CLI
+## The in-process tests on SQLite (one process): no gateway, worker, database cluster or CLI
 ## started (the `process` and `slow` marks, tests/conftest.py), no fuzz, no real vLLM. Redis answers
 ## on 127.0.0.1:6379 (tests/ensure_services.sh); bubblewrap runs the sandbox tests.
 test-quick: install-dev ensure-tools
