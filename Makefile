@@ -1,4 +1,5 @@
-# Two commands: `make run` (set up and start the gateway) and `make test` (set up and run every test).
+# Two commands: `make run` (set up and start the gateway) and `make test` (set up and run every test);
+# `make test-quick` runs the in-process tests only.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ INFERENCE_REQUIREMENTS ?= requirements-inference-cpu.txt
 INFERENCE_PIP_ARGS ?=
 INFERENCE_TEST_REDIS_URL ?= redis://127.0.0.1:6379/10
 
-.PHONY: run install install-dev install-inference migrate test test-sqlite test-postgres test-inference lint format superuser clean worker ensure-tools
+.PHONY: run install install-dev install-inference migrate test test-quick test-sqlite test-postgres test-inference lint format superuser clean worker ensure-tools
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +75,13 @@ lint: install-dev
 format: install-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+## The in-process tests on SQLite (one process): no gateway, worker, database cluster or CLI
+## started (the `process` and `slow` marks, tests/conftest.py), no fuzz, no real vLLM. Redis answers
+## on 127.0.0.1:6379 (tests/ensure_services.sh); bubblewrap runs the sandbox tests.
+test-quick: install-dev ensure-tools
+	tests/ensure_services.sh $(TEST_DATABASE_URL)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" $(PYTEST_ARGS)
 
 test-sqlite: install-dev ensure-tools
 	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)

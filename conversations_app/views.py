@@ -37,7 +37,7 @@ ITEM_ID = OpenApiParameter("item_id", OpenApiTypes.STR, OpenApiParameter.PATH)
 
 class ConversationsResource(ResourceView):
     def check_stored_state_access(self, request: Request) -> None:
-        require_stored_state_access(request)  # this module's name for the rule (tests replace it)
+        require_stored_state_access(request)  # the stored-state rule (gateway.auth)
 
 
 def _include(request: Request) -> tuple[str, ...]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +14,55 @@ from gateway import config as config_module
 from tests.servers import LiveServer
 
 REDIS_URL = "redis://127.0.0.1:6379/15"
+
+# Tests marked `slow` (real vLLM, real CLIs that npm installs on first use) get this time limit
+# unless they carry their own `timeout` mark; every other test has pytest.ini's `timeout`.
+SLOW_TIMEOUT_S = 1200
+
+# The test now running, and the processes the test code started (see `_started_processes`).
+_running: dict[str, Any] = {"item": None, "spawned": []}
+TESTS = str(Path(__file__).resolve().parent)
+STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Records a process that code under tests/ starts; one the product starts (the code sandbox's
+    bubblewrap) is the product at work, not a test's server or CLI."""
+    if event != "subprocess.Popen" or _running["item"] is None:
+        return
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(STDLIB):
+        frame = frame.f_back  # subprocess and asyncio themselves: the caller is the next frame
+    if frame is not None and frame.f_code.co_filename.startswith(TESTS):
+        _running["spawned"].append(args[1])
+
+
+sys.addaudithook(_audit)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    _running.update(item=item, spawned=[])  # before any fixture, module-scoped ones included
+    return (yield)
+
+
+@pytest.fixture(autouse=True)
+def _started_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """`make test-quick` runs the tests marked neither `process` nor `slow`: a test that starts
+    another process (a gateway, a Celery worker, a PostgreSQL cluster, a CLI, a Python probe)
+    must say so with the `process` mark, or the quick tier would start it."""
+    marked = any(request.node.get_closest_marker(name) for name in ("process", "slow"))
+    yield
+    spawned, _running["spawned"] = _running["spawned"], []
+    _running["item"] = None
+    if spawned and not marked:
+        pytest.fail(f"started a process without the `process` mark: {spawned[0]!r}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -16,19 +16,39 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+
 from tests.servers import ROOT, GatewayProcess, child_env, free_port
 
-PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 
-
-def postgres_available() -> bool:
-    return (PG_BIN / "initdb").exists() and (PG_BIN / "pg_ctl").exists()
+def postgres_bin() -> Path:
+    """The folder of PostgreSQL's ``initdb`` and ``pg_ctl``, found as tests/ensure_services.sh finds
+    them: ``$PG_BIN``, else ``PATH``, else the newest ``/usr/lib/postgresql/<version>/bin``. Fails
+    (not a skip) when there is none: `make test` needs PostgreSQL installed."""
+    if "PG_BIN" in os.environ:
+        candidates = [Path(os.environ["PG_BIN"])]
+    else:
+        on_path = shutil.which("initdb")
+        versions = sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"),
+            key=lambda path: [int(part) for part in path.parent.name.split(".") if part.isdigit()],
+        )
+        candidates = ([Path(on_path).parent] if on_path else []) + versions[::-1]
+    for folder in candidates:
+        if (folder / "initdb").exists() and (folder / "pg_ctl").exists():
+            return folder
+    pytest.fail(
+        "PostgreSQL's initdb/pg_ctl are not installed (looked in $PG_BIN, PATH and "
+        "/usr/lib/postgresql/*/bin): apt-get install -y postgresql",
+        pytrace=False,
+    )
 
 
 class PostgresCluster:
     """A PostgreSQL cluster of the test's own (trust auth on 127.0.0.1:<free port>)."""
 
     def __init__(self) -> None:
+        self.bin = postgres_bin()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="gateway-pg-"))
         self.data = self.dir / "data"
@@ -36,7 +56,9 @@ class PostgresCluster:
         self.user: str | None = "postgres" if os.geteuid() == 0 else None
         if self.user is not None:
             shutil.chown(self.dir, self.user)
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8")
+        self._run(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8"
+        )
 
     def _run(self, *argv: str) -> None:
         command = list(argv)
@@ -51,7 +73,7 @@ class PostgresCluster:
     def start(self) -> PostgresCluster:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
         self._run(
-            str(PG_BIN / "pg_ctl"),
+            str(self.bin / "pg_ctl"),
             "-D",
             str(self.data),
             "-o",
@@ -65,12 +87,12 @@ class PostgresCluster:
 
     def restart(self) -> None:
         """Stop (fast: every connection is cut) and start again, as an operator's restart does."""
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
         self.start()
 
     def stop(self) -> None:
         try:
-            self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         except subprocess.CalledProcessError:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -7,6 +7,7 @@ tests exercise real sockets, real chunked transfer and real disconnects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -14,9 +15,11 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
@@ -72,6 +75,36 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, which stops at once when :meth:`LiveServer.stop` tells it: its main loop
+    waits on an event between its ticks instead of sleeping 0.1 s, and a shutdown with nothing
+    open does not wait (most tests are short, and each stops a server or two)."""
+
+    stopping: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self.stopping = asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.1)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown gives open connections 0.1 s to wind down; with none open and no
+        task left there is nothing to wait for."""
+        if self.server_state.connections or self.server_state.tasks:
+            await super().shutdown(sockets)
+            return
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
+
+
 class LiveServer:
     """An ASGI app served by uvicorn on 127.0.0.1:<port> in a daemon thread."""
 
@@ -94,7 +127,7 @@ class LiveServer:
             "http": GatewayHttpProtocol,
         }
         options.update(uvicorn_options)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
+        self.server = _PromptServer(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -116,11 +149,18 @@ class LiveServer:
 
     def start(self) -> LiveServer:
         self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.002)  # uvicorn's own flag: listening (most tests start a server or two)
         wait_port(self.port)
         return self
 
     def stop(self) -> None:
         self.server.should_exit = True
+        stopping, loop = self.server.stopping, self.loop
+        if stopping is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already closed
+                loop.call_soon_threadsafe(stopping.set)
         self.thread.join(timeout=10)
 
 
@@ -134,6 +174,43 @@ def child_env(env: Mapping[str, str]) -> dict[str, str]:
     return full_env
 
 
+class ScratchDatabase:
+    """A fresh, empty PostgreSQL database of its own for a gateway or worker process in the
+    PostgreSQL leg (`make test-postgres`: this process's ``DATABASE_URL`` names the server), so a
+    process a test starts runs on the leg's database engine; dropped by :meth:`drop`."""
+
+    def __init__(self, server_url: str) -> None:
+        parts = urlsplit(server_url)
+        self.name = f"gw_proc_{uuid.uuid4().hex[:16]}"
+        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+        self._admin = urlunsplit(parts._replace(path="/postgres", query=""))
+        self._execute(f'CREATE DATABASE "{self.name}"')
+
+    @staticmethod
+    def for_this_leg() -> ScratchDatabase | None:
+        """One in the PostgreSQL leg; None in the SQLite leg."""
+        url = os.environ.get("DATABASE_URL", "")
+        return ScratchDatabase(url) if url.startswith(("postgres://", "postgresql://")) else None
+
+    def _execute(self, statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self._admin, autocommit=True) as admin:
+            admin.execute(statement)  # type: ignore[arg-type]  # a name made here, not input
+
+    def drop(self) -> None:
+        self._execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def process_database(data_dir: Path) -> tuple[dict[str, str], ScratchDatabase | None]:
+    """The environment naming a gateway process's database in this leg: a scratch PostgreSQL
+    database in the PostgreSQL leg (the caller drops it), SQLite in ``data_dir`` otherwise."""
+    database = ScratchDatabase.for_this_leg()
+    if database is None:
+        return {"GATEWAY_SERVER_DATA_DIR": str(data_dir)}, None
+    return {"DATABASE_URL": database.url, "GATEWAY_SERVER_DATA_DIR": str(data_dir)}, database
+
+
 class GatewayProcess:
     """The gateway started as a separate process with ``manage.py serve`` (as ``make run`` does).
 
@@ -141,6 +218,10 @@ class GatewayProcess:
     ``os.devnull`` included) for long runs such as the bench scripts, which a pipe nobody reads would
     stall. ``root``: the checkout to run it from (the bench compares an earlier commit's gateway).
     ``wrapper``: a command the server runs under (``bench/instructions.py``: valgrind).
+
+    Its database: the one ``env`` names (``DATABASE_URL``, or SQLite in ``GATEWAY_SERVER_DATA_DIR``);
+    when it names none, a :class:`ScratchDatabase` of its own in the PostgreSQL leg (dropped by
+    :meth:`stop`), SQLite in a temporary folder in the SQLite leg.
     """
 
     def __init__(
@@ -157,16 +238,26 @@ class GatewayProcess:
         full_env = child_env(env)
         full_env["PORT"] = str(self.port)
         full_env.setdefault("HOST", "127.0.0.1")
-        # Its own embedded database unless the test names one, migrated like `make run` does.
+        self.database: ScratchDatabase | None = None
+        if "DATABASE_URL" not in env and "GATEWAY_SERVER_DATA_DIR" not in env and migrate:
+            self.database = ScratchDatabase.for_this_leg()
+            if self.database is not None:
+                full_env["DATABASE_URL"] = self.database.url
+        # Its own database unless the test names one, migrated like `make run` does.
         full_env.setdefault("GATEWAY_SERVER_DATA_DIR", tempfile.mkdtemp(prefix="gateway-proc-"))
         if migrate:
-            subprocess.run(
-                [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-                cwd=root,
-                env=full_env,
-                check=True,
-                timeout=120,
-            )
+            try:
+                subprocess.run(
+                    [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
+                    cwd=root,
+                    env=full_env,
+                    check=True,
+                    timeout=120,
+                )
+            except BaseException:
+                if self.database is not None:
+                    self.database.drop()
+                raise
         self.log = None if log is None else open(log, "w")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
             [*wrapper, sys.executable, "manage.py", "serve"],
@@ -207,3 +298,6 @@ class GatewayProcess:
                 self.proc.kill()
         if self.log is not None:
             self.log.close()
+        if self.database is not None:
+            self.database.drop()
+            self.database = None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import openai
 import pytest
 
@@ -63,41 +66,37 @@ def test_default_principal_owns_conversations_without_auth(client: openai.OpenAI
     assert Conversation.objects.get(id=conversation.id).owner == "default"
 
 
-def test_every_endpoint_checks_stored_state_access(
-    client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each view calls ``gateway.auth.require_stored_state_access`` before touching storage.
-
-    The auth issue supplies the real check (401 for a caller without the gateway's API key); here
-    it is replaced by one that always refuses, to prove every endpoint asks it first.
-    """
-    from conversations_app import views
-    from gateway import errors
-
-    existing = client.conversations.create(items=[{"type": "message", "role": "user", "content": "x"}])
-    (item,) = client.conversations.items.list(existing.id).data
-
-    def refuse(request: object) -> None:
-        raise errors.AuthenticationFailed("Incorrect API key provided.", code="invalid_api_key")
-
-    monkeypatch.setattr(views, "require_stored_state_access", refuse)
+def test_every_endpoint_checks_stored_state_access(live_gateway: LiveServer, gateway_config: Any) -> None:
+    """The ``OPENAI_API_KEY`` rule (``gateway.auth.require_stored_state_access``) through the real
+    app: on an open gateway with that key set, conversations are for callers presenting it; any
+    other caller gets a 401 from every endpoint, before anything is read or stored."""
+    gateway_config(openai_api_key="sk-upstream")
+    holder = openai.OpenAI(base_url=live_gateway.url + "/v1", api_key="sk-upstream", max_retries=0)
+    stranger = openai.OpenAI(base_url=live_gateway.url + "/v1", api_key="sk-other", max_retries=0)
+    existing = holder.conversations.create(items=[{"type": "message", "role": "user", "content": "x"}])
+    (item,) = holder.conversations.items.list(existing.id).data
     calls = [
-        lambda: client.conversations.create(),
-        lambda: client.conversations.retrieve(existing.id),
-        lambda: client.conversations.update(existing.id, metadata={"a": "b"}),
-        lambda: client.conversations.delete(existing.id),
-        lambda: client.conversations.items.list(existing.id),
-        lambda: client.conversations.items.create(
+        lambda c: c.conversations.create(),
+        lambda c: c.conversations.retrieve(existing.id),
+        lambda c: c.conversations.update(existing.id, metadata={"a": "b"}),
+        lambda c: c.conversations.delete(existing.id),
+        lambda c: c.conversations.items.list(existing.id),
+        lambda c: c.conversations.items.create(
             existing.id, items=[{"type": "message", "role": "user", "content": "y"}]
         ),
-        lambda: client.conversations.items.retrieve(item.id, conversation_id=existing.id),
-        lambda: client.conversations.items.delete(item.id, conversation_id=existing.id),
+        lambda c: c.conversations.items.retrieve(item.id, conversation_id=existing.id),
+        lambda c: c.conversations.items.delete(item.id, conversation_id=existing.id),
     ]
     for call in calls:
         with pytest.raises(openai.AuthenticationError) as exc:
-            call()
+            call(stranger)
         assert exc.value.status_code == 401
-        assert exc.value.body["code"] == "invalid_api_key"
+        assert exc.value.body["code"] == "invalid_token"
+    no_token = httpx.get(f"{live_gateway.url}/v1/conversations/{existing.id}", timeout=10)
+    assert no_token.status_code == 401 and no_token.json()["error"]["code"] == "missing_bearer_token"
     assert Conversation.objects.count() == 1
     assert ConversationItem.objects.count() == 1
     assert Conversation.objects.get().metadata == {}
+    # The key's holder passes the same rule.
+    assert holder.conversations.retrieve(existing.id).id == existing.id
+    assert holder.conversations.delete(existing.id).deleted

@@ -245,6 +245,7 @@ def _memory_kib(pid: int) -> dict[str, int]:
     return fields
 
 
+@pytest.mark.process
 def test_50_mib_upload_does_not_grow_gateway_memory(upstream: ScriptedUpstream) -> None:
     size = 50 * MiB
     seen_first = threading.Event()

@@ -275,6 +275,7 @@ def test_apikey_command_create_list_revoke() -> None:
         call_command("apikey", "revoke", "nope", stdout=io.StringIO())
 
 
+@pytest.mark.process
 def test_apikey_command_through_manage_py() -> None:
     """The real command line prints only the secret on stdout."""
     import subprocess

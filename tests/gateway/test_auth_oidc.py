@@ -452,6 +452,7 @@ def test_forward_headers_drops_a_consumed_credential(gateway_config: Any) -> Non
     assert out["authorization"] == "Bearer id-token"
 
 
+@pytest.mark.process
 def test_a_gateway_without_oidc_never_loads_the_oidc_module() -> None:
     """The OIDC module brings aiohttp and PyJWT: importing it on a request (as ``authenticate`` did
     on every API-key or open gateway, once the key snapshot first went stale) blocked the worker's

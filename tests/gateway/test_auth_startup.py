@@ -65,6 +65,7 @@ def test_one_oidc_setting_stops_startup() -> None:
         load_config({"OIDC_ISSUER": "https://idp.example"})
 
 
+@pytest.mark.process
 def test_manage_py_serve_refuses_to_start_when_discovery_fails() -> None:
     issuer = f"http://127.0.0.1:{free_port()}"
     proc = subprocess.run(
@@ -88,6 +89,7 @@ def test_manage_py_serve_refuses_to_start_when_discovery_fails() -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.process
 def test_manage_py_serve_starts_with_a_reachable_provider(idp: IdentityProvider) -> None:
     gateway = GatewayProcess({"OIDC_ISSUER": idp.issuer, "OIDC_AUDIENCE": "gateway"}).wait()
     try:

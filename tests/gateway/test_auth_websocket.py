@@ -169,6 +169,7 @@ def test_ensure_not_expired() -> None:
     assert info.value.code == "invalid_token" and info.value.status == 401
 
 
+@pytest.mark.process
 async def test_daphne_refuses_the_upgrade_before_accept(idp: IdentityProvider) -> None:
     """Under daphne (no ``websocket.http.response``) the refusal is a 403 handshake answer."""
     from tests.servers import GatewayProcess

@@ -129,6 +129,7 @@ assert b"compat_probe" not in exposition(), exposition()
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("usable", [True, False])
 def test_multiprocess_metrics_count_as_the_public_api_does_across_a_fork(
     tmp_path: Path, usable: bool

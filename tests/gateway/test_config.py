@@ -196,6 +196,7 @@ def test_example_config_documents_every_key_and_loads() -> None:
             assert f"{f.name} =" in text, f"{f.name} undocumented"
 
 
+@pytest.mark.process
 def test_startup_refusal_stops_the_process() -> None:
     """A bad setting stops `manage.py serve` with one clear message naming it."""
     import subprocess

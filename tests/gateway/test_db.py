@@ -9,7 +9,7 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -82,23 +82,58 @@ def test_unrelated_calls_overlap() -> None:
 
 
 def test_a_cancelled_caller_stops_waiting_and_the_work_finishes() -> None:
-    finished = threading.Event()
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
 
     def slow() -> None:
-        time.sleep(0.3)
+        started.set()
+        release.wait(5)
         finished.set()
 
     async def main() -> None:
         task = asyncio.ensure_future(run_orm(slow))
-        await asyncio.sleep(0.05)
+        await _set(started)  # the work runs on its thread
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not finished.is_set()
         assert await run_orm(lambda: 7) == 7  # the pool still serves
+        release.set()
 
     asyncio.run(main())
     assert finished.wait(5)
+
+
+async def _set(event: threading.Event) -> None:
+    """Wait (off the event loop) for ``event``, set on another thread."""
+    assert await asyncio.get_running_loop().run_in_executor(None, event.wait, 5)
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for ``condition`` (a counter or flag another thread moves), at most 5 s."""
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+async def _until_async(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    """:func:`_until` for a condition that is itself awaited (a query)."""
+    deadline = time.monotonic() + 5
+    while not await condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+def _drain_done(writer: GroupWriter) -> None:
+    """Wait until the writer's thread has ended its drain, whatever the drain does after its
+    results (a tidy-up): a job queued behind the drain runs once the drain has returned."""
+    deadline = time.monotonic() + 5
+    while writer.writing:
+        assert time.monotonic() < deadline, "the drain did not end"
+        time.sleep(0.005)
+    behind = threading.Event()
+    writer.jobs.put(behind.set)
+    assert behind.wait(5)
 
 
 # --- GroupWriter: the group commit ----------------------------------------------------------------
@@ -115,9 +150,18 @@ class _CountingTransaction:
         return transaction.atomic()
 
 
-def _write_item(item_id: str, *, fail: bool = False, gate: threading.Event | None = None) -> str:
+def _write_item(
+    item_id: str,
+    *,
+    fail: bool = False,
+    gate: threading.Event | None = None,
+    started: threading.Event | None = None,
+) -> str:
     """A real write, atomic on its own: one item row; ``fail`` raises after writing it (its row must
-    be rolled back). The result says whether it joined a batch's transaction."""
+    be rolled back). The result says whether it joined a batch's transaction. ``started`` is set
+    once it runs, ``gate`` holds it (and the writer) until set."""
+    if started is not None:
+        started.set()
     if gate is not None:
         assert gate.wait(5)
     joined = connection.in_atomic_block
@@ -133,13 +177,13 @@ def test_writes_that_wait_together_are_committed_together() -> None:
     batch), and every caller gets its own result, in its own order."""
     atomic = _CountingTransaction()
     writer = GroupWriter(atomic)
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
 
     async def main() -> list[str]:
-        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
-        await asyncio.sleep(0.05)  # the writer is busy with the first (alone, no batch transaction)
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate, started=started))
+        await _set(started)  # the writer is busy with the first (alone, no batch transaction)
         rest = [asyncio.ensure_future(writer.run(_write_item, f"i_{n}")) for n in range(8)]
-        await asyncio.sleep(0.05)
+        await _until(lambda: len(writer.waiting) == 8, "the eight writes waiting")
         gate.set()
         return [await first, *[await task for task in rest]]
 
@@ -155,13 +199,13 @@ def test_a_failing_write_fails_only_its_own_caller() -> None:
     are stored, the failing one's caller gets its exception and nothing of it stays."""
     atomic = _CountingTransaction()
     writer = GroupWriter(atomic)
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
 
     async def main() -> list[Any]:
-        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
-        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate, started=started))
+        await _set(started)
         rest = [asyncio.ensure_future(writer.run(_write_item, f"i_{n}", fail=n == 3)) for n in range(6)]
-        await asyncio.sleep(0.05)
+        await _until(lambda: len(writer.waiting) == 6, "the six writes waiting")
         gate.set()
         return await asyncio.gather(first, *rest, return_exceptions=True)
 
@@ -177,13 +221,13 @@ def test_a_failing_write_fails_only_its_own_caller() -> None:
 
 def test_a_cancelled_writer_caller_does_not_drop_its_write() -> None:
     writer = GroupWriter(transaction.atomic)
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
 
     async def main() -> None:
-        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
-        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate, started=started))
+        await _set(started)
         second = asyncio.ensure_future(writer.run(_write_item, "i_second"))
-        await asyncio.sleep(0.01)
+        await _until(lambda: len(writer.waiting) == 1, "the second write waiting")
         second.cancel()
         with pytest.raises(asyncio.CancelledError):
             await second
@@ -237,12 +281,9 @@ def _counting_tidy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def _settled(writer: GroupWriter, calls: list[str], expected: int) -> None:
+def _settled(writer: GroupWriter) -> None:
     """Wait for the writer's thread to end its drain (its last tidy-up comes after the results)."""
-    deadline = time.monotonic() + 5
-    while (writer.writing or len(calls) < expected) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # room for a tidy-up too many to show
+    _drain_done(writer)
 
 
 def _drain_of_two_batches(writer: GroupWriter, first_call: Any) -> tuple[Any, list[Any]]:
@@ -278,7 +319,7 @@ def test_batches_that_follow_each_other_keep_the_connection(monkeypatch: pytest.
     writer = GroupWriter(transaction.atomic)
     head, rest = _drain_of_two_batches(writer, lambda: "first")
     assert (head, rest) == ("first", [0, 1, 2])
-    _settled(writer, calls, 1)
+    _settled(writer)
     assert calls == ["orm-writer"]  # both batches on the writer's own thread
 
 
@@ -289,10 +330,7 @@ def _bursts(writer: GroupWriter, *fns: Callable[[], Any]) -> list[Any]:
         outcomes = []
         for fn in fns:
             outcomes.append((await asyncio.gather(writer.run(fn), return_exceptions=True))[0])
-            deadline = time.monotonic() + 5
-            while writer.writing and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(0.05)  # past the drain's end
+            await asyncio.get_running_loop().run_in_executor(None, _drain_done, writer)
         return outcomes
 
     return asyncio.run(main())
@@ -364,8 +402,16 @@ def test_a_kept_connection_the_server_dropped_is_written_again_on_a_fresh_one() 
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [first])
 
-    asyncio.run(run_orm(kill))
-    time.sleep(0.2)  # the backend is gone
+    def gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [first])
+            return bool(cursor.fetchone()[0] == 0)
+
+    async def killed() -> None:
+        await run_orm(kill)
+        await _until_async(lambda: run_orm(gone), "the backend gone")
+
+    asyncio.run(killed())
     (second,) = _bursts(writer, item_on_backend("i_after"))
     assert isinstance(second, int) and second != first
     assert set(Item.objects.filter(owner="o").values_list("id", flat=True)) == {"i_before", "i_after"}
@@ -404,7 +450,7 @@ def test_a_failed_batch_tidies_before_the_next(monkeypatch: pytest.MonkeyPatch) 
     head, rest = _drain_of_two_batches(writer, broken)
     assert isinstance(head, ValueError)
     assert rest == [0, 1, 2]
-    _settled(writer, calls, 2)
+    _settled(writer)
     assert len(calls) == 2  # before the first batch, and before the second (the first failed)
 
 
@@ -432,18 +478,18 @@ class _Combine:
 def _combined_run(writer: GroupWriter, values: list[str], *, calls: int = 0) -> list[Any]:
     """A first write holds the writer; then ``values`` are put (and ``calls`` plain writes run),
     each from a task with its own request id, and wait together."""
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
 
     async def put(value: str) -> Any:
         request_id.set(f"req_{value}")
         return await writer.put(value)
 
     async def main() -> list[Any]:
-        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate))
-        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(writer.run(_write_item, "i_first", gate=gate, started=started))
+        await _set(started)
         tasks = [asyncio.ensure_future(put(value)) for value in values]
         tasks += [asyncio.ensure_future(writer.run(_write_item, f"i_call_{n}")) for n in range(calls)]
-        await asyncio.sleep(0.05)
+        await _until(lambda: len(writer.waiting) == len(tasks), "every write waiting")
         gate.set()
         return await asyncio.gather(first, *tasks, return_exceptions=True)
 

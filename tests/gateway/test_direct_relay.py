@@ -15,8 +15,9 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -204,6 +205,24 @@ def _upstream_connections() -> list[Any]:
 
 def _upstream_pools() -> list[Any]:
     return [obj for obj in gc.get_objects() if isinstance(obj, HttpPool)]
+
+
+def _nobody_waits(pool: Any) -> bool:
+    """No live wait for a connection of ``pool`` (a cancelled one stays in its queue, done)."""
+    return all(waiter.done() for waiter in pool.waiters)
+
+
+def _wait_for_pools(url: str, condition: Callable[[Any], bool], what: str) -> None:
+    """Wait until ``condition`` holds for every pool of connections to ``url`` (their waiters, their
+    idle connections), at most 10 s."""
+    port = urlsplit(url).port
+    deadline = time.monotonic() + 10
+    while True:
+        pools = [pool for pool in _upstream_pools() if pool.port == port]
+        if pools and all(condition(pool) for pool in pools):
+            return
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 class _ClosingUpstream:
@@ -517,8 +536,12 @@ def test_a_client_leaving_while_its_relay_waits_for_a_connection_sends_nothing(
             while not any(pool.waiters for pool in _upstream_pools()):
                 assert time.monotonic() < deadline, "the request never waited for a connection"
                 time.sleep(0.02)
-        time.sleep(0.3)  # the client has left
+        # The client has left: its wait for a connection is cancelled.
+        _wait_for_pools(upstream.url, _nobody_waits, "the left client's wait never ended")
         gate.open()
         assert b"".join(chunks).endswith(DONE)
-    time.sleep(0.5)  # a request still queued for the connection would go out now
+    # The one connection goes back idle: a request still queued for it would have been handed it.
+    _wait_for_pools(
+        upstream.url, lambda pool: bool(pool.idle) and _nobody_waits(pool), "the connection never came back"
+    )
     assert len([r for r in upstream.requests if r.path == "/v1/chat/completions"]) == 1

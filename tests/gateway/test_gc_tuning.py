@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.servers import ROOT
+
+pytestmark = pytest.mark.process
 
 
 def test_the_asgi_app_freezes_start_up_objects_and_raises_only_the_young_threshold() -> None:

@@ -74,6 +74,8 @@ def check_private_names(root: Path, pkg: Path) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.process
+@pytest.mark.timeout(600)  # lint-imports over the whole project
 def test_the_real_packages_keep_every_contract() -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
@@ -85,6 +87,8 @@ def test_the_real_packages_keep_every_contract() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.process
+@pytest.mark.timeout(600)  # lint-imports over the whole project
 def test_every_contract_fails_when_violated(lint_output: str) -> None:
     import tomllib
 
@@ -103,6 +107,7 @@ def test_every_contract_fails_when_violated(lint_output: str) -> None:
     assert "gateway.relay.zz_django -> django (l. 1)" in lint_output
 
 
+@pytest.mark.process
 def test_private_names_checker(tmp_path: Path) -> None:
     pkg = tmp_path / "responses_app"
     pkg.mkdir()
@@ -125,6 +130,7 @@ def test_private_names_checker(tmp_path: Path) -> None:
     assert clean.returncode == 0
 
 
+@pytest.mark.process
 def test_private_names_checker_refuses_a_subclass_using_its_bases_privates(tmp_path: Path) -> None:
     """A subclass in another module uses its base's public seams: overriding or calling a private
     method (or using a private attribute) of the base, or of the base's own base, is an offence."""

@@ -478,6 +478,40 @@ async def _no_check(*args: Any) -> None:
     return None
 
 
+def test_fetch_refuses_a_name_whose_answer_turns_mixed_at_connect_time(
+    gw: LiveServer, upstream: ScriptedUpstream, site: WebSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: ``site.test`` answers a public address to the pre-check, then a public and a
+    private one (the site on 127.0.0.1, listed first) to the connection. One private address in the
+    answer is enough to refuse: the site is never contacted."""
+    import socket
+
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "site.test":
+            return real(host, port, *args, **kwargs)
+        asked.append(host)
+        public = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", int(port)))
+        private = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", int(port)))
+        return [public] if len(asked) == 1 else [private, public]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    url = f"http://site.test:{site.port}/article"
+    upstream.script("/v1/messages", json_answer(anthropic_tool_message([("f1", "web_fetch", {"url": url})])))
+    upstream.script("/v1/messages", json_answer(anthropic_message("no")))
+    r = post(gw, body([FETCH]))
+    assert r.json()["content"][1]["content"] == {
+        "type": "web_fetch_tool_result_error",
+        "error_code": "url_not_allowed",
+    }
+    told = rounds(upstream)[1]["messages"][2]["content"][0]["content"]
+    assert "host 'site.test' resolves to a loopback, private or link-local address" in told
+    assert len(asked) == 2  # the pre-check's answer, then the connection's own
+    assert site.paths == []  # never contacted
+
+
 # --- mixed tools, stop_reason, tool_choice -------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ def test_migrate_safely_applies_migrations() -> None:
     assert "conversations_app_item" in tables
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
     if connection.vendor != "postgresql":
@@ -64,6 +65,7 @@ def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
     assert proc.wait(timeout=60) == 0
 
 
+@pytest.mark.process
 def test_json_logs_carry_request_id_and_no_secrets(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     gw = GatewayProcess(
         {"LOG_FORMAT": "json", "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
@@ -234,6 +236,7 @@ def test_prepared_statements_can_be_switched_off(monkeypatch) -> None:  # type: 
         assert options["prepare_threshold"] == threshold
 
 
+@pytest.mark.process
 def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The default (text) access line: time, level, logger, request id, method, path, status, ms."""
     gw = GatewayProcess({"LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
@@ -248,6 +251,7 @@ def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-un
     assert len([line for line in out.splitlines() if re.match(pattern, line)]) == 2, out
 
 
+@pytest.mark.process
 def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """With `[server] workers = 2`, /metrics counts the requests every worker answered."""
     gw = GatewayProcess(
@@ -294,6 +298,7 @@ def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # typ
     assert float(in_flight.rsplit(" ", 1)[1]) == 1.0, text
 
 
+@pytest.mark.process
 def test_workers_share_new_connections(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """With `[server] workers = 2` each worker accepts on a socket of its own (SO_REUSEPORT), so a
     burst of new connections is spread over both instead of landing on whichever woke first."""
@@ -337,6 +342,7 @@ def test_workers_share_new_connections(upstream, tmp_path) -> None:  # type: ign
     assert len(answered_by_pid) == 2 and min(answered_by_pid.values()) >= 6, answered_by_pid
 
 
+@pytest.mark.process
 def test_workers_refuse_a_port_already_taken(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -362,6 +368,7 @@ LZ4_COLUMNS = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_the_like_indexes_and_the_compression_methods_go_and_come_back_with_their_migrations() -> None:
     """``0005_no_pattern_indexes`` (both apps) drops the ``varchar_pattern_ops`` index PostgreSQL got

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.servers import GatewayProcess, LiveServer, free_port
 
@@ -53,6 +54,7 @@ def test_ready_probe_is_bounded_when_upstream_hangs(
     assert "no answer within" in r.json()["checks"]["upstream"]["error"]
 
 
+@pytest.mark.process
 def test_ready_503_when_database_down(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A gateway whose PostgreSQL does not answer is alive but not ready."""
     gw = GatewayProcess(

@@ -40,6 +40,7 @@ def test_celery_over_real_redis_broker() -> None:
         assert result.get(timeout=20) == "pong"
 
 
+@pytest.mark.process
 def test_settings_pick_redis_layer_when_configured() -> None:
     import subprocess
     import sys

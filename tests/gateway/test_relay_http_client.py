@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import os
 import ssl
 import subprocess
@@ -55,6 +56,14 @@ class Request:
 
 # (connection number, request, writer) -> keep the connection open?
 Handler = Callable[[int, Request, asyncio.StreamWriter], Awaitable[bool]]
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for ``condition`` (a count or flag the other side moves), at most 5 s."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.005)
 
 
 class Server:
@@ -185,7 +194,8 @@ async def test_pool_limit_queues_callers_in_order() -> None:
     async with Server(slow) as server:
         pool = HttpPool(server.url, timeouts(pool_size=2))
         tasks = [asyncio.create_task(fetch(pool, f"/v1/x?i={i}")) for i in range(6)]
-        await asyncio.sleep(0.1)
+        await until(lambda: len(server.requests) == 2, "two requests out")
+        await until(lambda: sum(not w.done() for w in pool.waiters) == 4, "four waiting")
         assert len(server.requests) == 2  # the other four wait for a connection
         release.set()
         results = await asyncio.gather(*tasks)
@@ -225,8 +235,7 @@ async def test_idle_connection_closed_by_the_server_is_replaced() -> None:
         pool = HttpPool(server.url, timeouts(pool_size=1))
         assert await fetch(pool) == (200, b"0:POST /v1/x 2")
         await server.wait_disconnected(0)
-        await asyncio.sleep(0.05)
-        assert pool.idle == []  # the pool noticed the close while the connection was idle
+        await until(lambda: pool.idle == [], "the pool noticing the close")  # while the connection was idle
         assert pool.size == 0
         assert await fetch(pool) == (200, b"1:POST /v1/x 2")
         pool.close()
@@ -453,20 +462,22 @@ async def test_cancelling_the_caller_closes_the_upstream_connection() -> None:
         pool = HttpPool(server.url, timeouts())
         # While waiting for the headers.
         task = asyncio.create_task(fetch(pool, "/v1/headers"))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(server.requests) == 1, "the request out")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await server.wait_disconnected(0)
 
         # While waiting for the body.
+        first_chunk = asyncio.Event()
+
         async def read_body() -> None:
             _, _, chunks = await pool.request("GET", "/v1/body", {})
             async for _ in chunks:
-                pass
+                first_chunk.set()
 
         task = asyncio.create_task(read_body())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(first_chunk.wait(), 5)  # the headers and a chunk came; the rest waits
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -507,7 +518,15 @@ async def test_slow_reader_pauses_the_socket() -> None:
     async with Server(huge) as server:
         pool = HttpPool(server.url, timeouts())
         _, _, chunks = await pool.request("GET", "/v1/x", {})
-        await asyncio.sleep(0.3)  # the reader dawdles: the client stops reading at its high-water mark
+        # The reader dawdles: the client stops reading at its high-water mark.
+        await until(
+            lambda: any(
+                c.reading_paused
+                for c in gc.get_objects()
+                if type(c) is http_client.Connection and c.pool is pool  # type(): a proxy stays unread
+            ),
+            "the client pausing its reads",
+        )
         first = await anext(chunks)
         assert len(first) < 2 * 1024 * 1024
         rest = b"".join([chunk async for chunk in chunks])
@@ -856,6 +875,7 @@ def test_without_the_client_handed_over_the_http_upstream_says_so(
         upstream.get_upstream()
 
 
+@pytest.mark.process
 def test_a_celery_worker_process_gets_the_client() -> None:
     """A worker sets Django up when it imports its task modules (Celery's Django fix-up), which runs
     the gateway app's ``ready()``: an ``HttpUpstream`` built in a task has the lean client."""

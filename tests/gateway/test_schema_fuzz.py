@@ -33,6 +33,9 @@ CHECKS = (
 REQUEST_TIMEOUT_S = 30
 RUN_BOUND_S = 480
 
+# A gateway process and the fuzzer: the start, the run (RUN_BOUND_S) and the shutdown.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_BOUND_S + 300)]
+
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[GatewayProcess, Path]]:

@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,12 +26,15 @@ import redis
 import websockets
 from aiohttp import web
 
-from tests.faults import CeleryWorker, PostgresCluster, gateway, postgres_available
+from tests.faults import CeleryWorker, PostgresCluster, gateway
 from tests.responses.conftest import sse_events
 from tests.responses.scripts import Script, handler, text
 from tests.responses.wsutil import ws_url
-from tests.servers import GatewayProcess
+from tests.servers import GatewayProcess, process_database
 from tests.upstream import Recorded
+
+# Processes started, killed and restarted, and waits bounded at up to 90 s each: more than the default.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
 CHAT = "/v1/chat/completions"
@@ -75,16 +77,35 @@ def script_many(upstream: Any, answer: Any, count: int = 64) -> None:
         upstream.script(CHAT, answer)
 
 
-def sqlite_rows(data_dir: Path) -> dict[str, tuple[str, str]]:
-    with sqlite3.connect(data_dir / "gateway.sqlite3") as db:
-        found = db.execute("SELECT id, status, lease_owner FROM responses_app_response").fetchall()
+@pytest.fixture
+def leg_database(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment naming the gateway's database in this leg: a scratch PostgreSQL database in
+    the PostgreSQL leg, SQLite in ``tmp_path`` in the SQLite leg (tests.servers.process_database)."""
+    env, database = process_database(tmp_path)
+    yield env
+    if database is not None:
+        database.drop()
+
+
+def query(env: dict[str, str], sql: str, *params: Any) -> list[Any]:
+    """Rows of ``sql`` (``%s`` placeholders) on the database ``env`` names, read directly."""
+    if "DATABASE_URL" in env:
+        import psycopg
+
+        with psycopg.connect(env["DATABASE_URL"]) as pg:
+            return pg.execute(sql, params).fetchall()  # type: ignore[arg-type]
+    with sqlite3.connect(Path(env["GATEWAY_SERVER_DATA_DIR"]) / "gateway.sqlite3") as db:
+        return db.execute(sql.replace("%s", "?"), params).fetchall()
+
+
+def stored_rows(env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    found = query(env, "SELECT id, status, lease_owner FROM responses_app_response")
     return {row[0]: (row[1], row[2]) for row in found}
 
 
-def stored_events(data_dir: Path, rid: str) -> int:
-    with sqlite3.connect(data_dir / "gateway.sqlite3") as db:
-        found = db.execute("SELECT count(*) FROM responses_app_responseevent WHERE response_id = ?", (rid,))
-        return int(found.fetchone()[0])
+def stored_events(env: dict[str, str], rid: str) -> int:
+    sql = "SELECT count(*) FROM responses_app_responseevent WHERE response_id = %s"
+    return int(query(env, sql, rid)[0][0])
 
 
 def wait_for(check: Any, timeout: float, what: str) -> Any:
@@ -132,10 +153,9 @@ def broker_db() -> Iterator[None]:
 
 
 def test_killed_worker_fails_within_the_lease_and_a_new_worker_serves(
-    upstream: Any, broker_db: None, tmp_path: Path
+    upstream: Any, broker_db: None, leg_database: dict[str, str]
 ) -> None:
-    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": REDIS_URL}
-    env["GATEWAY_SERVER_DATA_DIR"] = str(tmp_path)
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": REDIS_URL, **leg_database}
     gw = gateway(env)
     worker: CeleryWorker | None = None
     replacement: CeleryWorker | None = None
@@ -149,14 +169,14 @@ def test_killed_worker_fails_within_the_lease_and_a_new_worker_serves(
         assert quick.status_code == 200, quick.text
         first = quick.json()["id"]
         wait_for(lambda: status_of(gw.url, first) == "completed", 30, "the first response completing")
-        assert sqlite_rows(tmp_path)[first][1].split("/")[1] == str(worker.pid)
+        assert stored_rows(env)[first][1].split("/")[1] == str(worker.pid)
 
         long = httpx.post(
             f"{gw.url}/v1/responses", json={"model": "m", "input": "long", "background": True}, timeout=10
         )
         rid = long.json()["id"]
-        wait_for(lambda: stored_events(tmp_path, rid) >= 4, 30, "the long response streaming")
-        assert sqlite_rows(tmp_path)[rid][1].split("/")[1] == str(worker.pid)
+        wait_for(lambda: stored_events(env, rid) >= 4, 30, "the long response streaming")
+        assert stored_rows(env)[rid][1].split("/")[1] == str(worker.pid)
         worker.kill()  # kill -9, mid-response
         killed = time.monotonic()
         wait_for(lambda: status_of(gw.url, rid) == "failed", LEASE_S + 5, "the orphan failing")
@@ -180,7 +200,7 @@ def test_killed_worker_fails_within_the_lease_and_a_new_worker_serves(
             f"{gw.url}/v1/responses", json={"model": "m", "input": "quick", "background": True}, timeout=10
         ).json()["id"]
         wait_for(lambda: status_of(gw.url, after) == "completed", 30, "the next response on a new worker")
-        assert sqlite_rows(tmp_path)[after][1].split("/")[1] == str(replacement.pid)
+        assert stored_rows(env)[after][1].split("/")[1] == str(replacement.pid)
         statuses: dict[str, int | str] = {i: status_of(gw.url, i) for i in (first, rid, after)}
         assert count(statuses) == {"lost": 0, "stuck": 0, "failed": 1, "completed": 2}
     finally:
@@ -190,10 +210,11 @@ def test_killed_worker_fails_within_the_lease_and_a_new_worker_serves(
         gw.stop()
 
 
-def test_unreachable_broker_refuses_background_work_and_stores_nothing(upstream: Any, tmp_path: Path) -> None:
+def test_unreachable_broker_refuses_background_work_and_stores_nothing(
+    upstream: Any, leg_database: dict[str, str]
+) -> None:
     closed_port = "redis://127.0.0.1:1/0"  # nothing listens on port 1
-    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": closed_port}
-    env["GATEWAY_SERVER_DATA_DIR"] = str(tmp_path)
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": closed_port, **leg_database}
     gw = gateway(env)
     try:
         started = time.monotonic()
@@ -210,7 +231,7 @@ def test_unreachable_broker_refuses_background_work_and_stores_nothing(upstream:
                 "code": "broker_unavailable",
             }
         }
-        assert sqlite_rows(tmp_path) == {}
+        assert stored_rows(env) == {}
         ready = httpx.get(f"{gw.url}/ready", timeout=10)
         assert ready.status_code == 503
         assert ready.json()["checks"]["broker"]["status"] == "fail"
@@ -218,7 +239,6 @@ def test_unreachable_broker_refuses_background_work_and_stores_nothing(upstream:
         gw.stop()
 
 
-@pytest.mark.skipif(not postgres_available(), reason="needs PostgreSQL's initdb/pg_ctl")
 def test_postgres_restart_under_load_leaves_nothing_queued(upstream: Any, broker_db: None) -> None:
     cluster = PostgresCluster()
     env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "REDIS_URL": REDIS_URL, "DATABASE_URL": cluster.url}
@@ -327,10 +347,11 @@ async def _ws(url: str, ids: dict[str, str]) -> tuple[list[dict[str, Any]], int 
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_drains_http_sse_and_websocket_within_the_grace(upstream: Any, workers: int) -> None:
+def test_sigterm_drains_http_sse_and_websocket_within_the_grace(
+    upstream: Any, workers: int, leg_database: dict[str, str]
+) -> None:
     """With several server processes the supervisor passes SIGTERM on and each one drains."""
-    data_dir = Path(tempfile.mkdtemp(prefix="gateway-drain-"))
-    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(data_dir)}
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, **leg_database}
     env["GATEWAY_SERVER_WORKERS"] = str(workers)
     script_many(upstream, by_input(short=slow(1.5), long=slow(30)))
     gw: GatewayProcess = gateway(env)
@@ -386,7 +407,7 @@ def test_sigterm_drains_http_sse_and_websocket_within_the_grace(upstream: Any, w
     assert ws_events[-1]["type"] == "response.failed"  # before the close
     assert close_code == 1012
     # Every announced id is stored, none left unfinished (read from the database the gateway left).
-    rows = sqlite_rows(data_dir)
+    rows = stored_rows(env)
     statuses: dict[str, int | str] = {
         label: rows[rid][0] if rid in rows else 404 for label, rid in ids.items()
     }
@@ -416,13 +437,14 @@ def test_the_shutdown_waits_for_an_interrupted_background_response_to_store_its_
 ) -> None:
     """A background response has no connection keeping the server up: once the grace interrupts
     it, the process must not exit before its failure is stored, however long the write waits for
-    the database (here: another writer holds SQLite's write lock past the grace)."""
+    the database (here: another writer holds SQLite's write lock past the grace; SQLite in both
+    legs, as that lock is how the test holds the write back)."""
     env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
     script_many(upstream, by_input(long=slow(30)))
     gw = gateway(env)
     try:
         rid = post_background(gw.url, "long bg")
-        wait_for(lambda: sqlite_rows(tmp_path).get(rid, ("",))[0] == "in_progress", 10, "the run to start")
+        wait_for(lambda: stored_rows(env).get(rid, ("",))[0] == "in_progress", 10, "the run to start")
         holder = sqlite3.connect(tmp_path / "gateway.sqlite3", isolation_level=None, timeout=20)
         holder.execute("BEGIN IMMEDIATE")  # every write of the gateway waits from here on
         try:
@@ -435,13 +457,15 @@ def test_the_shutdown_waits_for_an_interrupted_background_response_to_store_its_
         gw.proc.wait(timeout=15)
     finally:
         gw.stop()
-    assert sqlite_rows(tmp_path)[rid][0] == "failed"
+    assert stored_rows(env)[rid][0] == "failed"
 
 
-def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any, tmp_path: Path) -> None:
+def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(
+    upstream: Any, leg_database: dict[str, str]
+) -> None:
     """OpenAI's behaviour: the response goes on and is stored; its announced id is retrievable.
     An unstored one is cancelled with its upstream request."""
-    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, **leg_database}
     script_many(upstream, by_input(stored=slow(1.5), unstored=slow(30), ws=slow(1.5)))
     gw = gateway(env)
 
@@ -488,21 +512,21 @@ def test_a_client_that_leaves_a_stored_stream_still_gets_it_stored(upstream: Any
         gw.stop()
 
 
-def test_a_restarted_gateway_fails_its_orphans_at_start(upstream: Any, tmp_path: Path) -> None:
+def test_a_restarted_gateway_fails_its_orphans_at_start(upstream: Any, leg_database: dict[str, str]) -> None:
     """In-process background work dies with its process (kill -9); the next gateway on the host
     fails those rows when it starts, long before their lease would expire."""
-    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
+    env = {**FAST_ENV, "LLM_API_BASE": upstream.url, **leg_database}
     env["GATEWAY_RESPONSES_LEASE_S"] = "600"
     script_many(upstream, by_input(long=slow(30)))
     gw = gateway(env)
     try:
         rid = post_background(gw.url, "long")
-        wait_for(lambda: stored_events(tmp_path, rid) >= 4, 30, "the response streaming")
+        wait_for(lambda: stored_events(env, rid) >= 4, 30, "the response streaming")
         gw.proc.kill()
         gw.proc.wait(10)
     finally:
         gw.stop()
-    assert sqlite_rows(tmp_path)[rid][0] == "in_progress"
+    assert stored_rows(env)[rid][0] == "in_progress"
     started = time.monotonic()
     after = gateway(env)
     try:
@@ -526,8 +550,6 @@ def _database(backend: str, cleanup: contextlib.ExitStack, data_dir: Path) -> di
     """The gateway's database for ``backend``: SQLite in ``data_dir``, or the test's own cluster."""
     if backend == "sqlite":
         return {"GATEWAY_SERVER_DATA_DIR": str(data_dir)}
-    if not postgres_available():
-        pytest.skip("needs PostgreSQL's initdb/pg_ctl")
     cluster = PostgresCluster()
     cleanup.callback(cluster.stop)
     cluster.start()
@@ -536,15 +558,7 @@ def _database(backend: str, cleanup: contextlib.ExitStack, data_dir: Path) -> di
 
 def _rows(env: dict[str, str]) -> dict[str, tuple[str, str, Any]]:
     """``{id: (status, lease_owner, lease_expires_at)}`` of every response row, read directly."""
-    query = "SELECT id, status, lease_owner, lease_expires_at FROM responses_app_response"
-    if "DATABASE_URL" in env:
-        import psycopg
-
-        with psycopg.connect(env["DATABASE_URL"]) as db:
-            found = db.execute(query).fetchall()
-    else:
-        with sqlite3.connect(Path(env["GATEWAY_SERVER_DATA_DIR"]) / "gateway.sqlite3") as db:
-            found = db.execute(query).fetchall()
+    found = query(env, "SELECT id, status, lease_owner, lease_expires_at FROM responses_app_response")
     return {row[0]: (row[1], row[2], row[3]) for row in found}
 
 

@@ -19,6 +19,8 @@ import pytest
 from tests.responses.scripts import Script, handler, path_for, text
 from tests.servers import GatewayProcess
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -50,9 +50,11 @@ def _row(status: str, *, lease_owner: str = "", expires_in: float | None = None)
 
 
 def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+    pid = os.fork()  # a child that exits at once: no interpreter to start, no `process` mark
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
 
 
 def test_the_sweep_fails_expired_leases_and_dead_local_runners_only() -> None:
@@ -563,6 +565,7 @@ def test_an_exception_in_background_work_stores_failed_with_an_error() -> None:
     assert last is not None and orjson.loads(last.data)["type"] in ("response.failed", "error")
 
 
+@pytest.mark.process
 def test_the_celery_app_is_loaded_wherever_tasks_are_sent() -> None:
     """A process that only imports the Responses tasks sends them through the gateway's app and
     its Redis broker, never Celery's default app (AMQP on localhost)."""

@@ -395,6 +395,80 @@ def test_wait_agent_then_interrupt_agent(gw: Gateway) -> None:
 
 
 @pytest.mark.parametrize("wire", ["responses"])
+def test_the_round_cap_ends_the_roots_turn_incomplete(gw: Gateway, gateway_config: Any) -> None:
+    """``[responses] max_rounds`` bounds each agent's turn across its segments: a root that calls
+    ``list_agents`` every round is stopped after the cap, and the response is incomplete."""
+    gateway_config(responses__max_rounds=3)
+    route(gw, lambda body: Script([call("list_agents", _args())]), 5)
+    final = check_attribution(gw.stream({"model": "m", "input": "go", "multi_agent": MA}))
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [i["type"] for i in final["output"]] == ["multi_agent_call", "multi_agent_call_output"] * 3
+    assert len(gw.upstream_bodies()) == 3
+    assert Response.objects.get(id=final["id"]).status == "incomplete"
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_wait_agent_waits_at_most_the_cap(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``wait_agent`` asking for longer than the cap (``MAX_WAIT_MS``, here 0.3 s instead of five
+    minutes) times out at the cap: the root goes on while its subagent is still at work."""
+    from responses_app import multi_agent
+
+    monkeypatch.setattr(multi_agent, "MAX_WAIT_MS", 300)
+
+    def router(body: dict[str, Any]) -> Script:
+        if task_of(body) is not None:
+            return Script([text("late answer")], delay_s=0.5)  # about 3 s: a few events, each late
+        if "Spawned" not in body_text(body):
+            return Script(
+                [
+                    call("spawn_agent", _args(task_name="slow", message="slow", fork_turns="none")),
+                    call("wait_agent", _args(timeout_ms=3_600_000)),
+                ]
+            )
+        return Script([text("went on")])
+
+    route(gw, router, 3)
+    final = check_attribution(gw.stream({"model": "m", "input": "go", "multi_agent": MA}))
+    assert final["status"] == "completed"
+    outputs = {
+        o["action"]: o["output"][0]["text"] for o in final["output"] if o["type"] == "multi_agent_call_output"
+    }
+    assert outputs["wait_agent"] == "Timed out waiting.\nAgents: /root/slow (running)"
+    root_says = [i for i in final["output"] if i["type"] == "message" and i["agent"]["agent_name"] == "/root"]
+    assert root_says[0]["content"][0]["text"] == "went on"
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_two_async_rounds_in_a_row_end_an_agents_turn(tools_gw: Gateway) -> None:
+    """The async rule per agent: a round whose only client calls are async goes on with the call
+    pending, once; after the second such round in a row the agent's turn ends, even when that
+    round also ran a gateway tool (no third round)."""
+    gw = tools_gw
+
+    def router(body: dict[str, Any]) -> Script:
+        seen = body_text(body)
+        if "call_a2" in seen:
+            return Script([text("a third round")])
+        if "call_a1" in seen:
+            return Script(
+                [call("lookup", _args(q="q2"), call_id="call_a2"), call("web_search", _args(queries=["w"]))]
+            )
+        return Script([call("lookup", _args(q="q1"), call_id="call_a1")])
+
+    route(gw, router, 3)
+    tools = [ASYNC_FN, {"type": "web_search"}]
+    # Not check_attribution: a gateway tool's item (web_search_call) carries no ``agent`` yet.
+    final = gw.stream({"model": "m", "input": "go", "tools": tools, "multi_agent": MA})[-1]["response"]
+    assert final["status"] == "completed", final
+    calls = [i for i in final["output"] if i["type"] == "function_call"]
+    assert [(c["call_id"], c["async"]) for c in calls] == [("call_a1", True), ("call_a2", True)]
+    assert [i["type"] for i in final["output"] if i["type"] == "web_search_call"] == ["web_search_call"]
+    assert not any(i["type"] == "message" for i in final["output"])
+    assert len(gw.upstream_bodies()) == 2
+
+
+@pytest.mark.parametrize("wire", ["responses"])
 def test_max_concurrent_subagents_is_respected(gw: Gateway) -> None:
     def router(body: dict[str, Any]) -> Script:
         task = task_of(body)

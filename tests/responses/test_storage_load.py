@@ -20,11 +20,13 @@ import httpx
 import orjson
 import pytest
 from aiohttp import web
-from django.conf import settings
 
 from tests.responses.scripts import Script, handler, text
 from tests.servers import GatewayProcess
 from tests.upstream import Recorded
+
+# A gateway process under concurrent load, its requests bounded at 120 s each: more than the default.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 RESPONSES = 64
 CHAINS = 16
@@ -60,48 +62,18 @@ async def _echo_upstream(request: web.Request, rec: Recorded) -> web.StreamRespo
 _default: Any = None
 
 
-def _postgres_url() -> str | None:
-    """A fresh database next to the suite's own when the suite runs on PostgreSQL."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        return None
-    import psycopg
-
-    name = f"{db['NAME']}_storage_load"
-    host, port, user = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432, db.get("USER") or "postgres"
-    auth = user if not db.get("PASSWORD") else f"{user}:{db['PASSWORD']}"
-    base = f"postgres://{auth}@{host}:{port}"
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{base}/{name}"
-
-
-def _drop_postgres(url: str) -> None:
-    import psycopg
-
-    base, _, name = url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture
 def gateway_process(upstream: Any) -> Iterator[str]:
     global _default
     _default = upstream.default
     upstream.default = _echo_upstream
     env = {"LLM_API_BASE": upstream.url, "LOG_LEVEL": "WARNING", "UPSTREAM_API": "responses"}
-    database = _postgres_url()
-    if database is not None:
-        env["DATABASE_URL"] = database
-    gateway = GatewayProcess(env, log=os.devnull)
+    gateway = GatewayProcess(env, log=os.devnull)  # on a database of its own in the PostgreSQL leg
     try:
         gateway.wait(60)
         yield gateway.url
     finally:
         gateway.stop()
-        if database is not None:
-            _drop_postgres(database)
 
 
 async def _json_response(client: httpx.AsyncClient, prompt: str, **extra: Any) -> dict[str, Any]:

@@ -28,6 +28,37 @@ from tests.responses.scripts import text
 HOLD_S = 1.0
 
 
+class _FinalWrites:
+    """Where the finished responses' writes are in ``services.final_writes``: ``entered`` counts
+    the final rows its batches have begun to write (a batch blocked on a lock included), ``waiting``
+    those queued behind. Waited on instead of a pause that hopes they got there."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from responses_app import services
+
+        self.writer = services.final_writes
+        self.batches: list[int] = []  # the number of final rows of each statement
+        combine = self.writer.combine
+        assert combine is not None
+
+        def counting(writes: list[Any]) -> list[Any]:
+            self.batches.append(sum(isinstance(w, services.FinalWrite) for w in writes))
+            return combine(writes)
+
+        monkeypatch.setattr(self.writer, "combine", counting)
+        self.final = services.FinalWrite
+
+    @property
+    def waiting(self) -> int:
+        return sum(isinstance(write.value, self.final) for write in list(self.writer.waiting))
+
+    def wait_until(self, condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition(self):
+            assert time.monotonic() < deadline, f"{what}: {self.batches}, {self.waiting} waiting"
+            time.sleep(0.005)
+
+
 @pytest.fixture
 def wire() -> str:
     return "responses"
@@ -62,7 +93,10 @@ def _write_lock_held_by_another_connection() -> Iterator[None]:
         other.close()
 
 
-def test_a_held_write_lock_makes_the_store_wait_not_fail(gw: Gateway) -> None:
+def test_a_held_write_lock_makes_the_store_wait_not_fail(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = _FinalWrites(monkeypatch)
     gw.script(text("patient"))
     gw.script(text("streamed"))
     answers: dict[str, Any] = {}
@@ -80,8 +114,11 @@ def test_a_held_write_lock_makes_the_store_wait_not_fail(gw: Gateway) -> None:
         started = time.monotonic()
         for thread in threads:
             thread.start()
+        # Both generated, both final rows at the writer (one batch blocked on the lock, or behind a
+        # blocked one); then the lock stays held a while longer: a store waits, it does not fail.
+        writes.wait_until(lambda w: sum(w.batches) + w.waiting == 2, "both stores at the writer")
         time.sleep(HOLD_S)
-        assert not answers  # both generated, both waiting for the lock
+        assert not answers
     for thread in threads:
         thread.join(30)
     assert time.monotonic() - started >= HOLD_S
@@ -92,11 +129,12 @@ def test_a_held_write_lock_makes_the_store_wait_not_fail(gw: Gateway) -> None:
         assert Response.objects.get(id=response_id).status == "completed"
 
 
-def test_sqlite_writers_queue_on_the_writers_lock_file(gw: Gateway) -> None:
+def test_sqlite_writers_queue_on_the_writers_lock_file(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every server process's SQLite writers queue on one advisory file lock (woken by the kernel),
     not in SQLite's busy handler: a write waits while another holder has it, then completes."""
     if connection.vendor != "sqlite":
         pytest.skip("the writers' lock file is SQLite's")
+    writes = _FinalWrites(monkeypatch)
     gw.script(text("queued"))
     answers: dict[str, Any] = {}
     fd = os.open(f"{connection.settings_dict['NAME']}.writers.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -106,8 +144,9 @@ def test_sqlite_writers_queue_on_the_writers_lock_file(gw: Gateway) -> None:
             target=lambda: answers.setdefault("json", gw.post({"model": "m", "input": "x"}))
         )
         thread.start()
-        time.sleep(HOLD_S)
-        assert not answers  # generated, waiting for the lock
+        writes.wait_until(lambda w: w.batches == [1], "the store at the writer")  # generated
+        time.sleep(HOLD_S)  # the lock held a while longer: the store waits for it
+        assert not answers
         fcntl.flock(fd, fcntl.LOCK_UN)
         thread.join(30)
     finally:
@@ -197,17 +236,7 @@ def test_one_bad_response_in_a_group_commit_fails_alone(gw: Gateway, monkeypatch
     """Seven stored responses wait for the write lock; six of them (one with text PostgreSQL
     refuses) are then written as one batch (one statement). The batch fails, its members are
     written again one by one: the six good ones are stored completed, the bad one alone ends failed (500)."""
-    from responses_app import services
-
-    batches: list[int] = []  # the number of responses of each statement that stores responses
-    combine = services.final_writes.combine
-    assert combine is not None
-
-    def counting(writes: list[Any]) -> list[Any]:
-        batches.append(len(writes))
-        return combine(writes)
-
-    monkeypatch.setattr(services.final_writes, "combine", counting)
+    writes = _FinalWrites(monkeypatch)
     gw.script(text("first"))
     for n in range(5):
         gw.script(text(f"good {n}"))
@@ -220,16 +249,18 @@ def test_one_bad_response_in_a_group_commit_fails_alone(gw: Gateway, monkeypatch
     with _write_lock_held_by_another_connection():
         first = threading.Thread(target=post)
         first.start()
-        time.sleep(0.5)  # its write waits for the lock and holds the writer: the others queue
+        # Its write waits for the lock and holds the writer: the others queue behind it.
+        writes.wait_until(lambda w: w.batches == [1], "the first store blocked on the lock")
         rest = [threading.Thread(target=post) for _ in range(6)]
         for thread in rest:
             thread.start()
-        time.sleep(HOLD_S)
+        writes.wait_until(lambda w: w.waiting == 6, "six stores queued behind it")
         assert not answers
     for thread in [first, *rest]:
         thread.join(30)
     # The first alone; the six tried together once (one statement), then one by one (and the bad
     # one's ``failed`` row after them).
+    batches = writes.batches
     assert batches[:2] == [1, 6] and batches[2:] == [1] * 7, batches
     assert sorted(r.status_code for r in answers) == [200] * 6 + [500]
     bad = next(r for r in answers if r.status_code == 500)

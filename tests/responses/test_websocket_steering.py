@@ -9,6 +9,7 @@ so the safe boundary it waits for is deterministic.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -873,8 +874,18 @@ def test_exhausting_failure_delivery_capacity_closes_the_connection(
 
 
 def test_disconnect_discards_unapplied_steering_even_for_a_stored_parent(
-    gw: LiveServer, upstream: Any
+    gw: LiveServer, upstream: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from responses_app import steering
+
+    discarded = threading.Event()  # the server handled the close (its steering discarded)
+    discard = steering.Steering.discard
+
+    def discarding(self: steering.Steering) -> None:
+        discard(self)
+        discarded.set()
+
+    monkeypatch.setattr(steering.Steering, "discard", discarding)
     gate = Gate()
     gated(upstream, gate, text("whole ", "answer"), hold_before="response.output_text.delta", nth=2)
 
@@ -889,9 +900,9 @@ def test_disconnect_discards_unapplied_steering_even_for_a_stored_parent(
         return str(rid)
 
     rid = run(scenario())
-    # Nothing outside the server shows when it has handled the close; give it a moment before the
-    # upstream goes on (were steering still held, the parent would stop at the next boundary).
-    asyncio.run(asyncio.sleep(0.5))
+    # The upstream goes on once the server has handled the close (were steering still held, the
+    # parent would stop at the next boundary).
+    assert discarded.wait(10)
     gate.open()
     for _ in range(500):
         row = Response.objects.filter(id=rid).first()

@@ -299,6 +299,44 @@ async def test_calls_run_and_return_output(mcp_server: Any) -> None:
     ]
 
 
+async def test_each_call_checks_the_servers_addresses_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS rebinding between discovery and call: ``mcp.example.com`` (allowed by a wildcard, so it
+    must resolve to public addresses) answers a public address to discovery's check, then the
+    server's loopback address. The call checks again before connecting: a failed call, and the
+    server never sees it."""
+    answers = [["93.184.215.14"], ["127.0.0.1"]]  # the first lookup's, then every later one's
+    lookups: list[list[str]] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if host not in ("mcp.example.com", b"mcp.example.com"):
+            return real(host, port, *args, **kwargs)
+        lookups.append(answers[min(len(lookups), len(answers) - 1)])
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (a, int(port))) for a in lookups[-1]
+        ]
+
+    # Every lookup (the event loop's resolver and the MCP client's connections) goes through here.
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    config = load_config({"MCP_ALLOWED_HOSTS": "*.example.com"})
+    live, record, _ = start_mcp_server(1, also_named="mcp.example.com")
+    try:
+        ts = await discovered(f"http://mcp.example.com:{live.port}/mcp", config)
+        assert "mcp__local__tool_0" in ts.functions  # discovered (its connection went where DNS said)
+        seen = len(lookups)
+        call = ts.make_call("c", "mcp__local__tool_0", '{"text": "hi"}')
+        [result] = await run_gateway_calls([call], config=config)
+    finally:
+        live.stop()
+    assert result.status == "failed"
+    assert result.error == (
+        "MCP server host 'mcp.example.com' resolves to a loopback, private or link-local address; "
+        "only hosts listed exactly in [mcp] allowed_hosts may do so."
+    )
+    assert len(lookups) == seen + 1  # the call's check, and no connection after it
+    assert record.calls == []
+
+
 async def test_a_tool_error_is_a_failed_call(mcp_server: Any) -> None:
     _, _, url = mcp_server
     config = allow_loopback()

@@ -310,8 +310,10 @@ def start_mcp_server(
     page_size: int = 2,
     transport: str = "streamable_http",
     read_only: set[str] | None = None,
+    also_named: str | None = None,
 ) -> tuple[LiveServer, McpRecord, str]:
-    """A live MCP server on loopback; returns (server, record, endpoint URL)."""
+    """A live MCP server on loopback; returns (server, record, endpoint URL). ``also_named``: a
+    host name its DNS-rebinding protection accepts besides loopback (streamable HTTP)."""
     record = McpRecord()
     server = build_mcp_server(mcp_tools(tool_count, read_only=read_only), record, page_size=page_size)
     if transport == "sse":
@@ -333,6 +335,12 @@ def start_mcp_server(
         )
         live = LiveServer(_RecordHeaders(app, record)).start()
         return live, record, f"{live.url}/sse"
-    app = server.streamable_http_app()
+    security = None
+    if also_named is not None:
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        names = ("127.0.0.1", "localhost", also_named)
+        security = TransportSecuritySettings(allowed_hosts=[f"{name}:*" for name in names])
+    app = server.streamable_http_app(transport_security=security)
     live = LiveServer(_RecordHeaders(app, record), lifespan="on").start()
     return live, record, f"{live.url}/mcp"
