@@ -23,6 +23,8 @@ from tests.servers import ROOT, child_env
 CONNECTIONS = 6
 
 
+@pytest.mark.process
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
 def test_closed_connections_leave_no_object_of_ours_or_the_servers_alive(server: str) -> None:
     probe = subprocess.run(
