@@ -12,8 +12,10 @@ it the process stays at its high-water mark and creeps above it as the heap frag
 
 :func:`connection_closed` asks for both: :data:`RELEASE_DELAY_S` after the first close that asked,
 one full collection on the event loop's thread, then the trim on a thread of the loop's default
-executor (the loop never waits for it); the closes in between share them. On a C library without
-``malloc_trim`` (musl) only the collection runs.
+executor (the loop never waits for it). The closes in between share them and ask for one more
+release after it, since what they held may still be in use when it runs. A connection's stored
+response that outlives it asks again when it ends. On a C library without ``malloc_trim`` (musl)
+only the collection runs.
 """
 
 from __future__ import annotations
@@ -56,13 +58,20 @@ class Releaser:
         self.collect = collect
         self.releases = 0
         self._pending: asyncio.AbstractEventLoop | None = None  # the loop a release is scheduled on
+        self._again = False  # a close shared the pending release: one more after it
 
     def connection_closed(self) -> None:
         """A connection ended: release its memory soon (called on the event loop's thread)."""
         if self._pending is not None and not self._pending.is_closed():
+            # Shares the pending release, and asks for one more after it: what this connection
+            # holds may still be in use when that one runs (its last task finishing).
+            self._again = True
             return
-        loop = asyncio.get_running_loop()
+        self._schedule(asyncio.get_running_loop())
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         self._pending = loop
+        self._again = False
         loop.call_later(RELEASE_DELAY_S, self._start, loop)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -74,20 +83,22 @@ class Releaser:
             1000 * (time.perf_counter() - started),
         )
         if self.trim is None:
-            self._ran(None)
+            self._ran(loop, None)
             return
-        loop.run_in_executor(None, self._trim).add_done_callback(self._ran)
+        loop.run_in_executor(None, self._trim).add_done_callback(lambda done: self._ran(loop, done))
 
     def _trim(self) -> None:
         assert self.trim is not None
         self.trim(0)
 
-    def _ran(self, done: asyncio.Future[None] | None) -> None:
+    def _ran(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None] | None) -> None:
         self._pending = None
         if done is not None and not done.cancelled() and done.exception() is not None:
             log.warning("malloc_trim failed: %s", done.exception())
-            return
-        self.releases += 1
+        else:
+            self.releases += 1
+        if self._again and not loop.is_closed():
+            self._schedule(loop)
 
 
 releaser = Releaser(malloc_trim)

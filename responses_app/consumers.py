@@ -172,6 +172,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 # A stored response is finished and stored after its client leaves (as over HTTP):
                 # the id it announced stays retrievable. Its events are no longer sent.
                 keep_running(lane.task)
+                lane.task.add_done_callback(lambda _: memory.connection_closed())
             else:
                 tasks.append(lane.task)
         if hasattr(self, "writer"):

@@ -694,6 +694,7 @@ def test_vllm_routes_keep_the_body_ceiling(
     assert upstream.requests == []
 
 
+@pytest.mark.process
 def test_extra_route_from_config_is_relayed(upstream: ScriptedUpstream, tmp_path: Any) -> None:
     """``[passthrough] extra_routes`` is read at start-up: a ``manage.py serve`` process given it."""
     config = tmp_path / "config.toml"

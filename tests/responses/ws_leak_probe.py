@@ -34,7 +34,7 @@ import orjson
 
 OURS = ("gateway.", "responses_app.", "conversations_app.", "inference_app.")
 SERVERS = ("uvicorn.protocols.", "daphne.", "autobahn.")
-SETTLE_S = 15.0  # how long the server may take to let go of what the connections held
+SETTLE_S = 20.0  # how long the server may take to let go of what the connections held
 
 
 def census(collect: bool) -> collections.Counter[str]:
