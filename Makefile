@@ -76,12 +76,12 @@ format: install-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-## The in-process tests on SQLite (one process): no gateway, worker, database cluster or CLI
+## The in-process tests on SQLite, on four pytest-xdist workers (the tests wait on sockets, so four beat two on 2 cores): no gateway, worker, database cluster or CLI
 ## started (the `process` and `slow` marks, tests/conftest.py), no fuzz, no real vLLM. Redis answers
 ## on 127.0.0.1:6379 (tests/ensure_services.sh); bubblewrap runs the sandbox tests.
 test-quick: install-dev ensure-tools
 	tests/ensure_services.sh $(TEST_DATABASE_URL)
-	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" -n 4 $(PYTEST_ARGS)
 
 test-sqlite: install-dev ensure-tools
 	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
