@@ -76,13 +76,16 @@ async def _health(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
 
-def start_upstream() -> str:
+def start_upstream(posts: dict[str, Any] | None = None) -> str:
+    """The instant upstream, in a thread; ``posts``: more POST routes (path: aiohttp handler)."""
     port = free_port()
 
     def run() -> None:
         loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=1024**3)
         app.router.add_post("/v1/responses", _responses)
+        for path, handler in (posts or {}).items():
+            app.router.add_post(path, handler)
         app.router.add_get("/v1/models", _models)
         app.router.add_get("/health", _health)
         runner = web.AppRunner(app, access_log=None)

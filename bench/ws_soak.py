@@ -28,7 +28,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.fast_upstream import chat_events  # noqa: E402
-from bench.responses import _health, _models, _responses, postgres_url, start_reference  # noqa: E402
-from tests.servers import GatewayProcess, free_port, wait_port  # noqa: E402
+from bench.responses import postgres_url, start_reference, start_upstream  # noqa: E402
+from tests.servers import GatewayProcess  # noqa: E402
 
 TOLERANCE = 0.05
 CHAT_SSE = b"".join(chat_events(16))
@@ -86,26 +85,6 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     await response.write(CHAT_SSE)
     await response.write_eof()
     return response
-
-
-def start_upstream() -> str:
-    port = free_port()
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_post("/v1/responses", _responses)
-        app.router.add_post("/v1/chat/completions", _chat)
-        app.router.add_get("/v1/models", _models)
-        app.router.add_get("/health", _health)
-        runner = web.AppRunner(app, access_log=None)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        loop.run_forever()
-
-    threading.Thread(target=run, daemon=True).start()
-    wait_port(port)
-    return f"http://127.0.0.1:{port}"
 
 
 # --- WebSocket cycles --------------------------------------------------------------------------
@@ -277,7 +256,7 @@ def main() -> None:
     args = parser.parse_args()
     parts = args.parts.split(",")
 
-    upstream = start_upstream()
+    upstream = start_upstream({"/v1/chat/completions": _chat})
     results: dict[tuple[str, str], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="ws-soak-") as tmp:
         for target in args.targets.split(","):
