@@ -88,8 +88,3 @@ def test_the_consumer_asks_for_a_release_when_its_connection_closes(
 
     asyncio.run(open_and_close())
     assert asked == [1]
-
-
-@pytest.mark.skipif(memory.malloc_trim is None, reason="not glibc: no malloc_trim to call")
-def test_the_real_malloc_trim_answers() -> None:
-    assert memory.malloc_trim is not None and memory.malloc_trim(0) in (0, 1)
