@@ -4,7 +4,7 @@ Ids start with a millisecond timestamp so they sort by creation time (good index
 carry enough randomness to be unguessable: bytes of the operating system's CSPRNG (``os.urandom``),
 drawn 4 KiB at a time and handed out in slices, each once (:class:`_RandomBytes`). ``os.urandom``
 releases the GIL around its system call; once per id (three a stored response) that handed the
-GIL to the ORM thread and back three times a response (docs/performance-log.md, eighth pass).
+GIL to the ORM thread and back three times a response.
 """
 
 from __future__ import annotations

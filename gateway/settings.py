@@ -136,7 +136,7 @@ def _databases() -> dict[str, Any]:
             # Parameters travel apart from the statement (no client-side quoting of each JSON
             # column), and a statement a connection runs a fifth time is prepared from then on
             # (psycopg's prepare_threshold; Django's default is never): together about a third
-            # less PostgreSQL CPU a stored response (docs/performance-log.md, seventh pass).
+            # less PostgreSQL CPU a stored response.
             "server_side_binding": True,
             "prepare_threshold": 5 if CONFIG.database.prepared_statements else None,
         }

@@ -89,7 +89,7 @@ def _sql(vendor: str) -> dict[str, Any]:
     Their parameters are named (``%(r0)s``, passed as a mapping): Django's SQLite
     backend turns positional ``%s`` into ``?`` with a regular expression that tries a match at
     every character of the statement (a look-behind): 7 % of a stored SSE response's instructions
-    (``docs/performance-log.md``, seventh pass); named ones it maps with one ``%`` formatting.
+    (the performance log, in git history); named ones it maps with one ``%`` formatting.
     """
     q = connection.ops.quote_name
     responses, items = q(Response._meta.db_table), q(Item._meta.db_table)

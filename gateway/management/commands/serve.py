@@ -94,7 +94,7 @@ def serve_reuseport(config: Any) -> None:
 
     With one shared socket (uvicorn's way) the worker that wakes first accepts every connection
     waiting, so a burst of new connections lands on one process while the others idle
-    (``docs/performance-log.md``: 64 connections split 64/0 or 52/12). With a socket per worker the
+    (64 connections split 64/0 or 52/12). With a socket per worker the
     kernel spreads connections across them. The parent binds one too, never listening on it: it
     holds the port and fails early when the port is taken.
     """
