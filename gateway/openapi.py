@@ -19,14 +19,14 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
 from pydantic import BaseModel, ConfigDict, PydanticSchemaGenerationError, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict  # pydantic needs it on Python 3.11
 
 # -- envelopes -------------------------------------------------------------------------------------
 
@@ -90,7 +90,9 @@ _STATUS_TEXT = {
     501: "Not supported by this gateway (yet).",
 }
 # The error answers of the DRF views (drf-spectacular renders the pydantic envelope).
-ERROR_RESPONSES = {status: OpenApiResponse(Error, description=_STATUS_TEXT[status]) for status in (400, 401, 404, 409)}
+ERROR_RESPONSES = {
+    status: OpenApiResponse(Error, description=_STATUS_TEXT[status]) for status in (400, 401, 404, 409)
+}
 
 
 class PrincipalAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
@@ -202,7 +204,9 @@ LEAN_ROUTES: dict[tuple[str, str], Lean] = {
         envelope=ANTHROPIC,
         operation_id="messages_count_tokens",
     ),
-    ("get", "/v1/models"): Lean("The upstream's model list.", None, ("gateway.openapi:ModelList",), errors=(401,)),
+    ("get", "/v1/models"): Lean(
+        "The upstream's model list.", None, ("gateway.openapi:ModelList",), errors=(401,)
+    ),
     ("get", "/v1/models/{model}"): Lean(
         "One model of the upstream's list.", None, ("openai.types:Model",), errors=(401, 404)
     ),
@@ -220,7 +224,11 @@ def __getattr__(name: str) -> Any:  # ``gateway.openapi:ModelList``, built on fi
     if name == "ModelList":
         from openai.types import Model
 
-        return create_model("ModelList", object=(Literal["list"], ...), data=(list[Model], ...))
+        class ModelList(BaseModel):
+            object: Literal["list"]
+            data: list[Model]
+
+        return ModelList
     raise AttributeError(name)
 
 
@@ -339,55 +347,54 @@ def lean_paths() -> tuple[dict[str, Any], dict[str, Any]]:
 # them (docs/responses.md: an unreported count is absent, never a made-up 0).
 UNREPORTED_COUNTERS = ("openai_InputTokensDetails", "openai_OutputTokensDetails")
 
-# OpenAPI links: where an answer's ids lead (clients, and schemathesis' stateful phase, follow them).
-_CONVERSATION = {"conversation_id": "$response.body#/id"}
-_RESPONSE = {"response_id": "$response.body#/id"}
-_ITEM = {"conversation_id": "$request.path.conversation_id", "item_id": "$response.body#/data/0/id"}
-LINKS: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
-    "conversations_create": {
-        "RetrieveConversation": ("conversations_retrieve", _CONVERSATION),
-        "UpdateConversation": ("conversations_update", _CONVERSATION),
-        "ListItems": ("conversations_items_list", _CONVERSATION),
-        "CreateItems": ("conversations_items_create", _CONVERSATION),
-        "DeleteConversation": ("conversations_delete", _CONVERSATION),
-    },
-    "conversations_items_create": {
-        "RetrieveItem": ("conversations_items_retrieve", _ITEM),
-        "DeleteItem": ("conversations_items_delete", _ITEM),
-        "ListItems": ("conversations_items_list", {"conversation_id": "$request.path.conversation_id"}),
-    },
-    "responses_create": {
-        "RetrieveResponse": ("responses_retrieve", _RESPONSE),
-        "ListInputItems": ("responses_input_items_list", _RESPONSE),
-        "CancelResponse": ("responses_cancel", _RESPONSE),
-        "DeleteResponse": ("responses_delete", _RESPONSE),
-    },
-}
 
-
-def _add_links(paths: dict[str, Any]) -> None:
-    for operations in paths.values():
-        for operation in operations.values():
-            links = LINKS.get(operation.get("operationId", ""))
-            ok = operation.get("responses", {}).get("200")
-            if links and ok is not None:
-                ok["links"] = {
-                    name: {"operationId": target, "parameters": dict(parameters)}
-                    for name, (target, parameters) in links.items()
+def _add_links(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """OpenAPI links: a ``POST`` that creates something (a path not ending in a parameter) links to
+    the other operations on its path and on the paths below it whose new parameter is the created
+    id (``$response.body#/id``, or the first listed one's). Clients, and schemathesis' stateful
+    phase, follow them."""
+    for path, operations in paths.items():
+        ok = operations.get("post", {}).get("responses", {}).get("200")
+        if ok is None or path.endswith("}"):
+            continue
+        answer = ok.get("content", {}).get(JSON, {}).get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
+        created = (
+            "$response.body#/data/0/id"
+            if "has_more" in schemas.get(answer, {}).get("properties", {})
+            else "$response.body#/id"
+        )
+        links = {}
+        for target, target_operations in paths.items():
+            if target != path and not target.startswith(path + "/{"):
+                continue
+            for method, operation in target_operations.items():
+                if (target, method) == (path, "post"):
+                    continue
+                names = [part.split("}")[0] for part in target.split("{")[1:]]
+                if sum("{" + name + "}" not in path for name in names) > 1:
+                    continue  # a path below another created thing
+                parameters = {
+                    name: f"$request.path.{name}" if "{" + name + "}" in path else created for name in names
                 }
+                links[operation["operationId"]] = {
+                    "operationId": operation["operationId"],
+                    "parameters": parameters,
+                }
+        if links:
+            ok["links"] = links
 
 
 def add_lean_routes(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """drf-spectacular post-processing hook: the lean routes next to the DRF views, paths sorted,
-    and the :data:`LINKS` between operations."""
+    and the links between operations."""
     paths, schemas = lean_paths()
     merged = {path: dict(operations) for path, operations in result.get("paths", {}).items()}
     for path, operations in paths.items():
         merged.setdefault(path, {}).update(copy.deepcopy(operations))
-    _add_links(merged)
-    result["paths"] = dict(sorted(merged.items()))
     components = result.setdefault("components", {})
     components.setdefault("schemas", {}).update(schemas)
+    _add_links(merged, components["schemas"])
+    result["paths"] = dict(sorted(merged.items()))
     for name in UNREPORTED_COUNTERS:  # our answers next to the SDK's stricter types
         components["schemas"][name] = {
             k: v for k, v in components["schemas"][name].items() if k != "required"

@@ -141,7 +141,7 @@ def test_drf_views_are_described_by_their_pydantic_models(document: dict[str, An
     error = items["responses"]["404"]["content"]["application/json"]["schema"]
     assert error == {"$ref": "#/components/schemas/Error"}
     links = document["paths"]["/v1/conversations"]["post"]["responses"]["200"]["links"]
-    assert links["RetrieveConversation"]["operationId"] == "conversations_retrieve"
+    assert links["conversations_retrieve"]["parameters"] == {"conversation_id": "$response.body#/id"}
 
 
 @pytest.fixture
