@@ -3,8 +3,9 @@
 Each view is thin: DRF authenticates (the caller's principal, ``gateway.drf``) → the body's pydantic
 model (``schemas``) checks it with our rules → a service or selector (filtered by the principal's
 owner: another owner's id is a 404) → the answer in its model's shape. The models are what the
-OpenAPI document shows (drf-spectacular's pydantic extension). ``gateway.drf.async_view`` serves each view as one
-:func:`gateway.db.run_orm` call, so requests run side by side, never queued on one thread.
+OpenAPI document shows (drf-spectacular's pydantic extension). ``gateway.drf.async_view`` serves
+each view as one :func:`gateway.db.run_orm` call, so requests run side by side, never queued on one
+thread.
 """
 
 from __future__ import annotations

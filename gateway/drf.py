@@ -27,12 +27,13 @@ import asyncio
 import contextvars
 import functools
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from drf_spectacular.utils import OpenApiParameter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.negotiation import BaseContentNegotiation
@@ -158,7 +159,7 @@ class ListParams(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    after: Annotated[str | None, WithJsonSchema({"type": "string"})] = Field(
+    after: str | SkipJsonSchema[None] = Field(
         None, description="An item id; the page continues past it in the chosen order."
     )
     limit: int = Field(LIST_LIMIT_DEFAULT, ge=1, le=LIST_LIMIT_MAX, description="Items per page, 1 to 100.")
