@@ -19,7 +19,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, StrictBool, Tag, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StringConstraints,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 from gateway import errors
 from gateway.ids import new_id
@@ -432,7 +442,7 @@ class ItemReference(BaseModel):
 
 
 class GenericItem(_Item):
-    type: str
+    type: Literal[GENERIC_ITEM_TYPES]  # type: ignore[valid-type]  # the tags _item_tag sends here
 
 
 def _item_tag(value: Any) -> str | None:
@@ -468,6 +478,92 @@ _TOOL_ITEM_ADAPTERS: dict[str, TypeAdapter[Any]] = {
 def _validate_item(raw: dict[str, Any]) -> Any:
     adapter = _TOOL_ITEM_ADAPTERS.get(raw.get("type"))  # type: ignore[arg-type]
     return (adapter or _ITEM_ADAPTER).validate_python(raw)
+
+
+# ------------------------------------------------------------------------------ request bodies
+Metadata = Annotated[
+    Annotated[
+        dict[
+            Annotated[str, StringConstraints(max_length=METADATA_MAX_KEY_LENGTH)],
+            Annotated[str, StringConstraints(max_length=METADATA_MAX_VALUE_LENGTH)],
+        ],
+        Field(max_length=METADATA_MAX_PAIRS),
+    ]
+    | None,
+    Field(description="Up to 16 pairs; keys up to 64 characters, values up to 512; `null` clears."),
+]
+Items = Annotated[list[InputItem], Field(max_length=MAX_ITEMS_PER_REQUEST)]
+
+
+class _Params(BaseModel):
+    """A request body. The model describes it (the OpenAPI document); :meth:`parse` checks it
+    with the rules below, whose refusals are OpenAI's exact 400s (``param``, ``code``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def parse(cls, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise errors.BadRequest("The request body must be a JSON object.", code="invalid_json")
+        for key in body:
+            if key not in cls.model_fields:
+                raise errors.BadRequest(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
+        return cls.check(body)
+
+    @classmethod
+    def check(cls, body: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ConversationCreateParams(_Params):
+    items: Items | None = Field(None, description="Up to 20 initial items, stored atomically.")
+    metadata: Metadata = None
+
+    @classmethod
+    def check(cls, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "items": validate_items(body.get("items"), required=False),
+            "metadata": validate_metadata(body.get("metadata")),
+        }
+
+
+class ConversationUpdateParams(_Params):
+    metadata: Metadata
+
+    @classmethod
+    def check(cls, body: dict[str, Any]) -> dict[str, Any]:
+        if "metadata" not in body:
+            raise missing_parameter("metadata")
+        return {"metadata": validate_metadata(body["metadata"])}
+
+
+class ItemCreateParams(_Params):
+    items: Annotated[Items, Field(min_length=1)]
+
+    @classmethod
+    def check(cls, body: dict[str, Any]) -> dict[str, Any]:
+        return {"items": validate_items(body.get("items"), required=True)}
+
+
+# -------------------------------------------------------------------------------------- answers
+class ConversationObject(BaseModel):
+    id: str
+    object: Literal["conversation"] = "conversation"
+    created_at: int = Field(description="Unix seconds.")
+    metadata: dict[str, str]
+
+
+class ConversationDeleted(BaseModel):
+    id: str
+    object: Literal["conversation.deleted"]
+    deleted: bool
+
+
+class ConversationItem(_Open):
+    """An item as the API returns it (:func:`render_item`): its type's own members besides these."""
+
+    id: str
+    type: str
 
 
 class NewItem(BaseModel):

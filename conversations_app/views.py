@@ -1,9 +1,11 @@
 """The Conversations API (OpenAI-compatible): DRF views over services and selectors.
 
-Each view is thin: DRF authenticates (the caller's principal, ``gateway.drf``) → a serializer
-validates the body with our rules → a service or selector (filtered by the principal's owner: another
-owner's id is a 404) → a serializer renders. ``gateway.drf.async_view`` serves each view as one
-:func:`gateway.db.run_orm` call, so requests run side by side, never queued on one thread.
+Each view is thin: DRF authenticates (the caller's principal, ``gateway.drf``) → the body's pydantic
+model (``schemas``) checks it with our rules → a service or selector (filtered by the principal's
+owner: another owner's id is a 404) → the answer in its model's shape. The models are what the
+OpenAPI document shows (drf-spectacular's pydantic extension). ``gateway.drf.async_view`` serves
+each view as one :func:`gateway.db.run_orm` call, so requests run side by side, never queued on one
+thread.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schem
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from conversations_app import schemas, selectors, serializers, services
+from conversations_app import schemas, selectors, services
+from conversations_app.models import Conversation, Item
 from gateway.auth import require_stored_state_access
-from gateway.drf import ListParams, ResourceView, list_body
+from gateway.drf import LIST_PARAMETERS, ListPage, ListParams, ResourceView, list_body
 from gateway.http import parse_json_body
 from gateway.openapi import ERROR_RESPONSES
 
@@ -35,6 +38,21 @@ CONVERSATION_ID = OpenApiParameter(
 ITEM_ID = OpenApiParameter("item_id", OpenApiTypes.STR, OpenApiParameter.PATH)
 
 
+class ConversationItemList(ListPage[schemas.ConversationItem]):
+    pass
+
+
+def _conversation(row: Conversation) -> dict[str, Any]:
+    return schemas.ConversationObject(
+        id=row.id, created_at=int(row.created_at.timestamp()), metadata=row.metadata or {}
+    ).model_dump()
+
+
+def _items(rows: list[Item] | list[dict[str, Any]], include: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Items as the API returns them (a row, or its stored ``data`` as a page's selector reads it)."""
+    return [schemas.render_item(row.data if isinstance(row, Item) else row, include) for row in rows]
+
+
 class ConversationsResource(ResourceView):
     def check_stored_state_access(self, request: Request) -> None:
         require_stored_state_access(request)  # the stored-state rule (gateway.auth)
@@ -48,8 +66,8 @@ class ConversationsView(ConversationsResource):
     @extend_schema(
         operation_id="conversations_create",
         tags=TAGS,
-        request=serializers.ConversationCreateSerializer,
-        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+        request=schemas.ConversationCreateParams,
+        responses={200: schemas.ConversationObject, **ERROR_RESPONSES},
         examples=[
             OpenApiExample(
                 "A conversation with a first message",
@@ -60,10 +78,9 @@ class ConversationsView(ConversationsResource):
     )
     def post(self, request: Request) -> Response:
         """Create a conversation with up to 20 initial items, atomically."""
-        body = serializers.ConversationCreateSerializer(data=parse_json_body(request))
-        body.is_valid(raise_exception=True)
-        conversation, _ = services.conversation_create(owner=self.owner, **body.validated_data)
-        return Response(serializers.ConversationSerializer(conversation).data)
+        body = schemas.ConversationCreateParams.parse(parse_json_body(request))
+        conversation, _ = services.conversation_create(owner=self.owner, **body)
+        return Response(_conversation(conversation))
 
 
 class ConversationDetailView(ConversationsResource):
@@ -71,34 +88,31 @@ class ConversationDetailView(ConversationsResource):
         operation_id="conversations_retrieve",
         tags=TAGS,
         parameters=[CONVERSATION_ID],
-        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+        responses={200: schemas.ConversationObject, **ERROR_RESPONSES},
     )
     def get(self, request: Request, conversation_id: str) -> Response:
         conversation = selectors.conversation_get(id=conversation_id, owner=self.owner)
-        return Response(serializers.ConversationSerializer(conversation).data)
+        return Response(_conversation(conversation))
 
     @extend_schema(
         operation_id="conversations_update",
         tags=TAGS,
         parameters=[CONVERSATION_ID],
-        request=serializers.ConversationUpdateSerializer,
-        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+        request=schemas.ConversationUpdateParams,
+        responses={200: schemas.ConversationObject, **ERROR_RESPONSES},
     )
     def post(self, request: Request, conversation_id: str) -> Response:
         """Replace the conversation's metadata."""
         selectors.check_conversation_id(conversation_id)
-        body = serializers.ConversationUpdateSerializer(data=parse_json_body(request))
-        body.is_valid(raise_exception=True)
-        conversation = services.conversation_update(
-            id=conversation_id, owner=self.owner, **body.validated_data
-        )
-        return Response(serializers.ConversationSerializer(conversation).data)
+        body = schemas.ConversationUpdateParams.parse(parse_json_body(request))
+        conversation = services.conversation_update(id=conversation_id, owner=self.owner, **body)
+        return Response(_conversation(conversation))
 
     @extend_schema(
         operation_id="conversations_delete",
         tags=TAGS,
         parameters=[CONVERSATION_ID],
-        responses={200: serializers.ConversationDeletedSerializer, **ERROR_RESPONSES},
+        responses={200: schemas.ConversationDeleted, **ERROR_RESPONSES},
     )
     def delete(self, request: Request, conversation_id: str) -> Response:
         services.conversation_delete(id=conversation_id, owner=self.owner)
@@ -109,8 +123,8 @@ class ConversationItemsView(ConversationsResource):
     @extend_schema(
         operation_id="conversations_items_list",
         tags=TAGS,
-        parameters=[CONVERSATION_ID, INCLUDE],
-        responses={200: serializers.ItemSerializer(many=True), **ERROR_RESPONSES},
+        parameters=[CONVERSATION_ID, *LIST_PARAMETERS, INCLUDE],
+        responses={200: ConversationItemList, **ERROR_RESPONSES},
     )
     def get(self, request: Request, conversation_id: str) -> Response:
         """One keyset page of the conversation's items (``after`` an item id, ``order``, ``limit``)."""
@@ -125,8 +139,7 @@ class ConversationItemsView(ConversationsResource):
                 limit=params.limit,
                 order=params.order,
             )
-            items = serializers.ItemSerializer(found.items, many=True, context={"include": include})
-            return items.data, found.has_more
+            return _items(found.items, include), found.has_more
 
         return self.paginate(page)
 
@@ -134,8 +147,8 @@ class ConversationItemsView(ConversationsResource):
         operation_id="conversations_items_create",
         tags=TAGS,
         parameters=[CONVERSATION_ID, INCLUDE],
-        request=serializers.ItemsCreateSerializer,
-        responses={200: serializers.ItemListSerializer, **ERROR_RESPONSES},
+        request=schemas.ItemCreateParams,
+        responses={200: ConversationItemList, **ERROR_RESPONSES},
         examples=[
             OpenApiExample(
                 "A user turn and the assistant's reply",
@@ -153,13 +166,9 @@ class ConversationItemsView(ConversationsResource):
         """Append up to 20 items at the end of the conversation, atomically."""
         selectors.check_conversation_id(conversation_id)
         include = _include(request)
-        body = serializers.ItemsCreateSerializer(data=parse_json_body(request))
-        body.is_valid(raise_exception=True)
-        stored = services.conversation_items_create(
-            id=conversation_id, owner=self.owner, **body.validated_data
-        )
-        items = serializers.ItemSerializer(stored, many=True, context={"include": include})
-        return Response(list_body(items.data, has_more=False))
+        body = schemas.ItemCreateParams.parse(parse_json_body(request))
+        stored = services.conversation_items_create(id=conversation_id, owner=self.owner, **body)
+        return Response(list_body(_items(stored, include), has_more=False))
 
 
 class ConversationItemView(ConversationsResource):
@@ -167,7 +176,7 @@ class ConversationItemView(ConversationsResource):
         operation_id="conversations_items_retrieve",
         tags=TAGS,
         parameters=[CONVERSATION_ID, ITEM_ID, INCLUDE],
-        responses={200: serializers.ItemSerializer, **ERROR_RESPONSES},
+        responses={200: schemas.ConversationItem, **ERROR_RESPONSES},
     )
     def get(self, request: Request, conversation_id: str, item_id: str) -> Response:
         selectors.check_conversation_id(conversation_id)
@@ -175,13 +184,13 @@ class ConversationItemView(ConversationsResource):
         include = _include(request)
         conversation = selectors.conversation_get(id=conversation_id, owner=self.owner)
         item = selectors.conversation_item_get(conversation=conversation, item_id=item_id)
-        return Response(serializers.ItemSerializer(item, context={"include": include}).data)
+        return Response(schemas.render_item(item.data, include))
 
     @extend_schema(
         operation_id="conversations_items_delete",
         tags=TAGS,
         parameters=[CONVERSATION_ID, ITEM_ID],
-        responses={200: serializers.ConversationSerializer, **ERROR_RESPONSES},
+        responses={200: schemas.ConversationObject, **ERROR_RESPONSES},
     )
     def delete(self, request: Request, conversation_id: str, item_id: str) -> Response:
         """Detach the item from the conversation; answers the conversation."""
@@ -190,4 +199,4 @@ class ConversationItemView(ConversationsResource):
         conversation = services.conversation_item_delete(
             id=conversation_id, owner=self.owner, item_id=item_id
         )
-        return Response(serializers.ConversationSerializer(conversation).data)
+        return Response(_conversation(conversation))

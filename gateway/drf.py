@@ -27,11 +27,13 @@ import asyncio
 import contextvars
 import functools
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from drf_spectacular.utils import OpenApiParameter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.negotiation import BaseContentNegotiation
@@ -152,11 +154,37 @@ LIST_LIMIT_DEFAULT = 20
 LIST_LIMIT_MAX = 100
 
 
-@dataclass(frozen=True)
-class ListParams:
-    after: str | None = None
-    limit: int = LIST_LIMIT_DEFAULT
+class ListParams(BaseModel):
+    """OpenAI's list parameters (the query of every list endpoint; :func:`parse_list_params`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    after: str | SkipJsonSchema[None] = Field(
+        None, description="An item id; the page continues past it in the chosen order."
+    )
+    limit: int = Field(LIST_LIMIT_DEFAULT, ge=1, le=LIST_LIMIT_MAX, description="Items per page, 1 to 100.")
     order: Literal["asc", "desc"] = "desc"
+
+
+# ``ListParams`` as the document's query parameters of a list endpoint.
+LIST_PARAMETERS = [
+    OpenApiParameter(
+        name,
+        {k: v for k, v in schema.items() if k not in ("title", "description") and v is not None},
+        description=schema.get("description", ""),
+    )
+    for name, schema in ListParams.model_json_schema()["properties"].items()
+]
+
+
+class ListPage(BaseModel, Generic[T]):
+    """OpenAI's list (:func:`list_body`); an endpoint's answer is a named subclass of ``ListPage[Item]``."""
+
+    object: Literal["list"]
+    data: list[T]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 def _integer(param: str, raw: str) -> int:
@@ -171,34 +199,15 @@ def _integer(param: str, raw: str) -> int:
 
 
 def parse_list_params(query: Mapping[str, Any]) -> ListParams:
-    """OpenAI's list parameters: ``after`` (an id), ``limit`` (1 to 100, default 20), ``order``
-    (``asc`` or ``desc``, default ``desc``); anything else is a 400 naming the parameter."""
-    limit = LIST_LIMIT_DEFAULT
+    """The query's :class:`ListParams`; anything else is a 400 naming the parameter."""
+    raw: dict[str, Any] = {"after": query.get("after") or None, "order": query.get("order", "desc")}
     if "limit" in query:
-        limit = _integer("limit", query.get("limit") or "")
-        if limit < 1:
-            raise errors.BadRequest(
-                f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {limit} instead.",
-                param="limit",
-                code="integer_below_min_value",
-            )
-        if limit > LIST_LIMIT_MAX:
-            raise errors.BadRequest(
-                f"Invalid 'limit': integer above maximum value. Expected a value <= {LIST_LIMIT_MAX}, "
-                f"but got {limit} instead.",
-                param="limit",
-                code="integer_above_max_value",
-            )
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise errors.BadRequest(
-            f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.",
-            param="order",
-            code="invalid_value",
-        )
-    after = query.get("after") or None
-    errors.refuse_nul(after, "after")
-    return ListParams(after=after, limit=limit, order=order)
+        raw["limit"] = _integer("limit", query.get("limit") or "")
+    errors.refuse_nul(raw["after"], "after")
+    try:
+        return ListParams.model_validate(raw)
+    except ValidationError as exc:
+        raise errors.validation_error(exc, raw) from None
 
 
 PageFetch = Callable[[ListParams], tuple[list[dict[str, Any]], bool]]
@@ -219,49 +228,6 @@ class OpenAIListPagination(BasePagination):
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response(list_body(data, has_more=self.has_more))
-
-    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
-        nullable_id = {"type": "string", "nullable": True}
-        return {
-            "type": "object",
-            "required": ["object", "data", "first_id", "last_id", "has_more"],
-            "properties": {
-                "object": {"type": "string", "enum": ["list"]},
-                "data": schema,
-                "first_id": nullable_id,
-                "last_id": nullable_id,
-                "has_more": {"type": "boolean"},
-            },
-        }
-
-    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": "after",
-                "in": "query",
-                "required": False,
-                "description": "An item id; the page continues past it in the chosen order.",
-                "schema": {"type": "string"},
-            },
-            {
-                "name": "limit",
-                "in": "query",
-                "required": False,
-                "description": "Items per page, 1 to 100.",
-                "schema": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": LIST_LIMIT_MAX,
-                    "default": LIST_LIMIT_DEFAULT,
-                },
-            },
-            {
-                "name": "order",
-                "in": "query",
-                "required": False,
-                "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"},
-            },
-        ]
 
 
 def list_body(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:

@@ -9,16 +9,16 @@ stored events as server-sent events, from the same async generator the create pa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers
+from pydantic import BaseModel, ConfigDict
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gateway import errors
-from gateway.drf import ListParams, ResourceView, on_loop
+from gateway.drf import LIST_PARAMETERS, ListPage, ListParams, ResourceView, on_loop
 from gateway.openapi import ERROR_RESPONSES, sdk_ref
 from responses_app import selectors, services, tasks
 from responses_app.tool_loop import public_item
@@ -29,20 +29,23 @@ RESPONSE_ID = OpenApiParameter("response_id", OpenApiTypes.STR, OpenApiParameter
 RESPONSE = sdk_ref("openai_Response")  # openai.types.responses.Response (gateway.openapi)
 
 
-class ResponseDeletedSerializer(serializers.Serializer[Any]):
-    id = serializers.CharField()
-    object = serializers.ChoiceField(choices=["response"])
-    deleted = serializers.BooleanField()
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response"]
+    deleted: bool
 
 
-class InputItemSerializer(serializers.Serializer[Any]):
-    """A stored input item as the API returns it (the gateway's private members removed)."""
+class ResponseInputItem(BaseModel):
+    """A stored input item as the API returns it (``public_item``: the gateway's members removed)."""
 
-    id = serializers.CharField()
-    type = serializers.CharField()
+    model_config = ConfigDict(extra="allow")
 
-    def to_representation(self, instance: dict[str, Any]) -> dict[str, Any]:
-        return public_item(instance)
+    id: str
+    type: str
+
+
+class ResponseInputItemList(ListPage[ResponseInputItem]):
+    pass
 
 
 def _int_param(request: Request, name: str, *, default: int, minimum: int) -> int:
@@ -113,7 +116,7 @@ class ResponseDetailView(ResourceView):
         operation_id="responses_delete",
         tags=TAGS,
         parameters=[RESPONSE_ID],
-        responses={200: ResponseDeletedSerializer, **ERROR_RESPONSES},
+        responses={200: ResponseDeleted, **ERROR_RESPONSES},
     )
     def delete(self, request: Request, response_id: str) -> Response:
         errors.refuse_nul(response_id, "response_id")
@@ -125,8 +128,8 @@ class ResponseInputItemsView(ResourceView):
     @extend_schema(
         operation_id="responses_input_items_list",
         tags=TAGS,
-        parameters=[RESPONSE_ID],
-        responses={200: InputItemSerializer(many=True), **ERROR_RESPONSES},
+        parameters=[RESPONSE_ID, *LIST_PARAMETERS],
+        responses={200: ResponseInputItemList, **ERROR_RESPONSES},
     )
     def get(self, request: Request, response_id: str) -> Response:
         """A page of the input items the response was created with."""
@@ -137,7 +140,7 @@ class ResponseInputItemsView(ResourceView):
             data, has_more = selectors.response_input_items(
                 response=response, after=params.after, limit=params.limit, order=params.order
             )
-            return InputItemSerializer(data, many=True).data, has_more
+            return [public_item(item) for item in data], has_more
 
         return self.paginate(page)
 

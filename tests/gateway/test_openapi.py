@@ -13,8 +13,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 
-from gateway import fastroutes
-from gateway.passthrough import VLLM_ROUTES
+from gateway import fastroutes, openapi
+from gateway.passthrough import VLLM_ROUTES, Route
 from tests.servers import LiveServer
 
 # Methods each route serves, as the views declare them (Django views: ``allow_methods``; DRF views:
@@ -53,8 +53,6 @@ def code_routes() -> dict[str, set[str]]:
             continue
         routes.setdefault(path, set()).update(_methods(callback))
     for path in [*fastroutes.RELAYED, *fastroutes.HANDLERS]:  # the fast-route registry (all POST)
-        if path in VLLM_ROUTES:
-            continue  # vLLM's own contract, relayed as is (docs/passthrough.md)
         routes.setdefault(path, set()).add("post")
     return routes
 
@@ -68,6 +66,28 @@ def document() -> dict[str, Any]:
 def test_document_covers_every_route_in_the_code(document: dict[str, Any]) -> None:
     documented = {path: set(ops) for path, ops in document["paths"].items()}
     assert documented == code_routes()
+    assert set(VLLM_ROUTES) <= set(documented)  # vLLM's own routes too, though not under /v1
+
+
+def test_a_relayed_route_without_types_is_documented_as_the_upstreams_json() -> None:
+    fastroutes.relay("/v1/extra/thing", Route("/v1/extra/thing"))  # as [passthrough] extra_routes does
+    openapi.lean_paths.cache_clear()
+    try:
+        paths, _ = openapi.lean_paths()
+    finally:
+        del fastroutes.RELAYED["/v1/extra/thing"]
+        openapi.lean_paths.cache_clear()
+    operation = paths["/v1/extra/thing"]["post"]
+    assert operation["operationId"] == "passthrough_v1_extra_thing"
+    assert operation["requestBody"]["content"]["application/json"]["schema"]["type"] == "object"
+    assert operation["responses"]["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/UpstreamError"
+    }
+    speech = paths["/v1/audio/speech"]["post"]  # a vLLM route with an SDK type
+    assert {"input", "model", "voice"} <= set(
+        speech["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    )
+    assert set(speech["responses"]["200"]["content"]) == {"audio/*"}
 
 
 def test_document_is_valid_openapi(document: dict[str, Any]) -> None:
@@ -96,10 +116,13 @@ def test_lean_routes_come_from_pydantic_and_sdk_types(document: dict[str, Any]) 
     assert chat["application/json"]["schema"] == {"$ref": "#/components/schemas/openai_ChatCompletion"}
     assert set(schemas["openai_ChatCompletion"]["properties"]) == set(ChatCompletion.model_fields)
     messages = document["paths"]["/v1/messages"]["post"]["responses"]["400"]["content"]
-    assert messages["application/json"]["schema"]["properties"]["type"]["enum"] == ["error"]  # Anthropic's
+    assert messages["application/json"]["schema"] == {"$ref": "#/components/schemas/AnthropicError"}
+    assert schemas["AnthropicError"]["properties"]["type"]["const"] == "error"  # Anthropic's envelope
 
 
-def test_drf_views_are_described_by_their_serializers(document: dict[str, Any]) -> None:
+def test_drf_views_are_described_by_their_pydantic_models(document: dict[str, Any]) -> None:
+    from conversations_app.schemas import METADATA_MAX_PAIRS, ConversationCreateParams
+
     items = document["paths"]["/v1/conversations/{conversation_id}/items"]["get"]
     assert {p["name"] for p in items["parameters"]} == {
         "conversation_id",
@@ -108,12 +131,17 @@ def test_drf_views_are_described_by_their_serializers(document: dict[str, Any]) 
         "order",
         "include",
     }
-    page = document["components"]["schemas"]["PaginatedItemList"]
+    page = document["components"]["schemas"]["ConversationItemList"]
     assert set(page["required"]) == {"object", "data", "first_id", "last_id", "has_more"}
+    create = document["paths"]["/v1/conversations"]["post"]["requestBody"]["content"]["application/json"]
+    body = document["components"]["schemas"][create["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert set(body["properties"]) == set(ConversationCreateParams.model_fields)
+    assert body["additionalProperties"] is False  # unknown parameters are refused
+    assert body["properties"]["metadata"]["anyOf"][0]["maxProperties"] == METADATA_MAX_PAIRS
     error = items["responses"]["404"]["content"]["application/json"]["schema"]
     assert error == {"$ref": "#/components/schemas/Error"}
     links = document["paths"]["/v1/conversations"]["post"]["responses"]["200"]["links"]
-    assert links["RetrieveConversation"]["operationId"] == "conversations_retrieve"
+    assert links["conversations_retrieve"]["parameters"] == {"conversation_id": "$response.body#/id"}
 
 
 @pytest.fixture
