@@ -544,3 +544,24 @@ async def test_one_session_per_event_loop_closed_by_close_upstreams() -> None:
 async def _session_of(upstream: HttpUpstream, out: list[Any]) -> None:
     out.append(upstream.session())
     await upstream.aclose()
+
+
+async def test_the_servers_shutdown_closes_its_loops_session(gateway_config: Any) -> None:
+    from gateway.lifecycle import lifespan
+    from inference_app.upstream import get_upstream
+
+    gateway_config(llm_api_base="http://127.0.0.1:9")
+    upstream = get_upstream()
+    assert isinstance(upstream, HttpUpstream)
+    session = upstream.session()
+    messages = asyncio.Queue[dict[str, str]]()
+    for kind in ("lifespan.startup", "lifespan.shutdown"):
+        messages.put_nowait({"type": kind})
+    sent: list[str] = []
+
+    async def send(message: dict[str, str]) -> None:
+        sent.append(message["type"])
+
+    await lifespan({"type": "lifespan"}, messages.get, send)
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert session.closed
