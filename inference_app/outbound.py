@@ -324,8 +324,10 @@ IDLE_REUSE_S = 4.0
 # 16 MiB SSE line limit is the SSE parser's.
 READ_BUFSIZE = 256 * 1024
 
+Session = aiohttp.ClientSession
 
-def pass_through_session(pool_size: int, connect_timeout_s: float) -> aiohttp.ClientSession:
+
+def pass_through_session(pool_size: int, connect_timeout_s: float) -> Session:
     """A keep-alive session for :func:`pass_through`: at most ``pool_size`` connections, bodies not
     decompressed, no headers of aiohttp's own added, no cookies kept."""
     return aiohttp.ClientSession(
@@ -339,7 +341,7 @@ def pass_through_session(pool_size: int, connect_timeout_s: float) -> aiohttp.Cl
 
 
 async def pass_through(
-    session: aiohttp.ClientSession,
+    session: Session,
     method: str,
     url: str,
     *,

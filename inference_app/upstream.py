@@ -24,7 +24,7 @@ from gateway.config import Config, get_config
 from inference_app.upstream_types import Body, Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
-    import aiohttp
+    from inference_app.outbound import Session
 
 log = logging.getLogger("gateway.upstream")
 
@@ -85,11 +85,11 @@ class HttpUpstream:
         self.config = config
         self.base = config.upstream_base
         self._outbound = outbound
-        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Session]
         self._sessions = weakref.WeakKeyDictionary()
         _http_upstreams.add(self)
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> Session:
         """This event loop's session (never one per request, never shared across loops)."""
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
