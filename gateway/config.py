@@ -113,8 +113,7 @@ class UpstreamConfig:
     stall_timeout_s: PositiveFloat = 300.0
     pool_size: PositiveInt = 1000
     ready_timeout_s: Float = 1.0
-    # The callback relay polls a lone exchange's wait up to this long before the loop sleeps
-    # (gateway.relay.http_client.IdlePoll); 0: never.
+    # Accepted for old configs; unused since the callback relay and its client are gone.
     idle_poll_us: NonNegativeInt = 200
 
 

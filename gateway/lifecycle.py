@@ -11,7 +11,8 @@ consumers close their connections themselves once their last terminal event is s
 
 The ASGI ``lifespan`` app (:func:`lifespan`) starts the periodic jobs registered with
 :func:`on_startup` (the background responses' lease sweep) and, at shutdown, waits for the work no
-connection is waiting for (in-process background responses) within the same bound.
+connection is waiting for (in-process background responses) within the same bound, then runs the
+jobs registered with :func:`on_shutdown` (closing the upstream client).
 """
 
 from __future__ import annotations
@@ -172,6 +173,15 @@ def on_startup(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
         _startup.append(job)
 
 
+_shutdown: list[Callable[[], Coroutine[Any, Any, None]]] = []
+
+
+def on_shutdown(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Await ``job`` at shutdown, once the work in flight has ended (closing the loop's clients)."""
+    if job not in _shutdown:
+        _shutdown.append(job)
+
+
 # Tasks nobody awaits (a detached stream's run, a lease renewal): held here until they end.
 _unawaited: set[asyncio.Task[Any]] = set()
 
@@ -198,5 +208,10 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await drain.wait_idle()
             for task in tasks:
                 task.cancel()
+            for job in _shutdown:
+                try:
+                    await job()
+                except Exception:
+                    log.exception("a shutdown job failed")
             await send({"type": "lifespan.shutdown.complete"})
             return

@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.config import get_config
-from inference_app.upstream import HttpClient, HttpUpstream, UpstreamResponse, forward_headers, get_upstream
+from inference_app.upstream import UpstreamResponse, forward_headers, get_upstream
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -35,13 +35,6 @@ SSE_CONTENT_TYPE = "text/event-stream"
 # How long a relay runs before a task starts watching for the client's disconnect.
 WATCH_AFTER_S = 0.05
 _DONE = b"data: [DONE]\n\n"
-
-
-def upstream_pool(loop: asyncio.AbstractEventLoop) -> HttpClient | None:
-    """The HTTP upstream's keep-alive pool on ``loop`` (what the callback relay sends on); None when
-    the upstream is not HTTP (the embedded engine, the Celery workers)."""
-    upstream = get_upstream()
-    return upstream.pool(loop) if isinstance(upstream, HttpUpstream) else None
 
 
 def openai_stream_error(exc: errors.GatewayError) -> bytes:

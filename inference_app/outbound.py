@@ -1,21 +1,23 @@
-"""The one general-purpose HTTP client for the outbound calls our own code makes.
+"""The one outbound HTTP client of our own code, on aiohttp.
 
-OIDC discovery and JWKS (``gateway.auth``), the web search tool and the web fetch tool call out
-through here, on aiohttp. The library's timeout and error types are mapped to ours once, in
-:meth:`Client.fetch`; callers catch :class:`OutboundError` (or one of its kinds) and never an
-aiohttp type. Every call has a whole-call timeout and a cap on the body it reads.
+Two uses: :func:`pass_through` sends a request to the upstream model server and hands back its
+answer byte for byte (``inference_app.upstream.HttpUpstream``, one session per event loop); and
+:class:`Client` makes the bounded calls of OIDC discovery and JWKS (``gateway.auth``), the web
+search and the web fetch tools. aiohttp's timeout and error types are mapped to ours here: the
+upstream's to the gateway's 502/504 errors, the others to :class:`OutboundError` and its kinds.
 
-Not here: the upstream LLM client (``gateway/relay/http_client.py``, the lean client the relay is
-designed with, for the pass-through's speed; ``HttpUpstream`` gets it at start-up) and the clients that libraries bring (mozilla-django-oidc's
-``requests``, the MCP SDK's ``httpx``).
+Not here: the clients that libraries bring and keep (mozilla-django-oidc's ``requests``, the MCP
+SDK's ``httpx``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json as jsonlib
+import logging
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -25,6 +27,11 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from asgiref.sync import async_to_sync
 from multidict import CIMultiDictProxy
+from yarl import URL
+
+from gateway import errors
+
+log = logging.getLogger("gateway.upstream")
 
 
 class OutboundError(Exception):
@@ -303,3 +310,159 @@ async def get_json(url: str, *, timeout_s: float, max_bytes: int, **kwargs: Any)
 def get_json_sync(url: str, *, timeout_s: float, max_bytes: int, **kwargs: Any) -> Any:
     """:func:`get_json` for sync code (admin single sign-on), on its own event loop thread."""
     return async_to_sync(get_json)(url, timeout_s=timeout_s, max_bytes=max_bytes, **kwargs)
+
+
+# --- the upstream model server: bytes passed through --------------------------------------------
+
+UNREACHABLE = "Could not reach the upstream model server."
+MID_RESPONSE = "The upstream connection failed mid-response."
+# An idle connection older than this is closed, not reused: vLLM's server (uvicorn) closes idle
+# keep-alive connections after 5 s, and a request sent as it does so fails.
+IDLE_REUSE_S = 4.0
+# Unread answer bytes buffered per connection before its socket stops being read (aiohttp pauses
+# at twice this). Bodies are read with ``readany``, so no line length limit applies here: the
+# 16 MiB SSE line limit is the SSE parser's.
+READ_BUFSIZE = 256 * 1024
+
+Session = aiohttp.ClientSession
+
+
+def pass_through_session(pool_size: int, connect_timeout_s: float) -> Session:
+    """A keep-alive session for :func:`pass_through`: at most ``pool_size`` connections, bodies not
+    decompressed, no headers of aiohttp's own added, no cookies kept."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=pool_size, limit_per_host=0, keepalive_timeout=IDLE_REUSE_S),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+        read_bufsize=READ_BUFSIZE,
+    )
+
+
+async def pass_through(
+    session: Session,
+    method: str,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: bytes | AsyncIterable[bytes] | None,
+    drop_headers: frozenset[str],
+    read_timeout_s: float,
+    stall_timeout_s: float,
+) -> tuple[int, list[tuple[str, str]], Chunks]:
+    """Send one request; status, headers (lower-cased, ``drop_headers`` left out) and the body once
+    the headers arrived, within ``read_timeout_s``. ``url`` is sent as given (not re-quoted); a
+    streamed ``body`` goes out chunked unless ``headers`` give its length. Failures are
+    :class:`errors.UpstreamError` (502) or :class:`errors.UpstreamTimeout` (504)."""
+    replayable = not isinstance(body, AsyncIterable)
+    if replayable and ("content-length" in headers or "transfer-encoding" in headers):
+        headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
+    target = URL(url, encoded=True)
+    for attempt in (0, 1):
+        try:
+            async with asyncio.timeout(read_timeout_s):
+                resp = await session.request(
+                    method, target, headers=headers, data=body, allow_redirects=False
+                )
+            break
+        except aiohttp.ConnectionTimeoutError:
+            connect = session.timeout.sock_connect
+            raise errors.UpstreamTimeout(
+                f"Could not connect to the upstream model server within {connect:g}s."
+            ) from None
+        except TimeoutError:
+            raise errors.UpstreamTimeout(
+                f"The upstream model server did not answer within {read_timeout_s:g}s."
+            ) from None
+        except ValueError as exc:  # aiohttp refuses a header that could smuggle a second request
+            raise errors.BadRequest(f"The request cannot be forwarded: {exc}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            # A malformed or cut-off answer (then the partly parsed head is the message) was sent by
+            # a server that was reached.
+            answered = isinstance(exc, aiohttp.ClientResponseError) or (
+                isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
+            )
+            if (
+                attempt == 0
+                and replayable
+                and isinstance(exc, aiohttp.ServerDisconnectedError)
+                and not answered
+            ):
+                continue  # a pooled connection the server closed as it was reused: sent again once
+            # The detail (host, port, OS error) goes to the log, not to the client.
+            log.warning("upstream %s %s failed: %s: %s", method, url, type(exc).__name__, exc)
+            raise errors.UpstreamError(MID_RESPONSE if answered else UNREACHABLE) from None
+    kept = [
+        (name, value.decode("latin-1"))
+        for raw, value in resp.raw_headers
+        if (name := raw.decode("latin-1").lower()) not in drop_headers
+    ]
+    return resp.status, kept, Chunks(resp, stall_timeout_s)
+
+
+class Chunks:
+    """An answer's body as it arrives, each chunk handed on as soon as it is read.
+
+    A wait for the next chunk that lasts ``stall_s`` fails as :class:`errors.UpstreamTimeout` (a
+    slow reader is not a stalled upstream); one timer per answer, re-armed only when it fires.
+    Read to its end, or closed once it arrived whole, the connection goes back to the pool;
+    closed earlier, it is closed.
+    """
+
+    __slots__ = ("_loop", "_read", "_resp", "_stall", "_stalled", "_timer", "_waiting")
+
+    def __init__(self, resp: aiohttp.ClientResponse, stall_s: float) -> None:
+        self._resp = resp
+        self._read = resp.content.readany
+        self._loop = asyncio.get_running_loop()
+        self._stall = stall_s
+        self._stalled = False
+        self._waiting = 0.0  # when the wait going on began (0: none)
+        self._timer = self._loop.call_later(stall_s, self._watch)
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body has arrived."""
+        return self._resp.content.is_eof()
+
+    async def __anext__(self) -> bytes:
+        self._waiting = self._loop.time()
+        try:
+            chunk = await self._read()
+        except BaseException as exc:
+            self._end()
+            if self._stalled:
+                raise errors.UpstreamTimeout(
+                    f"The upstream stream stalled for more than {self._stall:g}s."
+                ) from None
+            if isinstance(exc, aiohttp.ClientError | OSError):
+                log.warning("upstream connection failed mid-response: %s: %s", type(exc).__name__, exc)
+                raise errors.UpstreamError(MID_RESPONSE) from None
+            raise
+        self._waiting = 0.0
+        if chunk:
+            return chunk
+        self._end()
+        raise StopAsyncIteration
+
+    def _watch(self) -> None:
+        since, now = self._waiting, self._loop.time()
+        if since and now - since >= self._stall:
+            self._stalled = True
+            self._resp.close()  # the waiting read fails at once
+        else:
+            self._timer = self._loop.call_at((since or now) + self._stall, self._watch)
+
+    def _end(self) -> None:
+        self._timer.cancel()
+        if self._resp.content.is_eof():
+            self._resp.release()
+        else:
+            self._resp.close()
+
+    async def aclose(self) -> None:
+        self._end()

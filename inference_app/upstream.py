@@ -2,17 +2,13 @@
 
 ``Upstream.send(method, path, body=…, headers=…, query=…)`` returns an :class:`UpstreamResponse`:
 status, headers (hop-by-hop removed) and an async iterator over the body bytes exactly as the
-upstream sent them (the interface and its types: :mod:`inference_app.upstream_types`, which the
-implementations import; this module picks one in :func:`get_upstream`). Pass-through routes, the Responses executor and the Messages loop all call it;
-the HTTP and worker implementations behave the same, byte for byte.
+upstream sent them (the interface and its types: :mod:`inference_app.upstream_types`; this module
+picks one in :func:`get_upstream`). Pass-through routes, the Responses executor and the Messages
+loop all call it; the HTTP and worker implementations behave the same, byte for byte.
 
-:class:`HttpUpstream` speaks HTTP/1.1 through a keep-alive pool per event loop (an
-:class:`HttpClient`). The client is the lean one the below-ASGI relay is designed with,
-``gateway.relay.http_client.HttpPool``; ``inference_app`` may not import the relay, so the gateway app
-hands it over in ``AppConfig.ready()`` with :func:`use_http_client` (every process that sets Django
-up: ``manage.py serve`` and the other commands, Celery workers, tests). Failures map to gateway
-errors: connection refused / DNS → :class:`UpstreamError` (502); no response headers within the read
-timeout, or a stream silent for longer than the stall timeout → :class:`UpstreamTimeout` (504).
+:class:`HttpUpstream` speaks HTTP/1.1 through aiohttp (one session per event loop). Failures map to
+gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no response headers within
+the read timeout, or a stream silent for longer than the stall timeout → :class:`UpstreamTimeout` (504).
 """
 
 from __future__ import annotations
@@ -20,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from gateway import errors
-from gateway.config import Config, UpstreamConfig, get_config
+from gateway.config import Config, get_config
 from inference_app.upstream_types import Body, Upstream, UpstreamResponse
+
+if TYPE_CHECKING:
+    from inference_app.outbound import Session
 
 log = logging.getLogger("gateway.upstream")
 
@@ -75,102 +74,36 @@ def forward_headers(
     return out
 
 
-class ResponseChunks(Protocol):
-    """A response body as an :class:`HttpClient` hands it back: its chunks as they arrive."""
-
-    def __aiter__(self) -> AsyncIterator[bytes]: ...
-
-    async def __anext__(self) -> bytes: ...
-
-    async def aclose(self) -> None:
-        """Hand the connection back to the pool when the body was read whole, else close it."""
-        ...
-
-
-class HttpClient(Protocol):
-    """What :class:`HttpUpstream` needs of an HTTP client: keep-alive connections from one event loop
-    to one base URL (``gateway.relay.http_client.HttpPool``)."""
-
-    loop: asyncio.AbstractEventLoop
-    closed: bool
-
-    async def request(
-        self, method: str, target: str, headers: Mapping[str, str], body: Body = None
-    ) -> tuple[int, list[tuple[str, str]], ResponseChunks]:
-        """Send one request (``target``: path and query below the base URL, ``headers`` lower-cased);
-        status, headers and the body once the headers arrived."""
-        ...
-
-    def close(self) -> None:
-        """Close the idle connections; busy ones close when their responses are done."""
-        ...
-
-
-class HttpClientFactory(Protocol):
-    """Builds the :class:`HttpClient` for one base URL, on the running loop (``HttpPool`` itself)."""
-
-    def __call__(
-        self, base_url: str, timeouts: UpstreamConfig, *, drop_headers: frozenset[str] = ...
-    ) -> HttpClient: ...
-
-
-# The factory handed over at start-up (use_http_client).
-_http_client: HttpClientFactory | None = None
-
-
-def use_http_client(factory: HttpClientFactory) -> None:
-    """Build :class:`HttpUpstream`'s pools with ``factory``. The gateway app calls it in
-    ``AppConfig.ready()`` with the lean client of ``gateway.relay``."""
-    global _http_client
-    _http_client = factory
-
-
-def http_client() -> HttpClientFactory:
-    """The factory handed to :func:`use_http_client`; a clear error when Django was not set up."""
-    if _http_client is None:
-        raise RuntimeError(
-            "no HTTP client for the upstream: the gateway app hands one over in AppConfig.ready() "
-            "(set DJANGO_SETTINGS_MODULE=gateway.settings and call django.setup())"
-        )
-    return _http_client
-
-
 class HttpUpstream:
-    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server).
+    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server), through
+    the one outbound client (:func:`inference_app.outbound.pass_through`): one keep-alive session
+    per event loop, made on first use and closed by :func:`close_upstreams`."""
 
-    ``client`` builds the keep-alive pool of each event loop (default: the one handed to
-    :func:`use_http_client`)."""
+    def __init__(self, config: Config) -> None:
+        from inference_app import outbound  # aiohttp is loaded only where an HTTP upstream is used
 
-    def __init__(self, config: Config, client: HttpClientFactory | None = None) -> None:
         self.config = config
         self.base = config.upstream_base
-        self.client = client or http_client()
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient]
-        self._pools = weakref.WeakKeyDictionary()
-        self._last: HttpClient | None = None  # the last one used: one loop per process is the rule
+        self._outbound = outbound
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Session]
+        self._sessions = weakref.WeakKeyDictionary()
         _http_upstreams.add(self)
 
-    def pool(self, loop: asyncio.AbstractEventLoop | None = None) -> HttpClient:
-        """One keep-alive pool per event loop (never one per request, never shared across loops).
-
-        ``loop`` is the running loop, when the caller has it (asking for it costs a ``getpid()``).
-        """
-        if loop is None:
-            loop = asyncio.get_running_loop()
-        pool = self._last
-        if pool is None or pool.loop is not loop or pool.closed:
-            pool = self._pools.get(loop)
-            if pool is None or pool.closed:
-                pool = self.client(self.base, self.config.upstream, drop_headers=_RESPONSE_SKIP)
-                self._pools[loop] = pool
-            self._last = pool
-        return pool
+    def session(self) -> Session:
+        """This event loop's session (never one per request, never shared across loops)."""
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            upstream = self.config.upstream
+            session = self._outbound.pass_through_session(upstream.pool_size, upstream.connect_timeout_s)
+            self._sessions[loop] = session
+        return session
 
     async def aclose(self) -> None:
-        """Close this loop's pool (on server shutdown)."""
-        pool = self._pools.pop(asyncio.get_running_loop(), None)
-        if pool is not None:
-            pool.close()
+        """Close this loop's session (on server shutdown, or when a task's loop ends)."""
+        session = self._sessions.pop(asyncio.get_running_loop(), None)
+        if session is not None:
+            await session.close()
 
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base}{path}" + (f"?{query}" if query else "")
@@ -184,34 +117,31 @@ class HttpUpstream:
         headers: Mapping[str, str] | None = None,
         query: str = "",
     ) -> UpstreamResponse:
-        status, response_headers, chunks = await self.pool().request(
-            method, f"{path}?{query}" if query else path, headers or {}, body
+        upstream = self.config.upstream
+        status, response_headers, chunks = await self._outbound.pass_through(
+            self.session(),
+            method,
+            self.url(path, query),
+            headers=headers or {},
+            body=body,
+            drop_headers=_RESPONSE_SKIP,
+            read_timeout_s=upstream.read_timeout_s,
+            stall_timeout_s=upstream.stall_timeout_s,
         )
         return UpstreamResponse(status, response_headers, chunks)
 
     async def ready(self, timeout: float) -> None:
-        pool = self.pool()
         headers = {}
         if self.config.openai_api_key:
             headers["authorization"] = f"Bearer {self.config.openai_api_key}"
         async with asyncio.timeout(timeout):
-            status, _, body = await pool.request("GET", "/health", headers)
-            await _drain(body)
-            if status == 200:
-                return
             # Not every OpenAI-compatible server has /health; its model list proves it serves.
-            status, _, body = await pool.request("GET", "/v1/models", headers)
-            await _drain(body)
-            if status != 200:
-                raise RuntimeError(f"upstream answered {status}")
-
-
-async def _drain(body: ResponseChunks) -> None:
-    try:
-        async for _ in body:
-            pass
-    finally:
-        await body.aclose()
+            for path in ("/health", "/v1/models"):
+                response = await self.send("GET", path, headers=headers)
+                await response.aclose()
+                if response.status == 200:
+                    return
+            raise RuntimeError(f"upstream answered {response.status}")
 
 
 class UnconfiguredUpstream:
