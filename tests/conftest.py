@@ -98,7 +98,7 @@ def _fresh_access_log() -> None:
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's test databases; before they are dropped, the stored responses' writer gives
-    back the connection its thread keeps (``gateway.db.GroupWriter``), which would hold them."""
+    back the connection its thread keeps (``responses_app.group_commit.GroupWriter``), which would hold them."""
     yield
     from responses_app.services import final_writes
 
