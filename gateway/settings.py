@@ -246,14 +246,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "gateway.logging.RequestIdFilter"}},
-    "formatters": {
-        "json": {"()": "gateway.logging.JsonFormatter"},
-        "text": {"()": "gateway.logging.TextFormatter"},
-    },
     "handlers": {
         "console": {
-            "class": "logging.StreamHandler",
-            "formatter": CONFIG.server.log_format,
+            "()": "gateway.logging.QueuedConsoleHandler",
+            "format": CONFIG.server.log_format,
             "filters": ["request_id"],
         }
     },
