@@ -2,9 +2,10 @@
 
 Channels' ``database_sync_to_async`` (stale or broken connections closed before and after the
 call) with ``thread_sensitive=False``, so unrelated requests never queue on one shared thread. The
-calls run on a thread pool of ``[database] pool_max_size`` threads (``orm_N``): no more threads
-than the PostgreSQL pool has connections to give them. A cancelled caller stops waiting at once;
-work already started finishes on its thread (a write is never cut in half).
+calls run on a thread pool of ``[database] pool_max_size`` threads less one (``orm_N``), the one
+connection left for a writer that keeps its own (Responses storage's group commit): no more
+threads than the PostgreSQL pool has connections to give them. A cancelled caller stops waiting at
+once; work already started finishes on its thread (a write is never cut in half).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _executor: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
-        size = max(1, get_config().database.pool_max_size)
+        size = max(1, get_config().database.pool_max_size - 1)
         _executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="orm")
     return _executor
 

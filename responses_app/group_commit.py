@@ -1,4 +1,6 @@
-"""The group commit of the stored-response writes (``services.final_writes``).
+"""The group commit of the stored-response writes (``services.final_writes``). It stays because
+writing each response alone, measured side by side on SQLite and PostgreSQL, cost far more CPU
+per stored response and throughput (docs/performance.md).
 
 :class:`GroupWriter` is the group commit of one write path: writes that wait at the same time run
 together in one transaction on one ORM thread (one thread hop and one commit per batch instead of
@@ -8,15 +10,15 @@ its own caller. Nothing queued is dropped: a cancelled caller stops waiting, its
 
 A writer's batches run on a thread of its own (one a process, started on first use), which keeps
 its database connection from one batch to the next, and from one burst of writes to the next: with
-PostgreSQL's pool, giving the connection back after a burst and taking it again for the next cost a
-health-check round trip and ~70 µs of the thread's CPU each time (docs/performance.md, session 44).
+PostgreSQL's pool, giving the connection back after a burst and taking it again for the next costs
+a health-check round trip each time.
 The connection is tidied (``close_old_connections``) before the first batch and after a batch in
 which a write failed. A kept connection that died meanwhile (the database restarted) fails its
 batch with a connection error (``OperationalError``, ``InterfaceError``): the batch is written once
 more on a fresh connection (so is one whose statement failed on a live connection, a
 ``statement_timeout``: psycopg cannot yet tell the two apart when the write fails, since after a
 restart the server's shutdown message arrives before the connection's end). The kept connection
-counts against ``[database] pool_max_size``: :func:`run_orm`'s threads are one fewer; with a pool
+counts against ``[database] pool_max_size``: :func:`gateway.db.run_orm`'s threads are one fewer; with a pool
 of one connection the writer gives it back after each burst instead. :meth:`GroupWriter.release`
 gives it back on demand (before the database is dropped: the tests' teardown).
 
@@ -99,8 +101,7 @@ class GroupWriter:
 
     One batch is written at a time; the writes that arrive meanwhile form the next one, and the first
     write after a pause starts at the end of the current turn of its event loop, so the writes that
-    turn produces are written with it (measured: 5-7 writes a batch instead of 3-5 at concurrency
-    16-64, 14 % less CPU per stored response). ``fn`` must be atomic on its own (a write alone, or
+    turn produces are written with it (larger batches, docs/performance.md). ``fn`` must be atomic on its own (a write alone, or
     retried alone, runs without the batch's transaction), join a surrounding transaction, and do
     its side effects outside the database with ``transaction.on_commit`` (a rolled-back batch runs
     it again).
