@@ -183,13 +183,14 @@ def test_metrics_count_a_request(live_gateway: LiveServer) -> None:
 
 
 def test_observe_request_counts_as_inc_and_observe_do() -> None:
-    """``observe_request`` writes the metric values directly: the same samples as the public API."""
+    """``observe_request`` counts the request and records its duration in the gateway's metrics,
+    with its labels: the samples a histogram with the same buckets records."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from gateway.metrics import HTTP_LATENCY, REGISTRY, observe_request
+    from gateway.metrics import LATENCY_BUCKETS, REGISTRY, observe_request
 
     durations = [0.0004, 0.001, 0.0011, 0.07, 0.25, 299.0, 301.0]
-    reference = Histogram("ref", "", buckets=HTTP_LATENCY._upper_bounds[:-1], registry=CollectorRegistry())
+    reference = Histogram("ref", "", buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
     for seconds in durations:
         observe_request("/test/observe", "PUT", 207, seconds)
         reference.observe(seconds)
