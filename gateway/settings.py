@@ -52,29 +52,19 @@ INSTALLED_APPS = [
 ]
 
 # Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
+# The Site* middlewares (gateway.middleware.SiteOnly) run for the admin, its SSO and static files
+# only: the bearer-authenticated API skips them.
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "gateway.middleware.ApiCsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gateway.middleware.SiteSecurityMiddleware",
+    "gateway.middleware.SiteSessionMiddleware",
+    "gateway.middleware.SiteCsrfViewMiddleware",
+    "gateway.middleware.SiteAuthenticationMiddleware",
+    "gateway.middleware.SiteMessageMiddleware",
+    "gateway.middleware.SiteXFrameOptionsMiddleware",
     "gateway.auth.middleware.AuthMiddleware",
     "gateway.middleware.GatewayErrorMiddleware",
 ]
-
-# Middleware the admin needs but the bearer-authenticated API does not. Django runs these
-# sync-style middlewares through a thread hop each under ASGI, so /v1 requests skip them: they are
-# served by a second Django handler without them (see gateway/asgi.py).
-ADMIN_ONLY_MIDDLEWARE = {
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "gateway.middleware.ApiCsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-}
 
 
 ROOT_URLCONF = "gateway.urls"

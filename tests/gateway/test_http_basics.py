@@ -221,6 +221,21 @@ def test_admin_login_page(live_gateway: LiveServer) -> None:
     assert r.status_code == 200
 
 
+def test_the_site_middleware_runs_for_the_admin_only(live_gateway: LiveServer) -> None:
+    """Sessions, CSRF and the clickjacking header (``gateway.middleware.SiteOnly``) guard the admin;
+    the bearer-authenticated API answers without them."""
+    site = httpx.get(f"{live_gateway.url}/admin/login/")
+    assert site.headers["x-frame-options"] == "DENY" and "csrftoken" in site.cookies
+    refused = httpx.post(f"{live_gateway.url}/admin/login/", data={"username": "a", "password": "b"})
+    assert refused.status_code == 403 and "CSRF" in refused.text
+    api = httpx.get(f"{live_gateway.url}/v1/conversations/conv_missing")
+    assert api.status_code == 404 and api.json()["error"]["type"] == "invalid_request_error"
+    assert "x-frame-options" not in api.headers and "set-cookie" not in api.headers
+    # No CSRF check on the API: a cookie-less POST is judged by the route alone.
+    created = httpx.post(f"{live_gateway.url}/v1/conversations", json={})
+    assert created.status_code == 200 and created.json()["object"] == "conversation"
+
+
 @pytest.mark.parametrize(
     ("raw_path", "path"),
     [
