@@ -2,7 +2,7 @@
 
 Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
 One Django handler serves everything; the site's middlewares (sessions, CSRF, messages:
-``gateway.middleware.SiteOnly``) skip the API. Each API request gets a thread of its own from
+``gateway.site_middleware.SiteOnly``) skip the API. Each API request gets a thread of its own from
 :class:`RequestThreads` for Django's thread-sensitive work; the admin and its SSO also get static
 files.
 The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
@@ -30,8 +30,9 @@ from gateway import errors  # noqa: E402
 from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
 from gateway.lifecycle import lifespan  # noqa: E402
-from gateway.middleware import SITE_PREFIXES, GatewayASGIMiddleware  # noqa: E402
+from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
+from gateway.site_middleware import SITE_PREFIXES  # noqa: E402
 
 STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
 

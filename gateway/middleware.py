@@ -15,14 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.contrib.auth.middleware import AuthenticationMiddleware
-from django.contrib.messages.middleware import MessageMiddleware
-from django.contrib.sessions.middleware import SessionMiddleware
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
-from django.middleware.clickjacking import XFrameOptionsMiddleware
-from django.middleware.csrf import CsrfViewMiddleware
-from django.middleware.security import SecurityMiddleware
 
 from gateway import errors
 from gateway.config import get_config
@@ -196,52 +190,3 @@ class GatewayErrorMiddleware:
             logging.getLogger("gateway").exception("unhandled error on %s", request.path)
             return errors.django_response(errors.as_gateway_error(exc), request)
         return None
-
-
-# Browser-facing paths that need sessions, CSRF, messages and static files; everything else (the
-# API, /health, /ready, /metrics, /docs) skips the site's middleware.
-SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
-
-
-class SiteOnly:
-    """Put first in a Django middleware's subclass: the middleware runs for the site's paths only.
-    The bearer-authenticated API needs no sessions, CSRF, messages or clickjacking header, and each
-    of these sync middlewares costs thread hops under ASGI."""
-
-    get_response: Callable[[HttpRequest], Any]
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if request.path.startswith(SITE_PREFIXES):
-            return super().__call__(request)  # type: ignore[misc]
-        return self.get_response(request)
-
-
-class SiteSecurityMiddleware(SiteOnly, SecurityMiddleware):
-    pass
-
-
-class SiteSessionMiddleware(SiteOnly, SessionMiddleware):
-    pass
-
-
-class SiteCsrfViewMiddleware(SiteOnly, CsrfViewMiddleware):
-    async def process_view(  # type: ignore[override]
-        self, request: HttpRequest, callback: Any, callback_args: Any, callback_kwargs: Any
-    ) -> Any:
-        """Async, so an API request does not hop to a thread to learn it is not checked."""
-        if not request.path.startswith(SITE_PREFIXES):
-            return None
-        check = sync_to_async(super().process_view)
-        return await check(request, callback, callback_args, callback_kwargs)
-
-
-class SiteAuthenticationMiddleware(SiteOnly, AuthenticationMiddleware):
-    pass
-
-
-class SiteMessageMiddleware(SiteOnly, MessageMiddleware):
-    pass
-
-
-class SiteXFrameOptionsMiddleware(SiteOnly, XFrameOptionsMiddleware):
-    pass

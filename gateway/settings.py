@@ -52,16 +52,16 @@ INSTALLED_APPS = [
 ]
 
 # Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
-# The Site* middlewares (gateway.middleware.SiteOnly) run for the admin, its SSO and static files
+# The Site* middlewares (gateway.site_middleware.SiteOnly) run for the admin, its SSO and static files
 # only: the bearer-authenticated API skips them.
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
-    "gateway.middleware.SiteSecurityMiddleware",
-    "gateway.middleware.SiteSessionMiddleware",
-    "gateway.middleware.SiteCsrfViewMiddleware",
-    "gateway.middleware.SiteAuthenticationMiddleware",
-    "gateway.middleware.SiteMessageMiddleware",
-    "gateway.middleware.SiteXFrameOptionsMiddleware",
+    "gateway.site_middleware.SiteSecurityMiddleware",
+    "gateway.site_middleware.SiteSessionMiddleware",
+    "gateway.site_middleware.SiteCsrfViewMiddleware",
+    "gateway.site_middleware.SiteAuthenticationMiddleware",
+    "gateway.site_middleware.SiteMessageMiddleware",
+    "gateway.site_middleware.SiteXFrameOptionsMiddleware",
     "gateway.auth.middleware.AuthMiddleware",
     "gateway.middleware.GatewayErrorMiddleware",
 ]

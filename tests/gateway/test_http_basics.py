@@ -222,7 +222,7 @@ def test_admin_login_page(live_gateway: LiveServer) -> None:
 
 
 def test_the_site_middleware_runs_for_the_admin_only(live_gateway: LiveServer) -> None:
-    """Sessions, CSRF and the clickjacking header (``gateway.middleware.SiteOnly``) guard the admin;
+    """Sessions, CSRF and the clickjacking header (``gateway.site_middleware.SiteOnly``) guard the admin;
     the bearer-authenticated API answers without them."""
     site = httpx.get(f"{live_gateway.url}/admin/login/")
     assert site.headers["x-frame-options"] == "DENY" and "csrftoken" in site.cookies
