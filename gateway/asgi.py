@@ -1,10 +1,10 @@
 """ASGI entry point: HTTP to Django, WebSocket to the Channels URL router.
 
 Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
-``/v1/*`` is served by a Django handler with the lean, fully async API middleware stack
-(``settings.MIDDLEWARE`` minus ``ADMIN_ONLY_MIDDLEWARE``, ``gateway.compat.django``), each request
-on a thread of its own from :class:`RequestThreads` for Django's thread-sensitive work; the admin and
-the rest get the full stack with sessions and CSRF.
+One Django handler serves everything; the site's middlewares (sessions, CSRF, messages:
+``gateway.site_middleware.SiteOnly``) skip the API. Each API request gets a thread of its own from
+:class:`RequestThreads` for Django's thread-sensitive work; the admin and its SSO also get static
+files.
 The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
 """
 
@@ -28,16 +28,11 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from gateway import errors  # noqa: E402
 from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
-from gateway.compat.django import api_handler  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
 from gateway.lifecycle import lifespan  # noqa: E402
 from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
-
-# Browser-facing paths that need sessions, CSRF and static files; everything else (the API,
-# /health, /ready, /metrics, HEAD /) takes the lean API handler.
-SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
-
+from gateway.site_middleware import SITE_PREFIXES  # noqa: E402
 
 STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
 
@@ -89,10 +84,10 @@ class RequestThreads:
 
 
 class HttpDispatch:
-    """The admin and its SSO to the full Django stack; the API and probes to the API handler."""
+    """The admin and its SSO with static files; the API and probes on a thread of their own."""
 
     def __init__(self) -> None:
-        self.api = api_handler()  # the API middleware stack (gateway.compat.django)
+        self.api = django_app
         self.site = ASGIStaticFilesHandler(django_app)
         self.threads = RequestThreads()
 

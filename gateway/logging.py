@@ -1,14 +1,21 @@
 """Structured logging: JSON lines when configured, always tagged with the request id.
 
 Request bodies and credentials are never logged; the access log records method, route, status and
-duration only.
+duration only. The console handler runs on a ``QueueListener``'s thread behind a ``QueueHandler``
+(:class:`QueuedConsoleHandler`): the serving thread only queues the record, formatting and writing
+happen off the event loop.
 """
 
 from __future__ import annotations
 
 import contextvars
+import copy
 import logging
+import os
+import queue
 import time
+import weakref
+from logging.handlers import QueueHandler, QueueListener
 
 import orjson
 
@@ -50,3 +57,61 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
+
+
+class QueuedConsoleHandler(QueueHandler):
+    """The console handler (stderr, :class:`TextFormatter` or :class:`JsonFormatter` by ``format``)
+    on a ``QueueListener``'s thread. Filters (the request id) run on the caller's thread, before
+    the record is queued. Closing it (``logging.shutdown`` at exit) writes what is queued."""
+
+    def __init__(self, format: str = "text") -> None:
+        super().__init__(queue.SimpleQueue())
+        console = logging.StreamHandler()
+        console.setFormatter(JsonFormatter() if format == "json" else TextFormatter())
+        self.listener = QueueListener(self.queue, console)
+        self.listener.start()
+        self.running = True
+        # A forked child has no listener thread: it starts its own.
+        restart = weakref.WeakMethod(self._restart)
+        os.register_at_fork(after_in_child=lambda: (method := restart()) is not None and method())
+
+    def _restart(self) -> None:
+        if self.running:
+            self.listener = QueueListener(self.queue, *self.listener.handlers)
+            self.listener.start()
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        """The record with its message merged (its arguments may change once the caller goes on);
+        a copy, since other handlers (and their formatters) see the original."""
+        record = copy.copy(record)
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+    def close(self) -> None:
+        if self.running:
+            self.running = False
+            self.listener.stop()  # writes what is queued, then ends the thread
+        super().close()
+
+
+access_logger = logging.getLogger("gateway.access")
+
+
+def log_access(method: str, path: str, route: str, status: int, seconds: float, request_id: str) -> None:
+    """One access-log line for an answered HTTP request (when ``gateway.access`` logs INFO)."""
+    if not access_logger.isEnabledFor(logging.INFO):
+        return
+    ms = seconds * 1000
+    # makeRecord and handle, not info(): no search of the caller's frame for a line nobody shows.
+    record = access_logger.makeRecord(
+        access_logger.name,
+        logging.INFO,
+        __file__,
+        0,
+        "%s %s %s %.1fms",
+        (method, path, status, ms),
+        None,
+        extra={"method": method, "route": route, "status": status, "ms": ms, "request_id": request_id},
+    )
+    access_logger.handle(record)

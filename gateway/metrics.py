@@ -4,6 +4,7 @@ With one server process the metrics live in this process. With several (``[serve
 ``manage.py serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before it starts them,
 every process records into its own files there, and ``/metrics`` (answered by any one of them) adds
 them all up: counters and histograms summed over the workers, gauges summed over the live ones.
+Only prometheus_client's public API; the labelled children are cached per label tuple.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import tempfile
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from gateway.compat.prometheus import Observer, adder, forget_at_fork, request_observer
 from gateway.config import environ_get
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 HTTP_REQUESTS = Counter(
     "gateway_http_requests_total",
@@ -30,7 +31,7 @@ HTTP_LATENCY = Histogram(
     "gateway_http_request_duration_seconds",
     "Time from request start to the end of the response body, by route and method.",
     ["route", "method"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
 HTTP_IN_FLIGHT = Gauge(
@@ -73,36 +74,26 @@ def exposition() -> bytes:
     return bytes(generate_latest(REGISTRY))
 
 
-# One observer per (route, method, status) label set (gateway.compat.prometheus: the values behind
-# the children, updated without labels()). Routes are bounded (``route_label``), so this stays small.
-_observers: dict[tuple[str, str, int], Observer] = {}
-# What adds to HTTP_IN_FLIGHT (gateway.compat.prometheus.adder), made on first use.
-_in_flight: Observer | None = None
+# The children of each (route, method, status): labels() takes a lock and checks the labels on every
+# call. Routes are bounded (``route_label``), so this stays small. A child made before a fork is
+# still right in the child process: prometheus_client's multi-process values notice the fork.
+_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
 
 def in_flight(change: int) -> None:
-    """A request begins (1) or ends (-1): ``HTTP_IN_FLIGHT.inc(change)``, as cheaply."""
-    global _in_flight
-    add = _in_flight
-    if add is None:
-        add = _in_flight = adder(HTTP_IN_FLIGHT)
-    add(change)
-
-
-def _forget() -> None:
-    """In a forked child: the updaters made before the fork write to the parent's files."""
-    global _in_flight
-    _observers.clear()
-    _in_flight = None
-
-
-forget_at_fork(_forget)
+    """A request begins (1) or ends (-1)."""
+    HTTP_IN_FLIGHT.inc(change)
 
 
 def observe_request(route: str, method: str, status: int, seconds: float) -> None:
-    """Count one answered HTTP request and record its duration (as ``inc()`` and ``observe()`` do)."""
+    """Count one answered HTTP request and record its duration."""
     key = (route, method, status)
-    observe = _observers.get(key)
-    if observe is None:
-        observe = _observers[key] = request_observer(HTTP_REQUESTS, HTTP_LATENCY, route, method, str(status))
-    observe(seconds)
+    children = _children.get(key)
+    if children is None:
+        children = _children[key] = (
+            HTTP_REQUESTS.labels(route, method, str(status)),
+            HTTP_LATENCY.labels(route, method),
+        )
+    count, latency = children
+    count.inc()
+    latency.observe(seconds)

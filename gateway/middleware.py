@@ -17,7 +17,6 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
-from django.middleware.csrf import CsrfViewMiddleware
 
 from gateway import errors
 from gateway.config import get_config
@@ -191,14 +190,3 @@ class GatewayErrorMiddleware:
             logging.getLogger("gateway").exception("unhandled error on %s", request.path)
             return errors.django_response(errors.as_gateway_error(exc), request)
         return None
-
-
-class ApiCsrfViewMiddleware(CsrfViewMiddleware):
-    """CSRF protection for the admin's cookie sessions; ``/v1`` is bearer-authenticated instead."""
-
-    def process_view(
-        self, request: HttpRequest, callback: Any, callback_args: Any, callback_kwargs: Any
-    ) -> Any:
-        if request.path_info.startswith("/v1/"):
-            return None
-        return super().process_view(request, callback, callback_args, callback_kwargs)

@@ -35,11 +35,11 @@ from typing import Any
 from django.conf import settings
 from django.urls import Resolver404, resolve
 
-from gateway import accesslog, errors, fastroutes
+from gateway import errors, fastroutes
 from gateway.auth import AuthResult, authenticate, authenticate_now
 from gateway.config import get_config
 from gateway.ids import request_id_for
-from gateway.logging import request_id_var
+from gateway.logging import log_access, request_id_var
 from gateway.metrics import in_flight, observe_request
 
 RawHeaders = list[tuple[bytes, bytes]]
@@ -167,8 +167,7 @@ def passage_of(scope: Mapping[str, Any]) -> Passage:
 def record_request(method: str, path: str, route: str, status: int, seconds: float, request_id: str) -> None:
     """Count an answered HTTP request in the metrics and write its access-log line."""
     observe_request(route, method, status, seconds)
-    if accesslog.enabled():
-        accesslog.log_request(method, path, route, status, seconds, request_id)
+    log_access(method, path, route, status, seconds, request_id)
 
 
 @lru_cache(maxsize=4096)

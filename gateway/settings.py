@@ -52,29 +52,19 @@ INSTALLED_APPS = [
 ]
 
 # Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
+# The Site* middlewares (gateway.site_middleware.SiteOnly) run for the admin, its SSO and static files
+# only: the bearer-authenticated API skips them.
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "gateway.middleware.ApiCsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gateway.site_middleware.SiteSecurityMiddleware",
+    "gateway.site_middleware.SiteSessionMiddleware",
+    "gateway.site_middleware.SiteCsrfViewMiddleware",
+    "gateway.site_middleware.SiteAuthenticationMiddleware",
+    "gateway.site_middleware.SiteMessageMiddleware",
+    "gateway.site_middleware.SiteXFrameOptionsMiddleware",
     "gateway.auth.middleware.AuthMiddleware",
     "gateway.middleware.GatewayErrorMiddleware",
 ]
-
-# Middleware the admin needs but the bearer-authenticated API does not. Django runs these
-# sync-style middlewares through a thread hop each under ASGI, so /v1 requests skip them: they are
-# served by a second Django handler without them (see gateway/asgi.py).
-ADMIN_ONLY_MIDDLEWARE = {
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "gateway.middleware.ApiCsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-}
 
 
 ROOT_URLCONF = "gateway.urls"
@@ -246,14 +236,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "gateway.logging.RequestIdFilter"}},
-    "formatters": {
-        "json": {"()": "gateway.logging.JsonFormatter"},
-        "text": {"()": "gateway.logging.TextFormatter"},
-    },
     "handlers": {
         "console": {
-            "class": "logging.StreamHandler",
-            "formatter": CONFIG.server.log_format,
+            "()": "gateway.logging.QueuedConsoleHandler",
+            "format": CONFIG.server.log_format,
             "filters": ["request_id"],
         }
     },

@@ -23,11 +23,11 @@ from conversations_app import services as conversation_services
 from conversations_app.models import Item
 from gateway import errors
 from gateway.config import Config
-from gateway.db import GroupWriter
 from gateway.ids import new_id
 from responses_app import async_tools, rawsql, selectors, translate
 from responses_app.domain import Prepared, base_snapshot, strip_credentials
 from responses_app.features import refuse_executor_only
+from responses_app.group_commit import GroupWriter
 from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
 from responses_app.multi_agent_config import AGENT_ITEM_TYPES, INPUT_MARK, refuse_in_multi_agent_mode

@@ -84,21 +84,10 @@ def _fresh_auth_state(request: pytest.FixtureRequest) -> Iterator[None]:
     reset_caches()
 
 
-@pytest.fixture(autouse=True)
-def _fresh_access_log() -> None:
-    """The access log decides how to write (its own batched writer or ``logging`` records) when it
-    first writes, from the logging set-up of that moment; each test decides again under its own. A
-    server thread that logged a request after the test before it ended, when pytest's capture
-    handlers were off, left the batched writer behind, and ``caplog`` then saw no access line."""
-    from gateway import accesslog
-
-    accesslog.reset()
-
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's test databases; before they are dropped, the stored responses' writer gives
-    back the connection its thread keeps (``gateway.db.GroupWriter``), which would hold them."""
+    back the connection its thread keeps (``responses_app.group_commit.GroupWriter``), which would hold them."""
     yield
     from responses_app.services import final_writes
 

@@ -183,13 +183,14 @@ def test_metrics_count_a_request(live_gateway: LiveServer) -> None:
 
 
 def test_observe_request_counts_as_inc_and_observe_do() -> None:
-    """``observe_request`` writes the metric values directly: the same samples as the public API."""
+    """``observe_request`` counts the request and records its duration in the gateway's metrics,
+    with its labels: the samples a histogram with the same buckets records."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from gateway.metrics import HTTP_LATENCY, REGISTRY, observe_request
+    from gateway.metrics import LATENCY_BUCKETS, REGISTRY, observe_request
 
     durations = [0.0004, 0.001, 0.0011, 0.07, 0.25, 299.0, 301.0]
-    reference = Histogram("ref", "", buckets=HTTP_LATENCY._upper_bounds[:-1], registry=CollectorRegistry())
+    reference = Histogram("ref", "", buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
     for seconds in durations:
         observe_request("/test/observe", "PUT", 207, seconds)
         reference.observe(seconds)
@@ -218,6 +219,21 @@ def test_admin_login_page(live_gateway: LiveServer) -> None:
     # Static files for the admin are served too (no DEBUG needed).
     r = httpx.get(f"{live_gateway.url}/static/admin/css/base.css")
     assert r.status_code == 200
+
+
+def test_the_site_middleware_runs_for_the_admin_only(live_gateway: LiveServer) -> None:
+    """Sessions, CSRF and the clickjacking header (``gateway.site_middleware.SiteOnly``) guard the admin;
+    the bearer-authenticated API answers without them."""
+    site = httpx.get(f"{live_gateway.url}/admin/login/")
+    assert site.headers["x-frame-options"] == "DENY" and "csrftoken" in site.cookies
+    refused = httpx.post(f"{live_gateway.url}/admin/login/", data={"username": "a", "password": "b"})
+    assert refused.status_code == 403 and "CSRF" in refused.text
+    api = httpx.get(f"{live_gateway.url}/v1/conversations/conv_missing")
+    assert api.status_code == 404 and api.json()["error"]["type"] == "invalid_request_error"
+    assert "x-frame-options" not in api.headers and "set-cookie" not in api.headers
+    # No CSRF check on the API: a cookie-less POST is judged by the route alone.
+    created = httpx.post(f"{live_gateway.url}/v1/conversations", json={})
+    assert created.status_code == 200 and created.json()["object"] == "conversation"
 
 
 @pytest.mark.parametrize(
