@@ -1,58 +1,55 @@
-"""The one typed, frozen configuration object, loaded with pydantic-settings.
+"""The one typed, frozen configuration object: plain pydantic-settings.
 
 Read once, in this order of precedence: environment variables, then an optional TOML file (path in
 ``GATEWAY_CONFIG``), then the defaults below. This is the only module that reads ``os.environ``.
 
-Every section is a frozen pydantic dataclass: pydantic checks each value against its declared type
-(strictly for the file: ``debug = 'yes'`` is refused, not guessed), and pydantic-settings merges the
-two sources (:class:`GatewayEnvSource`, then pydantic-settings' own ``TomlConfigSettingsSource``)
-section by section. Every key of every section can also be set from the environment as
-``GATEWAY_<SECTION>_<KEY>`` (``GATEWAY_SERVER_MAX_REQUEST_BODY_SIZE_BYTES=…``); top-level keys and a
-few well-known settings have their conventional names (``LLM_API_BASE``, ``DATABASE_URL``,
-``REDIS_URL``, ``OIDC_ISSUER`` …). Unknown keys, wrong types and inconsistent settings raise
-:class:`ConfigError` naming the setting.
+Every section is a frozen, strict pydantic model: the file's values are taken as written
+(``debug = 'yes'`` is refused, not guessed), while pydantic-settings parses the environment's text
+as the declared type. Environment names: pydantic-settings' own ``GATEWAY_<SECTION>__<KEY>``
+(complex values as JSON), the documented ``GATEWAY_<SECTION>_<KEY>`` (lists comma-separated) and
+the conventional names (``LLM_API_BASE``, ``DATABASE_URL``, ``PORT`` …). Unknown keys, wrong types
+and inconsistent settings raise :class:`ConfigError` naming the setting.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
+import json
 import os
 import tomllib
 import typing
 from contextvars import ContextVar
-from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError, create_model, field_validator
-from pydantic.dataclasses import dataclass
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
 MiB = 1024 * 1024
 
-# Leaf types: strict, so the file's values are taken as written (an integer where an integer is
-# declared; a number may be written as an integer). Environment values are parsed from their text
-# first (GatewayEnvSource), so only the file meets the strictness.
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
-Bool = Annotated[bool, Strict()]
-Str = Annotated[str, Strict()]
-StrList = tuple[Str, ...]
-# Sizes, counts and durations that must be above zero.
-PositiveInt = Annotated[int, Strict(), Field(gt=0)]
-PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
-
-# Every section refuses keys it does not declare.
-_SECTION = ConfigDict(extra="forbid")
+# A list in the file, a tuple in the config (lax only about the container: its items stay strict).
+StrList = Annotated[tuple[str, ...], Strict(False)]
 
 # Keys that hold credentials: accepted from the environment only, refused in the file.
 SECRET_ENV = {
@@ -61,6 +58,29 @@ SECRET_ENV = {
     "oidc_rp_client_secret": "OIDC_RP_CLIENT_SECRET",
     # Also read from the variable named by [web_search] api_key_env (BRAVE_API_KEY / TAVILY_API_KEY).
     "web_search_api_key": "WEB_SEARCH_API_KEY",
+}
+# Conventional environment names (besides GATEWAY_<SECTION>_<KEY>): the secrets (these names only) and
+# the common settings.
+ENV_NAMES = {
+    **{var: key for key, var in SECRET_ENV.items()},
+    "LLM_API_BASE": "llm_api_base",
+    "DATABASE_URL": "database_url",
+    "REDIS_URL": "redis_url",
+    "UPSTREAM_API": "upstream_api",
+    "MODEL": "model",
+    "HOST": "server.host",
+    "PORT": "server.port",
+    "CORS_ALLOWED_ORIGINS": "server.cors_allowed_origins",
+    "GATEWAY_DEBUG": "server.debug",
+    "LOG_FORMAT": "server.log_format",
+    "LOG_LEVEL": "server.log_level",
+    "OIDC_ISSUER": "auth.oidc_issuer",
+    "OIDC_AUDIENCE": "auth.oidc_audience",
+    "GATEWAY_REQUIRE_API_KEY": "auth.require_api_key",
+    "OIDC_RP_CLIENT_ID": "auth.oidc_rp_client_id",
+    "WEB_SEARCH_PROVIDER": "web_search.provider",
+    "WEB_SEARCH_BASE_URL": "web_search.base_url",
+    "MCP_ALLOWED_HOSTS": "mcp.allowed_hosts",
 }
 
 # The key variable each web-search provider reads when [web_search] api_key_env is empty.
@@ -78,10 +98,13 @@ class ConfigError(Exception):
     """A setting is unknown, mistyped or inconsistent; start-up stops with this message."""
 
 
-@dataclass(frozen=True, config=_SECTION)
-class ServerConfig:
-    host: Str = "127.0.0.1"
-    port: Int = 8000
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = 8000
     max_request_body_size_bytes: PositiveInt = 10 * MiB
     # Request line and headers together (431, or 414 for a request line, beyond it), the number of
     # header fields (431), and how long a request may take to arrive in full, head and body (408).
@@ -89,76 +112,71 @@ class ServerConfig:
     max_request_headers: PositiveInt = 100
     request_read_timeout_s: PositiveFloat = 30.0
     cors_allowed_origins: StrList = ()
-    debug: Bool = False
+    debug: bool = False
     log_format: Literal["text", "json"] = "text"
-    log_level: Str = "INFO"
-    access_log: Bool = True
-    metrics_public: Bool = True
-    data_dir: Str = "var"
-    sse_keepalive_s: Float = 15.0
+    log_level: str = "INFO"
+    access_log: bool = True
+    metrics_public: bool = True
+    data_dir: str = "var"
+    sse_keepalive_s: float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
     # Server processes; 0: one per core when inference runs elsewhere, 1 with the embedded engine.
-    workers: Int = 0
+    workers: int = 0
     # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
     # (every request through the ASGI app).
-    direct_relay: Bool = True
+    direct_relay: bool = True
     # SIGTERM: stop accepting, let in-flight responses finish this long, then end them as failed.
-    shutdown_grace_s: Float = 30.0
+    shutdown_grace_s: float = 30.0
 
 
-@dataclass(frozen=True, config=_SECTION)
-class UpstreamConfig:
+class UpstreamConfig(_Section):
     connect_timeout_s: PositiveFloat = 10.0
     read_timeout_s: PositiveFloat = 600.0
     stall_timeout_s: PositiveFloat = 300.0
     pool_size: PositiveInt = 1000
-    ready_timeout_s: Float = 1.0
+    ready_timeout_s: float = 1.0
     # The callback relay polls a lone exchange's wait up to this long before the loop sleeps
     # (gateway.relay.http_client.IdlePoll); 0: never.
     idle_poll_us: NonNegativeInt = 200
 
 
-@dataclass(frozen=True, config=_SECTION)
-class PassthroughConfig:
+class PassthroughConfig(_Section):
     # More upstream paths relayed byte for byte (POST), besides the built-in ones (docs/passthrough.md).
     extra_routes: StrList = ()
 
 
-@dataclass(frozen=True, config=_SECTION)
-class DatabaseConfig:
-    statement_timeout_ms: Int = 30_000
-    pool_min_size: Int = 2
+class DatabaseConfig(_Section):
+    statement_timeout_ms: int = 30_000
+    pool_min_size: int = 2
     pool_max_size: PositiveInt = 20
-    conn_max_age_s: Int = 0
+    conn_max_age_s: int = 0
     # PostgreSQL: a statement run often on a connection is prepared (parsed and planned once). Off
     # behind a pooler in transaction mode that does not keep prepared statements per client.
-    prepared_statements: Bool = True
+    prepared_statements: bool = True
 
 
-@dataclass(frozen=True, config=_SECTION)
-class ResponsesConfig:
+class ResponsesConfig(_Section):
     max_retained_bytes: PositiveInt = 8 * MiB
     max_upstream_sse_line_bytes: PositiveInt = 16 * MiB
     max_stream_event_bytes: PositiveInt = 16 * MiB
-    prompt_cache_options_supported: Bool = False
+    prompt_cache_options_supported: bool = False
     max_rounds: PositiveInt = 10
     # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
     # continuations on the same process; 0 disables it.
-    history_cache_bytes: Int = 64 * MiB
+    history_cache_bytes: int = 64 * MiB
     # A running background response (or stored stream) holds a lease its runner renews every heartbeat; a lease
     # that expires (its process died) is failed by the sweep every gateway and worker runs.
-    lease_s: Float = 60.0
-    heartbeat_s: Float = 10.0
-    sweep_interval_s: Float = 15.0
+    lease_s: float = 60.0
+    heartbeat_s: float = 10.0
+    sweep_interval_s: float = 15.0
     # Compaction's summary round (docs/responses.md → Compaction): the request that asks the model
     # for the summary ("" = the built-in prompt, responses_app.compaction.DEFAULT_PROMPT) and its
     # output cap (0 = none sent).
-    compaction_prompt: Str = ""
-    compaction_max_output_tokens: Int = 0
+    compaction_prompt: str = ""
+    compaction_max_output_tokens: int = 0
 
 
-@dataclass(frozen=True, config=_SECTION)
-class WebSocketConfig:
+class WebSocketConfig(_Section):
     """Per-connection limits of the ``/v1/responses`` WebSocket transport (spec defaults)."""
 
     max_outstanding_requests: PositiveInt = 64
@@ -180,23 +198,21 @@ class WebSocketConfig:
     steer_target_ttl_s: PositiveFloat = 60.0
 
 
-@dataclass(frozen=True, config=_SECTION)
-class ToolsConfig:
+class ToolsConfig(_Section):
     max_concurrent_gateway_calls: PositiveInt = 5
     call_timeout_s: PositiveFloat = 60.0
 
 
-@dataclass(frozen=True, config=_SECTION)
-class WebSearchConfig:
+class WebSearchConfig(_Section):
     provider: Literal["searxng", "brave", "tavily"] = "searxng"
-    base_url: Str = ""
-    api_key_env: Str = ""
+    base_url: str = ""
+    api_key_env: str = ""
     max_results: PositiveInt = 5
     max_queries_per_call: PositiveInt = 5
     request_timeout_s: PositiveFloat = 15.0
     allowed_domains: StrList = ()
     blocked_domains: StrList = ()
-    max_snippet_chars: Int = 500
+    max_snippet_chars: int = 500
 
     @property
     def endpoint(self) -> str:
@@ -213,22 +229,20 @@ class WebSearchConfig:
         return self.api_key_env or WEB_SEARCH_KEY_ENV[self.provider]
 
 
-@dataclass(frozen=True, config=_SECTION)
-class WebFetchConfig:
+class WebFetchConfig(_Section):
     """The ``web_fetch`` gateway tool (Anthropic Messages' ``web_fetch_20250910``)."""
 
     # Hosts that may resolve to loopback/private/link-local addresses (exact names, as MCP's).
     allowed_hosts: StrList = ()
     # The most bytes read of one page; a longer one fails with ``content_too_large``.
     max_bytes: PositiveInt = 5 * MiB
-    max_redirects: Int = 5
+    max_redirects: int = 5
     # Text given to the model when the declaration names no ``max_content_tokens`` (about 4 bytes a token).
     max_content_tokens: PositiveInt = 100_000
     max_url_chars: PositiveInt = 2048
 
 
-@dataclass(frozen=True, config=_SECTION)
-class MessagesConfig:
+class MessagesConfig(_Section):
     """The Anthropic Messages route's server-tool loop."""
 
     # ``"WebSearch=web_search"``: a plain client function so named is run by the gateway as that tool.
@@ -243,11 +257,10 @@ class MessagesConfig:
         return out
 
 
-@dataclass(frozen=True, config=_SECTION)
-class CodeInterpreterConfig:
-    enabled: Bool = True
-    bwrap: Str = "bwrap"
-    python: Str = ""
+class CodeInterpreterConfig(_Section):
+    enabled: bool = True
+    bwrap: str = "bwrap"
+    python: str = ""
     cpu_time_s: PositiveInt = 10
     wall_time_s: PositiveFloat = 30.0
     memory_bytes: PositiveInt = 512 * MiB
@@ -256,13 +269,12 @@ class CodeInterpreterConfig:
     max_file_size_bytes: PositiveInt = 16 * MiB
     tmp_size_bytes: PositiveInt = 64 * MiB
     max_code_bytes: PositiveInt = 1 * MiB
-    run_as_uid: Int = 65534
-    run_as_gid: Int = 65534
+    run_as_uid: int = 65534
+    run_as_gid: int = 65534
     extra_ro_binds: StrList = ()
 
 
-@dataclass(frozen=True, config=_SECTION)
-class McpConfig:
+class McpConfig(_Section):
     allowed_hosts: StrList = ()
     max_servers: PositiveInt = 64
     max_tools: PositiveInt = 128
@@ -271,20 +283,19 @@ class McpConfig:
     discovery_timeout_s: PositiveFloat = 30.0
 
 
-@dataclass(frozen=True, config=_SECTION)
-class McpServerConfig:
+class McpServerConfig(_Section):
     """One operator-configured MCP server, ``[mcp_servers.<label>]``."""
 
-    url: Str
+    url: str
     transport: Literal["streamable_http", "sse"] = "streamable_http"
-    headers: dict[Str, Str] = field(default_factory=dict)
+    headers: dict[str, str] = {}
     # Header name -> environment variable holding its value (a credential): resolved at load.
-    headers_env: dict[Str, Str] = field(default_factory=dict)
+    headers_env: dict[str, str] = {}
     allowed_tools: StrList | None = None
-    secret_headers: dict[Str, Str] = field(default_factory=dict, repr=False)
+    secret_headers: dict[str, SecretStr] = Field(default={}, repr=False)
 
     def all_headers(self) -> dict[str, str]:
-        return {**self.headers, **self.secret_headers}
+        return {**self.headers, **{k: v.get_secret_value() for k, v in self.secret_headers.items()}}
 
     @field_validator("url")
     @classmethod
@@ -295,41 +306,39 @@ class McpServerConfig:
         return url
 
 
-@dataclass(frozen=True, config=_SECTION)
-class AuthConfig:
-    oidc_issuer: Str = ""
-    oidc_audience: Str = ""
-    leeway_s: Int = 30
-    jwks_ttl_s: Int = 300
-    jwks_min_refresh_interval_s: Float = 5.0
-    http_timeout_s: Float = 5.0
-    max_provider_response_bytes: Int = 1 * MiB
-    require_api_key: Bool = False
+class AuthConfig(_Section):
+    oidc_issuer: str = ""
+    oidc_audience: str = ""
+    leeway_s: int = 30
+    jwks_ttl_s: int = 300
+    jwks_min_refresh_interval_s: float = 5.0
+    http_timeout_s: float = 5.0
+    max_provider_response_bytes: int = 1 * MiB
+    require_api_key: bool = False
     # Admin single sign-on (authorization-code flow through mozilla-django-oidc).
-    oidc_rp_client_id: Str = ""
-    admin_staff_claim: Str = "groups"
-    admin_staff_value: Str = ""
-    admin_superuser_value: Str = ""
-    admin_sso_scopes: Str = "openid email profile"
+    oidc_rp_client_id: str = ""
+    admin_staff_claim: str = "groups"
+    admin_staff_value: str = ""
+    admin_superuser_value: str = ""
+    admin_sso_scopes: str = "openid email profile"
 
 
-@dataclass(frozen=True, config=_SECTION)
-class InferenceConfig:
+class InferenceConfig(_Section):
     """The vLLM engine hosted by inference workers (and by the gateway itself in embedded mode)."""
 
-    served_model_name: Str = ""
-    dtype: Str = "auto"
-    max_model_len: Int = 0
+    served_model_name: str = ""
+    dtype: str = "auto"
+    max_model_len: int = 0
     tensor_parallel_size: PositiveInt = 1
-    chat_template: Str = ""
-    enable_auto_tool_choice: Bool = False
-    tool_call_parser: Str = ""
-    reasoning_parser: Str = ""
-    generation_config: Str = "auto"
-    override_generation_config: Str = ""
-    kv_cache_memory_bytes: Int = 0
-    gpu_memory_utilization: Float = 0.9
-    enforce_eager: Bool = False
+    chat_template: str = ""
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    generation_config: str = "auto"
+    override_generation_config: str = ""
+    kv_cache_memory_bytes: int = 0
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
     engine_args: StrList = ()
     models: StrList = ()
     stream_maxlen: PositiveInt = 10_000
@@ -339,36 +348,44 @@ class InferenceConfig:
     cancel_poll_interval_s: PositiveFloat = 0.2
 
 
-@dataclass(frozen=True, config=_SECTION)
-class Config:
+class Config(BaseSettings):
     """Every setting; built by :func:`load_config` and checked as a whole when built (or replaced)."""
 
-    llm_api_base: Str = ""
-    database_url: Str = ""
-    redis_url: Str = ""
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        env_prefix="GATEWAY_",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+    )
+
+    llm_api_base: str = ""
+    database_url: str = ""
+    redis_url: str = ""
     upstream_api: Literal["responses", "chat_completions"] = "responses"
-    model: Str = ""
-    server: ServerConfig = field(default_factory=ServerConfig)
-    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
-    passthrough: PassthroughConfig = field(default_factory=PassthroughConfig)
-    database: DatabaseConfig = field(default_factory=DatabaseConfig)
-    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
-    websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
-    tools: ToolsConfig = field(default_factory=ToolsConfig)
-    web_search: WebSearchConfig = field(default_factory=WebSearchConfig)
-    web_fetch: WebFetchConfig = field(default_factory=WebFetchConfig)
-    messages: MessagesConfig = field(default_factory=MessagesConfig)
-    code_interpreter: CodeInterpreterConfig = field(default_factory=CodeInterpreterConfig)
-    mcp: McpConfig = field(default_factory=McpConfig)
-    auth: AuthConfig = field(default_factory=AuthConfig)
+    model: str = ""
+    server: ServerConfig = ServerConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    passthrough: PassthroughConfig = PassthroughConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    responses: ResponsesConfig = ResponsesConfig()
+    websocket: WebSocketConfig = WebSocketConfig()
+    tools: ToolsConfig = ToolsConfig()
+    web_search: WebSearchConfig = WebSearchConfig()
+    web_fetch: WebFetchConfig = WebFetchConfig()
+    messages: MessagesConfig = MessagesConfig()
+    code_interpreter: CodeInterpreterConfig = CodeInterpreterConfig()
+    mcp: McpConfig = McpConfig()
+    auth: AuthConfig = AuthConfig()
     # Operator-configured MCP servers by label: the dynamic ``[mcp_servers.<label>]`` tables.
-    mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
-    inference: InferenceConfig = field(default_factory=InferenceConfig)
-    # Secrets: environment only.
-    openai_api_key: Str = field(default="", repr=False)
-    secret_key: Str = field(default="", repr=False)
-    oidc_rp_client_secret: Str = field(default="", repr=False)
-    web_search_api_key: Str = field(default="", repr=False)
+    mcp_servers: dict[str, McpServerConfig] = {}
+    inference: InferenceConfig = InferenceConfig()
+    # Secrets: environment only, from the names in SECRET_ENV.
+    openai_api_key: SecretStr = SecretStr("")
+    secret_key: SecretStr = SecretStr("")
+    oidc_rp_client_secret: SecretStr = SecretStr("")
+    web_search_api_key: SecretStr = SecretStr("")
 
     @property
     def oidc_enabled(self) -> bool:
@@ -398,31 +415,59 @@ class Config:
             base = base[: -len("/v1")]
         return base
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
         _validate(self)
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _loading.get(None)
+        if environ is None:  # Config(...) outside load_config: the values given over the defaults
+            return (init_settings,)
+        env = EnvSettingsSource(settings_cls)
+        env.env_vars = environ  # pydantic-settings' own parsing, over the environment of this load
+        path = environ.get("gateway_config", "")
+        return (env, _toml_source(settings_cls, path)) if path else (env,)
 
 
-# Conventional environment names: (section or None, key) -> variable.
-ENV_ALIASES: dict[tuple[str | None, str], str] = {
-    (None, "llm_api_base"): "LLM_API_BASE",
-    (None, "database_url"): "DATABASE_URL",
-    (None, "redis_url"): "REDIS_URL",
-    (None, "upstream_api"): "UPSTREAM_API",
-    (None, "model"): "MODEL",
-    ("server", "host"): "HOST",
-    ("server", "port"): "PORT",
-    ("server", "cors_allowed_origins"): "CORS_ALLOWED_ORIGINS",
-    ("server", "debug"): "GATEWAY_DEBUG",
-    ("server", "log_format"): "LOG_FORMAT",
-    ("server", "log_level"): "LOG_LEVEL",
-    ("auth", "oidc_issuer"): "OIDC_ISSUER",
-    ("auth", "oidc_audience"): "OIDC_AUDIENCE",
-    ("auth", "require_api_key"): "GATEWAY_REQUIRE_API_KEY",
-    ("auth", "oidc_rp_client_id"): "OIDC_RP_CLIENT_ID",
-    ("web_search", "provider"): "WEB_SEARCH_PROVIDER",
-    ("web_search", "base_url"): "WEB_SEARCH_BASE_URL",
-    ("mcp", "allowed_hosts"): "MCP_ALLOWED_HOSTS",
+# The environment of the load in progress, as pydantic-settings reads it (see _environ).
+_loading: ContextVar[dict[str, str]] = ContextVar("gateway_config_environ")
+
+# Documented names -> (key,) or (section, key): the conventional ones, then GATEWAY_<SECTION>_<KEY>.
+_ENV_KEYS: dict[str, tuple[str, ...]] = {name: tuple(path.split(".")) for name, path in ENV_NAMES.items()} | {
+    f"GATEWAY_{section}_{key}".upper(): (section, key)
+    for section, f in Config.model_fields.items()
+    if isinstance(f.annotation, type) and issubclass(f.annotation, _Section)
+    for key in f.annotation.model_fields
 }
+
+
+def _environ(env: typing.Mapping[str, str]) -> tuple[dict[str, str], dict[tuple[str, ...], str]]:
+    """``env`` as pydantic-settings reads it (lower-case names), each documented name also under its
+    ``gateway_<section>__<key>`` name (a comma-separated list as JSON); and which name set what."""
+    out = {name.lower(): value for name, value in env.items()}
+    named: dict[tuple[str, ...], str] = {}
+    for name, path in _ENV_KEYS.items():
+        nested = "gateway_" + "__".join(path)
+        if name not in env or nested in out:
+            continue
+        value = env[name]
+        field = Config.model_fields[path[0]]
+        if len(path) == 2:
+            field = field.annotation.model_fields[path[1]]  # type: ignore[union-attr]
+        if typing.get_origin(field.annotation) is tuple:
+            value = json.dumps([part.strip() for part in value.split(",") if part.strip()])
+        out[nested] = value
+        named[path] = name
+    return out, named
 
 
 _LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -435,81 +480,13 @@ def is_credential_header(name: str) -> bool:
     return any(word in low for word in _CREDENTIAL_HEADER_WORDS)
 
 
-def _env_name(section: str | None, key: str) -> str:
-    if (section, key) in ENV_ALIASES:
-        return ENV_ALIASES[(section, key)]
-    if section is None:
-        return f"GATEWAY_{key.upper()}"
-    return f"GATEWAY_{section.upper()}_{key.upper()}"
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    """Declared field types without their strictness marks (environment text is parsed, not checked)."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _parse_env(name: str, tp: Any, text: str) -> Any:
-    """One environment variable's text as its declared type; lists are comma-separated."""
-    if typing.get_origin(tp) is tuple:
-        return tuple(part.strip() for part in text.split(",") if part.strip())
-    text = text.strip()
-    if tp is bool and text == "":
-        return False
-    try:
-        return TypeAdapter(tp).validate_python(text, strict=False)
-    except ValidationError as exc:
-        if tp is bool:
-            raise ConfigError(f"{name}: must be a boolean (true/false), got {text!r}") from None
-        raise ConfigError(f"{name}: {_describe(exc.errors()[0])}, got {text!r}") from None
-
-
-class GatewayEnvSource(PydanticBaseSettingsSource):
-    """The environment: ``GATEWAY_<SECTION>_<KEY>``, the conventional names of :data:`ENV_ALIASES`
-    and the secrets of :data:`SECRET_ENV`, as one nested mapping (pydantic-settings' own env source
-    splits nested names on a delimiter, which ``GATEWAY_WEB_SEARCH_BASE_URL`` cannot have)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: typing.Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self.env = env
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # the whole mapping is built in __call__
-
-    def __call__(self) -> dict[str, Any]:
-        env = self.env
-        values: dict[str, Any] = {}
-        for key, tp in _hints(Config).items():
-            if _is_section(tp):
-                for sub, subtp in _hints(tp).items():
-                    name = _env_name(key, sub)
-                    if name in env:
-                        values.setdefault(key, {})[sub] = _parse_env(name, subtp, env[name])
-            elif key in SECRET_ENV:
-                if SECRET_ENV[key] in env:
-                    values[key] = env[SECRET_ENV[key]]
-            elif key != "mcp_servers":  # file only: a table per label
-                name = _env_name(None, key)
-                if name in env:
-                    values[key] = _parse_env(name, tp, env[name])
-        return values
-
-
 def _check_file(data: dict[str, Any]) -> None:
     """What only the file can get wrong: secrets written into it, and MCP server labels."""
-    for key in data:
-        if key in SECRET_ENV:
-            raise ConfigError(
-                f"{key}: secrets are never read from the config file; set {SECRET_ENV[key]} instead"
-            )
+    for key, var in SECRET_ENV.items():
+        if key in data:
+            raise ConfigError(f"{key}: secrets are never read from the config file; set {var} instead")
     servers = data.get("mcp_servers")
-    if not isinstance(servers, dict):
-        return
-    for label, table in servers.items():
+    for label, table in servers.items() if isinstance(servers, dict) else ():
         prefix = f"mcp_servers.{label}"
         if not label or len(label) > 64 or not set(label) <= _LABEL_CHARS:
             raise ConfigError(f"{prefix}: a label is 1-64 letters, digits, '_' or '-'")
@@ -547,122 +524,67 @@ _TYPE_WORDS = {
     "bool_parsing": "must be a boolean",
     "string_type": "must be a string",
     "tuple_type": "must be a list of strings",
-    "list_type": "must be a list of strings",
     "dict_type": "must be a table of strings",
-    "dataclass_type": "must be a table",
+    "model_type": "must be a table",
     "missing": "required",
-    "missing_argument": "required",
     "extra_forbidden": "unknown setting in the config file",
     "greater_than": "must be positive",
-    "unexpected_keyword_argument": "unknown setting in the config file",
 }
 
 
-def _describe(error: Any) -> str:
-    if error["type"] == "literal_error":
-        return f"must be {error['ctx']['expected']}"
-    if error["type"] == "greater_than_equal":
-        bound = error["ctx"]["ge"]
-        return "must not be negative" if bound == 0 else f"must be at least {bound}"
-    return _TYPE_WORDS.get(error["type"], error["msg"])
-
-
-def _config_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> ConfigError:
-    """pydantic's first complaint as a start-up message that names the setting."""
+def _config_error(exc: ValidationError, named: dict[tuple[str, ...], str] | None = None) -> ConfigError:
+    """pydantic's first complaint as a start-up message that names the setting (or, for a value
+    that does not parse, the environment variable it came from)."""
     error = exc.errors()[0]
-    loc = prefix + tuple(str(part) for part in error["loc"])
-    what = _describe(error)
-    if error["type"] in ("missing", "missing_argument", "extra_forbidden", "unexpected_keyword_argument"):
+    loc = tuple(str(part) for part in error["loc"])
+    kind = error["type"]
+    if kind == "literal_error":
+        what = f"must be {error['ctx']['expected']}"
+    elif kind == "greater_than_equal":
+        what = "must not be negative" if error["ctx"]["ge"] == 0 else f"must be at least {error['ctx']['ge']}"
+    else:
+        what = _TYPE_WORDS.get(kind, error["msg"])
+    if kind in ("missing", "extra_forbidden"):
         return ConfigError(f"{'.'.join(loc)}: {what}")
-    if len(loc) == 1 and error["type"] in ("dataclass_type", "dict_type"):
+    if len(loc) == 1 and kind in ("model_type", "dict_type"):
         return ConfigError(f"[{loc[0]}]: must be a table")
     name = ".".join(loc)
-    if (
-        error["type"] in _TYPE_WORDS or error["type"] in ("literal_error", "greater_than_equal")
-    ) and "input" in error:
+    if kind not in ("greater_than", "greater_than_equal"):
+        name = (named or {}).get(loc, name)
+    if (kind in _TYPE_WORDS or kind in ("literal_error", "greater_than_equal")) and "input" in error:
         what += f", got {error['input']!r}"
     return ConfigError(f"{name}: {what}")
 
 
-class _SettingsBase(BaseSettings):
-    """Its sources: the environment over the TOML file; which environment and file, per load."""
-
-    model_config = SettingsConfigDict(extra="forbid", case_sensitive=True, frozen=True)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        environ = _loading.get()
-        env_source = GatewayEnvSource(settings_cls, environ)
-        path = environ.get("GATEWAY_CONFIG", "")
-        return (env_source, _toml_source(settings_cls, path)) if path else (env_source,)
-
-
-# The environment of the load in progress (load_config's argument, or os.environ).
-_loading: ContextVar[typing.Mapping[str, str]] = ContextVar("gateway_config_environ")
-
-
-def _settings_class() -> type[BaseSettings]:
-    """A pydantic-settings class with the fields of :class:`Config` (declared once, there)."""
-    hints = typing.get_type_hints(Config, include_extras=True)
-    fields: dict[str, Any] = {}
-    for f in dataclasses.fields(Config):
-        if f.default_factory is not dataclasses.MISSING:
-            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
-        else:
-            fields[f.name] = (hints[f.name], f.default)
-    return create_model("GatewaySettings", __base__=_SettingsBase, **fields)  # type: ignore[no-any-return]
-
-
-_settings_cls: type[BaseSettings] | None = None
-
-
 def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
     """Build the config from ``env`` (default: the process environment) and the TOML file."""
-    global _settings_cls
     environ: typing.Mapping[str, str] = os.environ if env is None else env
-    if _settings_cls is None:
-        _settings_cls = _settings_class()
-    token = _loading.set(environ)
+    translated, named = _environ(environ)
+    token = _loading.set(translated)
     try:
-        settings = _settings_cls()
+        config = Config()
     except ValidationError as exc:
-        raise _config_error(exc) from None
+        raise _config_error(exc, named) from None
+    except SettingsError as exc:  # a GATEWAY_<SECTION>__<KEY> list or table that is not JSON
+        raise ConfigError(f"environment: {exc}") from None
     finally:
         _loading.reset(token)
-    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(Config)}
-    values["mcp_servers"] = _resolve_headers_env(values["mcp_servers"], environ)
-    if "WEB_SEARCH_API_KEY" not in environ:
-        key_env = values["web_search"].key_env
-        if key_env and key_env in environ:
-            values["web_search_api_key"] = environ[key_env]
-    try:
-        return Config(**values)
-    except ValidationError as exc:
-        raise _config_error(exc) from None
-
-
-def _resolve_headers_env(
-    servers: dict[str, McpServerConfig], env: typing.Mapping[str, str]
-) -> dict[str, McpServerConfig]:
-    """Each MCP server's ``headers_env``: header name -> the value of the variable it names."""
-    resolved = {}
-    for label, server in servers.items():
-        secret: dict[str, str] = {}
+    # What the environment holds by reference: MCP header credentials, the provider's search key.
+    servers = {}
+    for label, server in config.mcp_servers.items():
+        secret = {}
         for header, var in server.headers_env.items():
-            if var not in env:
+            if var not in environ:
                 raise ConfigError(
                     f"mcp_servers.{label}.headers_env.{header}: environment variable {var} is not set"
                 )
-            secret[header] = env[var]
-        resolved[label] = dataclasses.replace(server, secret_headers=secret)
-    return resolved
+            secret[header] = SecretStr(environ[var])
+        servers[label] = server.model_copy(update={"secret_headers": secret})
+    update: dict[str, Any] = {"mcp_servers": servers}
+    key_env = config.web_search.key_env
+    if "WEB_SEARCH_API_KEY" not in environ and key_env and key_env in environ:
+        update["web_search_api_key"] = SecretStr(environ[key_env])
+    return config.model_copy(update=update)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -700,7 +622,7 @@ def _validate(c: Config) -> None:
     if c.auth.oidc_rp_client_id:
         if not c.auth.oidc_issuer:
             raise ConfigError("OIDC_RP_CLIENT_ID: admin single sign-on needs OIDC_ISSUER and OIDC_AUDIENCE")
-        if not c.oidc_rp_client_secret:
+        if not c.oidc_rp_client_secret.get_secret_value():
             raise ConfigError("OIDC_RP_CLIENT_SECRET: must be set together with OIDC_RP_CLIENT_ID")
         if not (c.auth.admin_staff_value or c.auth.admin_superuser_value):
             raise ConfigError(
@@ -743,8 +665,6 @@ def _validate(c: Config) -> None:
     if c.inference.enable_auto_tool_choice and not c.inference.tool_call_parser:
         raise ConfigError("inference.enable_auto_tool_choice: needs inference.tool_call_parser")
     if c.inference.override_generation_config:
-        import json
-
         try:
             overrides = json.loads(c.inference.override_generation_config)
         except ValueError:
@@ -804,23 +724,16 @@ def set_config(config: Config | None) -> None:
 
 
 def replace(config: Config, **changes: Any) -> Config:
-    """A copy of ``config`` with top-level or ``section__key`` changes (for tests)."""
-    top: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
+    """A copy of ``config`` with top-level or ``section__key`` changes (for tests), checked again."""
+    values: dict[str, Any] = dict(config)
     for key, value in changes.items():
-        if "__" in key:
-            sec, sub = key.split("__", 1)
-            nested.setdefault(sec, {})[sub] = value
+        section, _, sub = key.partition("__")
+        if sub:
+            values[section] = {**dict(values[section]), sub: value}
         else:
-            top[key] = value
+            values[key] = value
     try:
-        for sec, subs in nested.items():
-            section = getattr(config, sec)
-            try:
-                top[sec] = dataclasses.replace(section, **subs)
-            except ValidationError as exc:
-                raise _config_error(exc, prefix=(sec,)) from None
-        return dataclasses.replace(config, **top)  # validated again, as a whole, in __post_init__
+        return Config(**values)
     except ValidationError as exc:
         raise _config_error(exc) from None
 
