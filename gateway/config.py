@@ -1,14 +1,15 @@
 """The one typed, frozen configuration object: plain pydantic-settings.
 
 Read once, in this order of precedence: environment variables, then an optional TOML file (path in
-``GATEWAY_CONFIG``), then the defaults below. This is the only module that reads ``os.environ``.
+``GATEWAY_CONFIG``), then the defaults below; every key is documented in ``config.example.toml``.
+This is the only module that reads ``os.environ``.
 
-Every section is a frozen, strict pydantic model: the file's values are taken as written
-(``debug = 'yes'`` is refused, not guessed), while pydantic-settings parses the environment's text
-as the declared type. Environment names: pydantic-settings' own ``GATEWAY_<SECTION>__<KEY>``
-(complex values as JSON), the documented ``GATEWAY_<SECTION>_<KEY>`` (lists comma-separated) and
-the conventional names (``LLM_API_BASE``, ``DATABASE_URL``, ``PORT`` …). Unknown keys, wrong types
-and inconsistent settings raise :class:`ConfigError` naming the setting.
+Sections are frozen, strict pydantic models: the file's values are taken as written (``debug =
+'yes'`` is refused, not guessed) while pydantic-settings parses the environment's text as the
+declared type. Environment names: pydantic-settings' own ``GATEWAY_<SECTION>__<KEY>`` (lists and
+tables as JSON), and the documented ``GATEWAY_<SECTION>_<KEY>`` and conventional names of
+:data:`ENV_NAMES` (lists comma-separated). Unknown keys, wrong types and inconsistent settings raise
+:class:`ConfigError` naming the setting.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -48,7 +49,7 @@ from pydantic_settings import (
 
 MiB = 1024 * 1024
 
-# A list in the file, a tuple in the config (lax only about the container: its items stay strict).
+# A list in the file, a tuple in the config: lax only about the container, its items stay strict.
 StrList = Annotated[tuple[str, ...], Strict(False)]
 
 # Keys that hold credentials: accepted from the environment only, refused in the file.
@@ -59,8 +60,7 @@ SECRET_ENV = {
     # Also read from the variable named by [web_search] api_key_env (BRAVE_API_KEY / TAVILY_API_KEY).
     "web_search_api_key": "WEB_SEARCH_API_KEY",
 }
-# Conventional environment names (besides GATEWAY_<SECTION>_<KEY>): the secrets (these names only) and
-# the common settings.
+# Conventional environment names -> setting (besides GATEWAY_<SECTION>_<KEY> for every section key).
 ENV_NAMES = {
     **{var: key for key, var in SECRET_ENV.items()},
     "LLM_API_BASE": "llm_api_base",
@@ -83,15 +83,25 @@ ENV_NAMES = {
     "MCP_ALLOWED_HOSTS": "mcp.allowed_hosts",
 }
 
-# The key variable each web-search provider reads when [web_search] api_key_env is empty.
+# Per web-search provider: the key variable when [web_search] api_key_env is empty, the public base
+# URL when base_url is empty, and the search API's path under the base URL.
 WEB_SEARCH_KEY_ENV = {"searxng": "", "brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}
 WEB_SEARCH_DEFAULT_BASE = {
     "searxng": "",
     "brave": "https://api.search.brave.com",
     "tavily": "https://api.tavily.com",
 }
-# The path each provider's search API has under its base URL ([web_search] base_url).
 WEB_SEARCH_PATH = {"searxng": "/search", "brave": "/res/v1/web/search", "tavily": "/search"}
+
+# Paths the gateway serves itself: an extra pass-through route may not take them (or anything below).
+GATEWAY_PATHS = (
+    *("/v1/responses", "/v1/conversations", "/v1/messages", "/v1/models", "/v1/openapi.json"),
+    *("/health", "/ready", "/metrics", "/admin", "/oidc", "/docs"),
+)
+_PATH_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
+_LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+# Header names whose values are credentials: accepted only through headers_env.
+_CREDENTIAL_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "key", "password")
 
 
 class ConfigError(Exception):
@@ -106,8 +116,6 @@ class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_size_bytes: PositiveInt = 10 * MiB
-    # Request line and headers together (431, or 414 for a request line, beyond it), the number of
-    # header fields (431), and how long a request may take to arrive in full, head and body (408).
     max_request_head_size_bytes: PositiveInt = 64 * 1024
     max_request_headers: PositiveInt = 100
     request_read_timeout_s: PositiveFloat = 30.0
@@ -120,13 +128,9 @@ class ServerConfig(_Section):
     data_dir: str = "var"
     sse_keepalive_s: float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
-    # Server processes; 0: one per core when inference runs elsewhere, 1 with the embedded engine.
-    workers: int = 0
-    # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
-    # (every request through the ASGI app).
+    workers: NonNegativeInt = 0  # 0: see Config.server_workers
     direct_relay: bool = True
-    # SIGTERM: stop accepting, let in-flight responses finish this long, then end them as failed.
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: NonNegativeFloat = 30.0
 
 
 class UpstreamConfig(_Section):
@@ -135,14 +139,22 @@ class UpstreamConfig(_Section):
     stall_timeout_s: PositiveFloat = 300.0
     pool_size: PositiveInt = 1000
     ready_timeout_s: float = 1.0
-    # The callback relay polls a lone exchange's wait up to this long before the loop sleeps
-    # (gateway.relay.http_client.IdlePoll); 0: never.
     idle_poll_us: NonNegativeInt = 200
 
 
 class PassthroughConfig(_Section):
-    # More upstream paths relayed byte for byte (POST), besides the built-in ones (docs/passthrough.md).
     extra_routes: StrList = ()
+
+    @field_validator("extra_routes")
+    @classmethod
+    def _not_ours(cls, routes: tuple[str, ...]) -> tuple[str, ...]:
+        for path in routes:
+            where = f"passthrough.extra_routes: {path!r}"
+            if not path.startswith("/") or path == "/" or not set(path) <= _PATH_CHARS or "//" in path:
+                raise ConfigError(f"{where} is not a path (/segment/…: letters, digits, '-', '.', '_', '~')")
+            if any(path == owned or path.startswith(owned + "/") for owned in GATEWAY_PATHS):
+                raise ConfigError(f"{where} is served by the gateway itself")
+        return routes
 
 
 class DatabaseConfig(_Section):
@@ -150,9 +162,7 @@ class DatabaseConfig(_Section):
     pool_min_size: int = 2
     pool_max_size: PositiveInt = 20
     conn_max_age_s: int = 0
-    # PostgreSQL: a statement run often on a connection is prepared (parsed and planned once). Off
-    # behind a pooler in transaction mode that does not keep prepared statements per client.
-    prepared_statements: bool = True
+    prepared_statements: bool = True  # off behind a pooler that does not keep them per client
 
 
 class ResponsesConfig(_Section):
@@ -161,36 +171,23 @@ class ResponsesConfig(_Section):
     max_stream_event_bytes: PositiveInt = 16 * MiB
     prompt_cache_options_supported: bool = False
     max_rounds: PositiveInt = 10
-    # In-process cache of stored responses' checkpoints (serialized), for previous_response_id
-    # continuations on the same process; 0 disables it.
     history_cache_bytes: int = 64 * MiB
-    # A running background response (or stored stream) holds a lease its runner renews every heartbeat; a lease
-    # that expires (its process died) is failed by the sweep every gateway and worker runs.
-    lease_s: float = 60.0
-    heartbeat_s: float = 10.0
-    sweep_interval_s: float = 15.0
-    # Compaction's summary round (docs/responses.md → Compaction): the request that asks the model
-    # for the summary ("" = the built-in prompt, responses_app.compaction.DEFAULT_PROMPT) and its
-    # output cap (0 = none sent).
-    compaction_prompt: str = ""
-    compaction_max_output_tokens: int = 0
+    lease_s: PositiveFloat = 60.0
+    heartbeat_s: PositiveFloat = 10.0
+    sweep_interval_s: PositiveFloat = 15.0
+    compaction_prompt: str = ""  # "": responses_app.compaction.DEFAULT_PROMPT
+    compaction_max_output_tokens: NonNegativeInt = 0
 
 
 class WebSocketConfig(_Section):
-    """Per-connection limits of the ``/v1/responses`` WebSocket transport (spec defaults)."""
-
     max_outstanding_requests: PositiveInt = 64
     max_outstanding_request_bytes: PositiveInt = 12 * MiB
     max_lanes: PositiveInt = 128
     max_checkpoint_items: PositiveInt = 32_768
     max_checkpoint_bytes: PositiveInt = 16 * MiB
     max_connection_checkpoint_bytes: PositiveInt = 32 * MiB
-    # Backpressure: events waiting for a slow client, and how long one send may block.
     outbound_queue_events: PositiveInt = 256
     send_timeout_s: PositiveFloat = 30.0
-    # Steering (response.steer): queued updates per target, the three connection budgets (accepted
-    # steering echoes, retained successor settings, failure echoes awaiting delivery), and how long
-    # a completed target stays steerable.
     steer_max_queued: PositiveInt = 32
     steer_input_bytes: PositiveInt = 12 * MiB
     steer_settings_bytes: PositiveInt = 12 * MiB
@@ -216,13 +213,11 @@ class WebSearchConfig(_Section):
 
     @property
     def endpoint(self) -> str:
-        """The provider's search URL: its base URL (``base_url`` or the public default) plus the
-        provider's path; a base that already ends with that path is taken as it is."""
+        """The base URL (``base_url`` or the public default) plus the provider's path, unless the
+        base already ends with it."""
         base = (self.base_url or WEB_SEARCH_DEFAULT_BASE[self.provider]).rstrip("/")
-        if not base:
-            return ""
         path = WEB_SEARCH_PATH[self.provider]
-        return base if base.endswith(path) else base + path
+        return base if not base or base.endswith(path) else base + path
 
     @property
     def key_env(self) -> str:
@@ -230,31 +225,30 @@ class WebSearchConfig(_Section):
 
 
 class WebFetchConfig(_Section):
-    """The ``web_fetch`` gateway tool (Anthropic Messages' ``web_fetch_20250910``)."""
-
-    # Hosts that may resolve to loopback/private/link-local addresses (exact names, as MCP's).
     allowed_hosts: StrList = ()
-    # The most bytes read of one page; a longer one fails with ``content_too_large``.
     max_bytes: PositiveInt = 5 * MiB
-    max_redirects: int = 5
-    # Text given to the model when the declaration names no ``max_content_tokens`` (about 4 bytes a token).
+    max_redirects: NonNegativeInt = 5
     max_content_tokens: PositiveInt = 100_000
     max_url_chars: PositiveInt = 2048
 
 
 class MessagesConfig(_Section):
-    """The Anthropic Messages route's server-tool loop."""
+    tool_aliases: StrList = ()  # "WebSearch=web_search": that client function runs as the gateway tool
 
-    # ``"WebSearch=web_search"``: a plain client function so named is run by the gateway as that tool.
-    tool_aliases: StrList = ()
+    @field_validator("tool_aliases")
+    @classmethod
+    def _name_eq_tool(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            name, sep, tool = entry.partition("=")
+            if not sep or not name.strip() or tool.strip() not in ("web_search", "web_fetch"):
+                raise ConfigError(
+                    f"messages.tool_aliases: {entry!r} is not NAME=web_search or NAME=web_fetch"
+                )
+        return entries
 
     def aliases(self) -> dict[str, str]:
         """Function name -> gateway tool name (``web_search`` or ``web_fetch``)."""
-        out: dict[str, str] = {}
-        for entry in self.tool_aliases:
-            name, _, tool = entry.partition("=")
-            out[name.strip()] = tool.strip()
-        return out
+        return {name.strip(): tool.strip() for name, _, tool in (e.partition("=") for e in self.tool_aliases)}
 
 
 class CodeInterpreterConfig(_Section):
@@ -289,19 +283,17 @@ class McpServerConfig(_Section):
     url: str
     transport: Literal["streamable_http", "sse"] = "streamable_http"
     headers: dict[str, str] = {}
-    # Header name -> environment variable holding its value (a credential): resolved at load.
-    headers_env: dict[str, str] = {}
+    headers_env: dict[str, str] = {}  # header -> the variable holding its value, read at load
     allowed_tools: StrList | None = None
-    secret_headers: dict[str, SecretStr] = Field(default={}, repr=False)
+    secret_headers: dict[str, SecretStr] = {}
 
     def all_headers(self) -> dict[str, str]:
         return {**self.headers, **{k: v.get_secret_value() for k, v in self.secret_headers.items()}}
 
     @field_validator("url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+    def _http(cls, url: str) -> str:
+        if not _is_http_url(url):
             raise PydanticCustomError("config", "must be an http(s) URL, got '{url}'", {"url": url})
         return url
 
@@ -315,8 +307,7 @@ class AuthConfig(_Section):
     http_timeout_s: float = 5.0
     max_provider_response_bytes: int = 1 * MiB
     require_api_key: bool = False
-    # Admin single sign-on (authorization-code flow through mozilla-django-oidc).
-    oidc_rp_client_id: str = ""
+    oidc_rp_client_id: str = ""  # admin single sign-on (mozilla-django-oidc)
     admin_staff_claim: str = "groups"
     admin_staff_value: str = ""
     admin_superuser_value: str = ""
@@ -324,7 +315,7 @@ class AuthConfig(_Section):
 
 
 class InferenceConfig(_Section):
-    """The vLLM engine hosted by inference workers (and by the gateway itself in embedded mode)."""
+    """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
     served_model_name: str = ""
     dtype: str = "auto"
@@ -378,10 +369,8 @@ class Config(BaseSettings):
     code_interpreter: CodeInterpreterConfig = CodeInterpreterConfig()
     mcp: McpConfig = McpConfig()
     auth: AuthConfig = AuthConfig()
-    # Operator-configured MCP servers by label: the dynamic ``[mcp_servers.<label>]`` tables.
-    mcp_servers: dict[str, McpServerConfig] = {}
+    mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
-    # Secrets: environment only, from the names in SECRET_ENV.
     openai_api_key: SecretStr = SecretStr("")
     secret_key: SecretStr = SecretStr("")
     oidc_rp_client_secret: SecretStr = SecretStr("")
@@ -411,9 +400,7 @@ class Config(BaseSettings):
     def upstream_base(self) -> str:
         """``llm_api_base`` without a trailing ``/`` or ``/v1``, so ``/v1`` is never doubled."""
         base = self.llm_api_base.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
-        return base
+        return base[: -len("/v1")] if base.endswith("/v1") else base
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -440,7 +427,6 @@ class Config(BaseSettings):
 
 # The environment of the load in progress, as pydantic-settings reads it (see _environ).
 _loading: ContextVar[dict[str, str]] = ContextVar("gateway_config_environ")
-
 # Documented names -> (key,) or (section, key): the conventional ones, then GATEWAY_<SECTION>_<KEY>.
 _ENV_KEYS: dict[str, tuple[str, ...]] = {name: tuple(path.split(".")) for name, path in ENV_NAMES.items()} | {
     f"GATEWAY_{section}_{key}".upper(): (section, key)
@@ -459,101 +445,85 @@ def _environ(env: typing.Mapping[str, str]) -> tuple[dict[str, str], dict[tuple[
         nested = "gateway_" + "__".join(path)
         if name not in env or nested in out:
             continue
-        value = env[name]
         field = Config.model_fields[path[0]]
         if len(path) == 2:
             field = field.annotation.model_fields[path[1]]  # type: ignore[union-attr]
+        value = env[name]
         if typing.get_origin(field.annotation) is tuple:
             value = json.dumps([part.strip() for part in value.split(",") if part.strip()])
-        out[nested] = value
-        named[path] = name
+        out[nested], named[path] = value, name
     return out, named
 
 
-_LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-# Header names whose values are credentials: accepted only through headers_env.
-_CREDENTIAL_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "key", "password")
-
-
-def is_credential_header(name: str) -> bool:
-    low = name.lower()
-    return any(word in low for word in _CREDENTIAL_HEADER_WORDS)
-
-
-def _check_file(data: dict[str, Any]) -> None:
-    """What only the file can get wrong: secrets written into it, and MCP server labels."""
-    for key, var in SECRET_ENV.items():
-        if key in data:
-            raise ConfigError(f"{key}: secrets are never read from the config file; set {var} instead")
-    servers = data.get("mcp_servers")
-    for label, table in servers.items() if isinstance(servers, dict) else ():
-        prefix = f"mcp_servers.{label}"
-        if not label or len(label) > 64 or not set(label) <= _LABEL_CHARS:
-            raise ConfigError(f"{prefix}: a label is 1-64 letters, digits, '_' or '-'")
-        if not isinstance(table, dict):
-            continue
-        if "secret_headers" in table:
-            raise ConfigError(f"{prefix}.secret_headers: unknown setting in the config file")
-        headers = table.get("headers")
-        for header in headers if isinstance(headers, dict) else ():
-            if is_credential_header(header):
-                raise ConfigError(
-                    f"{prefix}.headers.{header}: secrets are never read from the config file; "
-                    f"name an environment variable in {prefix}.headers_env instead"
-                )
-
-
 def _toml_source(settings_cls: type[BaseSettings], path: str) -> PydanticBaseSettingsSource:
+    """pydantic-settings' TOML source, once the file is checked for what only a file can get wrong:
+    secrets written into it, and MCP server labels and headers."""
     if not Path(path).is_file():
         raise ConfigError(f"GATEWAY_CONFIG: file {path} does not exist")
     try:
         source = TomlConfigSettingsSource(settings_cls, toml_file=Path(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"GATEWAY_CONFIG: {path} is not valid TOML: {exc}") from None
-    _check_file(source.toml_data)
+    for key in SECRET_ENV.keys() & source.toml_data.keys():
+        raise ConfigError(
+            f"{key}: secrets are never read from the config file; set {SECRET_ENV[key]} instead"
+        )
+    servers = source.toml_data.get("mcp_servers")
+    for label, table in servers.items() if isinstance(servers, dict) else ():
+        prefix = f"mcp_servers.{label}"
+        if not label or len(label) > 64 or not set(label) <= _LABEL_CHARS:
+            raise ConfigError(f"{prefix}: a label is 1-64 letters, digits, '_' or '-'")
+        if isinstance(table, dict) and "secret_headers" in table:
+            raise ConfigError(f"{prefix}.secret_headers: unknown setting in the config file")
+        headers = table.get("headers") if isinstance(table, dict) else None
+        for header in filter(is_credential_header, headers if isinstance(headers, dict) else ()):
+            raise ConfigError(
+                f"{prefix}.headers.{header}: secrets are never read from the config file; "
+                f"name an environment variable in {prefix}.headers_env instead"
+            )
     return source
 
 
 _TYPE_WORDS = {
-    "int_type": "must be an integer",
-    "int_parsing": "must be an integer",
-    "int_from_float": "must be an integer",
-    "float_type": "must be a number",
-    "float_parsing": "must be a number",
-    "bool_type": "must be a boolean",
-    "bool_parsing": "must be a boolean",
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"), "must be an integer"),
+    **dict.fromkeys(("float_type", "float_parsing"), "must be a number"),
+    **dict.fromkeys(("bool_type", "bool_parsing"), "must be a boolean"),
     "string_type": "must be a string",
     "tuple_type": "must be a list of strings",
     "dict_type": "must be a table of strings",
     "model_type": "must be a table",
-    "missing": "required",
-    "extra_forbidden": "unknown setting in the config file",
     "greater_than": "must be positive",
 }
 
 
-def _config_error(exc: ValidationError, named: dict[tuple[str, ...], str] | None = None) -> ConfigError:
-    """pydantic's first complaint as a start-up message that names the setting (or, for a value
-    that does not parse, the environment variable it came from)."""
+def _config_error(
+    exc: ValidationError, named: dict[tuple[str, ...], str] | None = None, env: typing.Container[str] = ()
+) -> ConfigError:
+    """pydantic's first complaint as a start-up message that names the setting (or, for a value of
+    the wrong type, the environment variable it came from)."""
     error = exc.errors()[0]
     loc = tuple(str(part) for part in error["loc"])
-    kind = error["type"]
+    kind, where = error["type"], ".".join(loc)
+    if kind == "missing":
+        return ConfigError(f"{where}: required")
+    if kind == "extra_forbidden":
+        var = "GATEWAY_" + "__".join(loc).upper()
+        return ConfigError(
+            f"{where}: unknown setting " + (f"({var})" if var.lower() in env else "in the config file")
+        )
+    if len(loc) == 1 and kind in ("model_type", "dict_type"):
+        return ConfigError(f"[{where}]: must be a table")
     if kind == "literal_error":
         what = f"must be {error['ctx']['expected']}"
     elif kind == "greater_than_equal":
-        what = "must not be negative" if error["ctx"]["ge"] == 0 else f"must be at least {error['ctx']['ge']}"
+        what = "must not be negative"
     else:
         what = _TYPE_WORDS.get(kind, error["msg"])
-    if kind in ("missing", "extra_forbidden"):
-        return ConfigError(f"{'.'.join(loc)}: {what}")
-    if len(loc) == 1 and kind in ("model_type", "dict_type"):
-        return ConfigError(f"[{loc[0]}]: must be a table")
-    name = ".".join(loc)
     if kind not in ("greater_than", "greater_than_equal"):
-        name = (named or {}).get(loc, name)
-    if (kind in _TYPE_WORDS or kind in ("literal_error", "greater_than_equal")) and "input" in error:
+        where = (named or {}).get(loc, where)
+    if kind in _TYPE_WORDS or kind in ("literal_error", "greater_than_equal"):
         what += f", got {error['input']!r}"
-    return ConfigError(f"{name}: {what}")
+    return ConfigError(f"{where}: {what}")
 
 
 def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
@@ -564,12 +534,12 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
     try:
         config = Config()
     except ValidationError as exc:
-        raise _config_error(exc, named) from None
+        raise _config_error(exc, named, translated) from None
     except SettingsError as exc:  # a GATEWAY_<SECTION>__<KEY> list or table that is not JSON
         raise ConfigError(f"environment: {exc}") from None
     finally:
         _loading.reset(token)
-    # What the environment holds by reference: MCP header credentials, the provider's search key.
+    # What the settings name by reference: MCP header credentials, the provider's search key.
     servers = {}
     for label, server in config.mcp_servers.items():
         secret = {}
@@ -587,6 +557,10 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
     return config.model_copy(update=update)
 
 
+def is_credential_header(name: str) -> bool:
+    return any(word in name.lower() for word in _CREDENTIAL_HEADER_WORDS)
+
+
 def is_loopback_host(host: str) -> bool:
     if host == "localhost":
         return True
@@ -596,114 +570,72 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def _is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def _validate(c: Config) -> None:
-    if c.server.shutdown_grace_s < 0:
-        raise ConfigError("server.shutdown_grace_s: must be >= 0")
-    r = c.responses
-    if min(r.lease_s, r.heartbeat_s, r.sweep_interval_s) <= 0:
-        raise ConfigError("responses.lease_s, heartbeat_s and sweep_interval_s: must be > 0")
-    if r.compaction_max_output_tokens < 0:
-        raise ConfigError("responses.compaction_max_output_tokens: must be >= 0 (0: no cap sent)")
+    """What no single value's type says: settings that only make sense together."""
+    r, auth, inference = c.responses, c.auth, c.inference
     if r.heartbeat_s >= r.lease_s:
         raise ConfigError(
             f"responses.heartbeat_s ({r.heartbeat_s:g}) must be shorter than responses.lease_s "
             f"({r.lease_s:g}), or a live runner's lease would expire between two heartbeats"
         )
-    if bool(c.auth.oidc_issuer) != bool(c.auth.oidc_audience):
-        missing = "OIDC_AUDIENCE" if c.auth.oidc_issuer else "OIDC_ISSUER"
-        present = "OIDC_ISSUER" if c.auth.oidc_issuer else "OIDC_AUDIENCE"
+    if bool(auth.oidc_issuer) != bool(auth.oidc_audience):
+        missing, present = (
+            ("OIDC_AUDIENCE", "OIDC_ISSUER") if auth.oidc_issuer else ("OIDC_ISSUER", "OIDC_AUDIENCE")
+        )
         raise ConfigError(f"{missing}: must be set together with {present} (set both or neither)")
-    if c.auth.oidc_issuer:
-        parts = urlsplit(c.auth.oidc_issuer)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"OIDC_ISSUER: not a URL: {c.auth.oidc_issuer!r}")
-        if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+    if auth.oidc_issuer:
+        parts = urlsplit(auth.oidc_issuer)
+        if not _is_http_url(auth.oidc_issuer):
+            raise ConfigError(f"OIDC_ISSUER: not a URL: {auth.oidc_issuer!r}")
+        if parts.scheme == "http" and not is_loopback_host(parts.hostname or ""):
             raise ConfigError("OIDC_ISSUER: must use https (plain http is allowed on loopback only)")
-    if c.auth.oidc_rp_client_id:
-        if not c.auth.oidc_issuer:
+    if auth.oidc_rp_client_id:
+        if not auth.oidc_issuer:
             raise ConfigError("OIDC_RP_CLIENT_ID: admin single sign-on needs OIDC_ISSUER and OIDC_AUDIENCE")
         if not c.oidc_rp_client_secret.get_secret_value():
             raise ConfigError("OIDC_RP_CLIENT_SECRET: must be set together with OIDC_RP_CLIENT_ID")
-        if not (c.auth.admin_staff_value or c.auth.admin_superuser_value):
+        if not (auth.admin_staff_value or auth.admin_superuser_value):
             raise ConfigError(
                 "auth.admin_staff_value: admin single sign-on needs admin_staff_value or "
                 "admin_superuser_value (the claim value that grants admin access)"
             )
-    if c.llm_api_base:
-        parts = urlsplit(c.llm_api_base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"LLM_API_BASE: must be an http(s) URL, got {c.llm_api_base!r}")
-    if c.database_url:
-        scheme = urlsplit(c.database_url).scheme
-        if scheme not in ("postgres", "postgresql", "sqlite"):
-            raise ConfigError(
-                f"DATABASE_URL: unsupported scheme {scheme!r} (use postgres://… or sqlite:///…)"
-            )
+    for name, url in (("LLM_API_BASE", c.llm_api_base), ("WEB_SEARCH_BASE_URL", c.web_search.base_url)):
+        if url and not _is_http_url(url):
+            raise ConfigError(f"{name}: must be an http(s) URL, got {url!r}")
+    scheme = urlsplit(c.database_url).scheme
+    if c.database_url and scheme not in ("postgres", "postgresql", "sqlite"):
+        raise ConfigError(f"DATABASE_URL: unsupported scheme {scheme!r} (use postgres://… or sqlite:///…)")
     if c.redis_url and urlsplit(c.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(f"REDIS_URL: must be a redis:// URL, got {c.redis_url!r}")
-    if c.server.workers < 0:
-        raise ConfigError(f"server.workers: must be 0 (automatic) or positive, got {c.server.workers}")
     if not 0 < c.server.port < 65536:
         raise ConfigError(f"server.port: must be between 1 and 65535, got {c.server.port}")
     if c.database.pool_min_size > c.database.pool_max_size:
         raise ConfigError("database.pool_min_size: must not exceed database.pool_max_size")
-    if c.web_search.base_url:
-        parts = urlsplit(c.web_search.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"WEB_SEARCH_BASE_URL: must be an http(s) URL, got {c.web_search.base_url!r}")
-    if c.web_fetch.max_redirects < 0:
-        raise ConfigError(f"web_fetch.max_redirects: must be 0 or more, got {c.web_fetch.max_redirects}")
-    for entry in c.messages.tool_aliases:
-        name, sep, tool = entry.partition("=")
-        if not sep or not name.strip() or tool.strip() not in ("web_search", "web_fetch"):
-            raise ConfigError(f"messages.tool_aliases: {entry!r} is not NAME=web_search or NAME=web_fetch")
-    if c.inference.worker_lost_after_s <= c.inference.heartbeat_interval_s:
+    if inference.worker_lost_after_s <= inference.heartbeat_interval_s:
         raise ConfigError(
             "inference.worker_lost_after_s: must exceed inference.heartbeat_interval_s "
             "(a live worker would be declared lost between two heartbeats)"
         )
-    if c.inference.enable_auto_tool_choice and not c.inference.tool_call_parser:
+    if inference.enable_auto_tool_choice and not inference.tool_call_parser:
         raise ConfigError("inference.enable_auto_tool_choice: needs inference.tool_call_parser")
-    if c.inference.override_generation_config:
+    if inference.override_generation_config:
         try:
-            overrides = json.loads(c.inference.override_generation_config)
+            overrides = json.loads(inference.override_generation_config)
         except ValueError:
             overrides = None
         if not isinstance(overrides, dict):
             raise ConfigError("inference.override_generation_config: must be a JSON object")
-    for path in c.passthrough.extra_routes:
-        _check_extra_route(path)
     for origin in c.server.cors_allowed_origins:
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
             raise ConfigError(
                 f"server.cors_allowed_origins: {origin!r} is not an origin (scheme://host[:port])"
             )
-
-
-# Paths the gateway serves itself: an extra pass-through route may not take them (or anything below).
-GATEWAY_PATHS = (
-    "/v1/responses",
-    "/v1/conversations",
-    "/v1/messages",
-    "/v1/models",
-    "/v1/openapi.json",
-    "/health",
-    "/ready",
-    "/metrics",
-    "/admin",
-    "/oidc",
-    "/docs",
-)
-_PATH_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
-
-
-def _check_extra_route(path: str) -> None:
-    where = f"passthrough.extra_routes: {path!r}"
-    if not path.startswith("/") or path == "/" or not set(path) <= _PATH_CHARS or "//" in path:
-        raise ConfigError(f"{where} is not a path (/segment/…: letters, digits, '-', '.', '_', '~')")
-    if any(path == owned or path.startswith(owned + "/") for owned in GATEWAY_PATHS):
-        raise ConfigError(f"{where} is served by the gateway itself")
 
 
 _config: Config | None = None

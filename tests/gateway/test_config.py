@@ -247,6 +247,31 @@ def test_sections_merge_across_sources_and_only_the_file_is_strict(tmp_path: Pat
         load_config(write(tmp_path, "[server]\nport = 8100.5\n"))
 
 
+def test_pydantic_settings_nested_names_beside_the_documented_ones() -> None:
+    """GATEWAY_<SECTION>__<KEY> is pydantic-settings' own (lists as JSON); the documented names
+    (GATEWAY_<SECTION>_<KEY>, conventional ones) take lists comma-separated."""
+    c = load_config(
+        {
+            "GATEWAY_SERVER__PORT": "8300",
+            "GATEWAY_SERVER__CORS_ALLOWED_ORIGINS": '["https://a.example"]',
+            "GATEWAY_WEB_FETCH__ALLOWED_HOSTS": '["intranet"]',
+            "GATEWAY_MCP_ALLOWED_HOSTS": "a.example, b.example",
+        }
+    )
+    assert c.server.port == 8300 and c.server.cors_allowed_origins == ("https://a.example",)
+    assert c.web_fetch.allowed_hosts == ("intranet",) and c.mcp.allowed_hosts == ("a.example", "b.example")
+    # Both spellings of one key: the nested name wins over the documented one.
+    assert load_config({"GATEWAY_SERVER__PORT": "8300", "GATEWAY_SERVER_PORT": "8400"}).server.port == 8300
+    with pytest.raises(ConfigError, match=r"^server.bogus: unknown setting \(GATEWAY_SERVER__BOGUS\)$"):
+        load_config({"GATEWAY_SERVER__BOGUS": "1"})
+    with pytest.raises(ConfigError, match=r"^GATEWAY_SERVER_PORT: must be an integer, got 'x'$"):
+        load_config({"GATEWAY_SERVER_PORT": "x"})
+    with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got 'x'$"):
+        load_config({"GATEWAY_SERVER__PORT": "x"})
+    with pytest.raises(ConfigError, match='error parsing value for field "server"'):
+        load_config({"GATEWAY_SERVER__CORS_ALLOWED_ORIGINS": "https://a.example"})  # not JSON
+
+
 def test_replace_checks_the_whole_config_again() -> None:
     from gateway.config import replace
 
