@@ -25,7 +25,7 @@ def _loaded_config() -> Config:
     try:
         return get_config()
     except ConfigError:
-        return Config()
+        return Config.model_construct()  # the defaults
 
 
 app = configure(Celery("gateway"), _loaded_config())

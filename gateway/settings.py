@@ -19,8 +19,8 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 def _secret_key() -> str:
     """The configured secret, or one generated once and kept in the data directory."""
-    if CONFIG.secret_key:
-        return CONFIG.secret_key
+    if configured := CONFIG.secret_key.get_secret_value():
+        return configured
     path = DATA_DIR / "secret_key"
     if not path.exists():
         path.write_text(secrets.token_urlsafe(50))

@@ -72,5 +72,7 @@ def check_auth(config: Config) -> None:
         log.warning(
             "auth: OPEN gateway: no OIDC and no API keys, every request belongs to the default "
             "principal (creating a named API key closes it)%s",
-            "; stored state needs OPENAI_API_KEY as bearer token" if config.openai_api_key else "",
+            "; stored state needs OPENAI_API_KEY as bearer token"
+            if config.openai_api_key.get_secret_value()
+            else "",
         )

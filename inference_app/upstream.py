@@ -69,8 +69,9 @@ def forward_headers(
         if caller_credential_consumed and low in ("authorization", "x-api-key"):
             continue
         out[low] = value
-    if config.openai_api_key and "authorization" not in out and "x-api-key" not in out:
-        out["authorization"] = f"Bearer {config.openai_api_key}"
+    upstream_key = config.openai_api_key.get_secret_value()
+    if upstream_key and "authorization" not in out and "x-api-key" not in out:
+        out["authorization"] = f"Bearer {upstream_key}"
     return out
 
 
@@ -132,8 +133,8 @@ class HttpUpstream:
 
     async def ready(self, timeout: float) -> None:
         headers = {}
-        if self.config.openai_api_key:
-            headers["authorization"] = f"Bearer {self.config.openai_api_key}"
+        if upstream_key := self.config.openai_api_key.get_secret_value():
+            headers["authorization"] = f"Bearer {upstream_key}"
         async with asyncio.timeout(timeout):
             # Not every OpenAI-compatible server has /health; its model list proves it serves.
             for path in ("/health", "/v1/models"):

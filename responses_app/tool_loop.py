@@ -94,7 +94,7 @@ def web_search_available(config: Config) -> bool:
     (the request proceeds without it, as Codex expects)."""
     ws = config.web_search
     if ws.provider in ("brave", "tavily"):
-        return bool(config.web_search_api_key)
+        return bool(config.web_search_api_key.get_secret_value())
     return bool(ws.base_url)
 
 

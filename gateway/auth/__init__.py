@@ -136,7 +136,7 @@ def _by_key(snap: Any, token: str | None) -> tuple[AuthResult, Any]:
             raise _refusal(token)
         return AuthResult(Principal(owner=f"key:{key.id}", kind="api_key", subject=key.name), True), key
 
-    upstream_key = config.openai_api_key
+    upstream_key = config.openai_api_key.get_secret_value()
     if upstream_key and token and hmac.compare_digest(token.encode(), upstream_key.encode()):
         # The caller holds the upstream credential: it may read stored state (see below). It is
         # not consumed: forwarding it is forwarding the very credential the gateway would inject.
@@ -165,7 +165,7 @@ def check_stored_state_access(principal: Principal, headers: Mapping[str, str]) 
     """
     if principal.kind != "default":
         return
-    if not get_config().openai_api_key:
+    if not get_config().openai_api_key.get_secret_value():
         return
     raise _refusal(bearer_token(headers))
 

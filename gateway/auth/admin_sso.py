@@ -37,7 +37,11 @@ log = logging.getLogger("gateway.auth")
 
 def sso_enabled(config: Config | None = None) -> bool:
     config = config or get_config()
-    return bool(config.oidc_enabled and config.auth.oidc_rp_client_id and config.oidc_rp_client_secret)
+    return bool(
+        config.oidc_enabled
+        and config.auth.oidc_rp_client_id
+        and config.oidc_rp_client_secret.get_secret_value()
+    )
 
 
 def discovery(config: Config) -> dict[str, Any]:
@@ -93,7 +97,7 @@ class GatewayOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             self.OIDC_OP_USER_ENDPOINT = doc.get("userinfo_endpoint")
             self.OIDC_OP_JWKS_ENDPOINT = doc["jwks_uri"]
             self.OIDC_RP_CLIENT_ID = config.auth.oidc_rp_client_id
-            self.OIDC_RP_CLIENT_SECRET = config.oidc_rp_client_secret
+            self.OIDC_RP_CLIENT_SECRET = config.oidc_rp_client_secret.get_secret_value()
             self.OIDC_RP_IDP_SIGN_KEY = None
             self.OIDC_RP_SIGN_ALGO = "RS256"
             return super().authenticate(request, **kwargs)

@@ -249,7 +249,8 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
             action=action,
             details={"error_code": "unavailable"},
         )
-    if ws.provider in ("brave", "tavily") and not config.web_search_api_key:
+    api_key = config.web_search_api_key.get_secret_value()
+    if ws.provider in ("brave", "tavily") and not api_key:
         return ToolResult.failure(
             call,
             f"web search provider {ws.provider} has no API key: set {ws.key_env}",
@@ -263,7 +264,7 @@ async def run_web_search(call: ToolCall, config: Config) -> ToolResult:
             timeout_s=ws.request_timeout_s, headers={"User-Agent": USER_AGENT}
         ) as client:
             results = await asyncio.gather(
-                *(_search_one(client, q, config, config.web_search_api_key, flt, location) for q in queries)
+                *(_search_one(client, q, config, api_key, flt, location) for q in queries)
             )
     except SearchError as exc:
         code = "too_many_requests" if exc.status == 429 else "unavailable"

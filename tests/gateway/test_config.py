@@ -76,9 +76,13 @@ def test_upstream_base_never_doubles_v1(base: str, expected: str) -> None:
 
 
 def test_config_is_frozen() -> None:
+    from pydantic import ValidationError
+
     c = load_config({})
-    with pytest.raises(AttributeError):
+    with pytest.raises(ValidationError, match="frozen"):
         c.llm_api_base = "x"  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        c.server.port = 1  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -167,14 +171,13 @@ def test_oidc_on_loopback_http_is_allowed() -> None:
 
 def test_secrets_only_from_environment() -> None:
     c = load_config({"OPENAI_API_KEY": "sk-upstream"})
-    assert c.openai_api_key == "sk-upstream"
-    assert "sk-upstream" not in repr(c)
+    assert c.openai_api_key.get_secret_value() == "sk-upstream"
+    assert "sk-upstream" not in repr(c) and "sk-upstream" not in str(c.model_dump())
 
 
 def test_example_config_documents_every_key_and_loads() -> None:
     """config.example.toml loads cleanly and mentions every non-secret key."""
-    import dataclasses
-    import typing
+    from pydantic import BaseModel
 
     from gateway.config import SECRET_ENV, Config
 
@@ -182,18 +185,17 @@ def test_example_config_documents_every_key_and_loads() -> None:
     example = root / "config.example.toml"
     text = example.read_text()
     load_config({"GATEWAY_CONFIG": str(example)})
-    for f in dataclasses.fields(Config):
-        if f.name in SECRET_ENV:
+    for name, f in Config.model_fields.items():
+        if name in SECRET_ENV:
             continue
-        # Resolved hints: with postponed annotations ``f.type`` is a string, never a dataclass.
-        if dataclasses.is_dataclass(typing.get_type_hints(Config)[f.name]):
-            assert f"[{f.name}]" in text
-            for sub in dataclasses.fields(getattr(Config(), f.name)):
-                assert f"{sub.name} =" in text, f"{f.name}.{sub.name} undocumented"
-        elif f.name == "mcp_servers":
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            assert f"[{name}]" in text
+            for sub in f.annotation.model_fields:
+                assert f"{sub} =" in text, f"{name}.{sub} undocumented"
+        elif name == "mcp_servers":
             assert "[mcp_servers.docs]" in text  # the dynamic table, documented by example
         else:
-            assert f"{f.name} =" in text, f"{f.name} undocumented"
+            assert f"{name} =" in text, f"{name} undocumented"
 
 
 @pytest.mark.process
@@ -234,11 +236,6 @@ def test_server_workers_default_to_one_per_core_unless_the_engine_is_embedded() 
 def test_sections_merge_across_sources_and_only_the_file_is_strict(tmp_path: Path) -> None:
     """pydantic-settings merges a section key by key (env > file > default), the file's values are
     taken as written, and the environment's text is parsed as the declared type."""
-    from pydantic_settings import PydanticBaseSettingsSource
-
-    from gateway.config import GatewayEnvSource
-
-    assert issubclass(GatewayEnvSource, PydanticBaseSettingsSource)
     env = write(tmp_path, "[server]\nport = 8100\nhost = '0.0.0.0'\n[upstream]\nread_timeout_s = 5\n")
     c = load_config({**env, "PORT": "8200", "GATEWAY_DEBUG": "on"})
     assert (c.server.port, c.server.host, c.server.debug) == (8200, "0.0.0.0", True)
@@ -248,6 +245,31 @@ def test_sections_merge_across_sources_and_only_the_file_is_strict(tmp_path: Pat
         load_config(write(tmp_path, "[server]\nport = '8100'\n"))
     with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got 8100.5$"):
         load_config(write(tmp_path, "[server]\nport = 8100.5\n"))
+
+
+def test_pydantic_settings_nested_names_beside_the_documented_ones() -> None:
+    """GATEWAY_<SECTION>__<KEY> is pydantic-settings' own (lists as JSON); the documented names
+    (GATEWAY_<SECTION>_<KEY>, conventional ones) take lists comma-separated."""
+    c = load_config(
+        {
+            "GATEWAY_SERVER__PORT": "8300",
+            "GATEWAY_SERVER__CORS_ALLOWED_ORIGINS": '["https://a.example"]',
+            "GATEWAY_WEB_FETCH__ALLOWED_HOSTS": '["intranet"]',
+            "GATEWAY_MCP_ALLOWED_HOSTS": "a.example, b.example",
+        }
+    )
+    assert c.server.port == 8300 and c.server.cors_allowed_origins == ("https://a.example",)
+    assert c.web_fetch.allowed_hosts == ("intranet",) and c.mcp.allowed_hosts == ("a.example", "b.example")
+    # Both spellings of one key: the nested name wins over the documented one.
+    assert load_config({"GATEWAY_SERVER__PORT": "8300", "GATEWAY_SERVER_PORT": "8400"}).server.port == 8300
+    with pytest.raises(ConfigError, match=r"^server.bogus: unknown setting \(GATEWAY_SERVER__BOGUS\)$"):
+        load_config({"GATEWAY_SERVER__BOGUS": "1"})
+    with pytest.raises(ConfigError, match=r"^GATEWAY_SERVER_PORT: must be an integer, got 'x'$"):
+        load_config({"GATEWAY_SERVER_PORT": "x"})
+    with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got 'x'$"):
+        load_config({"GATEWAY_SERVER__PORT": "x"})
+    with pytest.raises(ConfigError, match='error parsing value for field "server"'):
+        load_config({"GATEWAY_SERVER__CORS_ALLOWED_ORIGINS": "https://a.example"})  # not JSON
 
 
 def test_replace_checks_the_whole_config_again() -> None:

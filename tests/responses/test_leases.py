@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from gateway import errors
-from gateway.config import get_config
+from gateway.config import get_config, replace
 from inference_app.tools.base import ToolCall
 from inference_app.tools.dispatch import run_gateway_calls
 from responses_app import leases, services, tasks
@@ -108,15 +108,13 @@ def test_the_leases_held_on_one_loop_are_renewed_together(monkeypatch: pytest.Mo
     """One renewal for every lease due at once (not a task and a statement per response); a lease
     found gone is reported lost once and no longer renewed; a cancelled one is not renewed again; a
     lease with a shorter heartbeat that arrives later is renewed on its own time."""
-    from dataclasses import replace
-
     from gateway.db import run_orm
 
     config = get_config()
     # The slow heartbeat leaves the steps before its first renewal a second of slack on a busy
     # machine; the test waits for what it checks instead of sleeping fixed times.
-    slow = replace(config, responses=replace(config.responses, heartbeat_s=1.0, lease_s=30))
-    fast = replace(config, responses=replace(config.responses, heartbeat_s=0.05, lease_s=30))
+    slow = replace(config, responses__heartbeat_s=1.0, responses__lease_s=30.0)
+    fast = replace(config, responses__heartbeat_s=0.05, responses__lease_s=30.0)
     me = leases.runner_id()
     rows = [_row("in_progress", lease_owner=me, expires_in=1) for _ in range(3)]
     quick = _row("in_progress", lease_owner=me, expires_in=1)
@@ -270,13 +268,11 @@ class _Hanging:
 def test_a_stored_stream_whose_lease_is_lost_ends_failed() -> None:
     """The sweep failed the row meanwhile (this process could not renew it): the next heartbeat
     interrupts the run, which ends with ``response.failed``; the sweep's row stays."""
-    from dataclasses import replace
-
     from responses_app import runs
     from responses_app.executor import Executor
 
     config = get_config()
-    config = replace(config, responses=replace(config.responses, heartbeat_s=0.05, lease_s=5))
+    config = replace(config, responses__heartbeat_s=0.05, responses__lease_s=5.0)
     executor = Executor(_stored_stream(), config, upstream=_Hanging())
     rid = executor.p.response_id
     swept: list[bool] = []
@@ -592,7 +588,6 @@ def test_mcp_calls_with_credentials_never_enter_a_broker_message() -> None:
     from celery import Celery
 
     from gateway.celery import configure
-    from gateway.config import replace
 
     config = replace(get_config(), redis_url="redis://127.0.0.1:1/0")  # a broker that refuses everything
     app = configure(Celery("unreachable"), config)

@@ -28,12 +28,17 @@ def test_defaults() -> None:
 def test_web_search_env_overrides_and_provider_keys() -> None:
     c = load_config({"WEB_SEARCH_PROVIDER": "brave", "BRAVE_API_KEY": "bk", "TAVILY_API_KEY": "tk"})
     assert c.web_search.endpoint == "https://api.search.brave.com/res/v1/web/search"
-    assert c.web_search_api_key == "bk"
+    assert c.web_search_api_key.get_secret_value() == "bk"
     assert "bk" not in repr(c)
     c = load_config({"WEB_SEARCH_PROVIDER": "tavily", "BRAVE_API_KEY": "bk", "TAVILY_API_KEY": "tk"})
-    assert c.web_search.endpoint == "https://api.tavily.com/search" and c.web_search_api_key == "tk"
+    assert (
+        c.web_search.endpoint == "https://api.tavily.com/search"
+        and c.web_search_api_key.get_secret_value() == "tk"
+    )
     c = load_config({"WEB_SEARCH_PROVIDER": "searxng", "WEB_SEARCH_BASE_URL": "http://searx:8080"})
-    assert c.web_search.endpoint == "http://searx:8080/search" and c.web_search_api_key == ""
+    assert (
+        c.web_search.endpoint == "http://searx:8080/search" and c.web_search_api_key.get_secret_value() == ""
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,10 +61,14 @@ def test_base_url_is_the_providers_base_for_all_three(provider: str, base: str, 
 def test_api_key_env_names_the_variable(tmp_path: Path) -> None:
     env = write(tmp_path, '[web_search]\nprovider = "brave"\napi_key_env = "MY_SEARCH_KEY"\n')
     assert (
-        load_config({**env, "MY_SEARCH_KEY": "mine", "BRAVE_API_KEY": "other"}).web_search_api_key == "mine"
+        load_config(
+            {**env, "MY_SEARCH_KEY": "mine", "BRAVE_API_KEY": "other"}
+        ).web_search_api_key.get_secret_value()
+        == "mine"
     )
     # WEB_SEARCH_API_KEY, when set, wins.
-    assert load_config({**env, "MY_SEARCH_KEY": "mine", "WEB_SEARCH_API_KEY": "w"}).web_search_api_key == "w"
+    c = load_config({**env, "MY_SEARCH_KEY": "mine", "WEB_SEARCH_API_KEY": "w"})
+    assert c.web_search_api_key.get_secret_value() == "w"
 
 
 @pytest.mark.parametrize(
