@@ -84,7 +84,8 @@ class ServerConfig:
     port: Int = 8000
     max_request_body_size_bytes: PositiveInt = 10 * MiB
     # Request line and headers together (431, or 414 for a request line, beyond it), the number of
-    # header fields (431), and how long a request may take to arrive in full, head and body (408).
+    # header fields (431), and how long a request's body may take to arrive after its head (408).
+    # A head's own read timeout is the ingress's (docs/operations.md).
     max_request_head_size_bytes: PositiveInt = 64 * 1024
     max_request_headers: PositiveInt = 100
     request_read_timeout_s: PositiveFloat = 30.0
@@ -99,9 +100,6 @@ class ServerConfig:
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
     # Server processes; 0: one per core when inference runs elsewhere, 1 with the embedded engine.
     workers: Int = 0
-    # false: manage.py serve runs uvicorn's protocol with the gateway's limits but no callback relay
-    # (every request through the ASGI app).
-    direct_relay: Bool = True
     # SIGTERM: stop accepting, let in-flight responses finish this long, then end them as failed.
     shutdown_grace_s: Float = 30.0
 

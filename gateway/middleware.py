@@ -2,15 +2,18 @@
 
 ``GatewayASGIMiddleware`` sits below Django at the ASGI layer, so it sees every HTTP request and
 WebSocket connection without buffering anything: it assigns the request id, enforces the
-request-body ceiling (a declared ``Content-Length`` over the limit is refused before the body is
-read; a chunked body is cut off once it passes the limit; the same limit for each WebSocket
-message), counts metrics and writes the access log.
+``[server]`` request limits the ASGI server has no setting for (the head's size and header count,
+read from the scope; the body's read timeout, while the app reads it; the body ceiling: a declared
+``Content-Length`` over the limit is refused before the body is read, a chunked body is cut off
+once it passes the limit, the same limit for each WebSocket message), refuses new requests while
+the server drains (``gateway.lifecycle``), counts metrics and writes the access log.
 
 ``GatewayErrorMiddleware`` is the Django middleware that renders a raised :class:`GatewayError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,8 +23,9 @@ from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from gateway import errors
-from gateway.config import get_config
+from gateway.config import ServerConfig, get_config
 from gateway.ids import request_id_for
+from gateway.lifecycle import drain
 from gateway.logging import request_id_var
 from gateway.metrics import WS_OPEN
 from gateway.pipeline import PASSAGE, REQUEST_ID, Passage, finish
@@ -36,11 +40,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 WS_CLOSE_TOO_BIG = 1009
 
 
-# Scope key the server protocol (gateway.relay) sets to a GatewayError when a request's body did not
-# arrive within [server] request_read_timeout_s: whoever reads the body answers it.
-READ_TIMED_OUT = "gateway.read_timed_out"
-
-
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -51,12 +50,28 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class _HttpState:
     """One HTTP request's bookkeeping in :class:`GatewayASGIMiddleware`."""
 
-    __slots__ = ("received", "refused", "status")
+    __slots__ = ("body_read", "received", "refused", "status")
 
     def __init__(self) -> None:
         self.status = 0  # set when the response starts
         self.refused = False  # answered here (body ceiling, read timeout): the app is ignored
         self.received = 0
+        self.body_read = False  # the request's last body message has arrived
+
+
+def head_refusal(scope: Scope, limits: ServerConfig) -> errors.GatewayError | None:
+    """The 431/414 for a head over ``[server] max_request_headers`` or ``max_request_head_size_bytes``
+    (the request target and header fields, as the ASGI server parsed them); None: within both."""
+    headers = scope["headers"]
+    if len(headers) > limits.max_request_headers:
+        return errors.too_many_headers(limits.max_request_headers)
+    line = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    size = line + sum([len(name) + len(value) + 4 for name, value in headers])
+    if size <= limits.max_request_head_size_bytes:
+        return None
+    if 2 * line > size:  # the request line is most of it
+        return errors.uri_too_long(limits.max_request_head_size_bytes)
+    return errors.head_too_large(limits.max_request_head_size_bytes)
 
 
 class GatewayASGIMiddleware:
@@ -88,7 +103,16 @@ class GatewayASGIMiddleware:
         rid = passage.request_id
         scope[REQUEST_ID] = rid
         scope[PASSAGE] = passage
-        limit = get_config().server.max_request_body_size_bytes
+        limits = get_config().server
+        limit = limits.max_request_body_size_bytes
+        refusal = head_refusal(scope, limits)
+        if refusal is None and drain.draining:
+            refusal = errors.shutting_down()
+        if refusal is not None:
+            passage.refusal = refusal
+        read_timeout = limits.request_read_timeout_s
+        loop = asyncio.get_running_loop()
+        read_by = loop.time() + read_timeout  # the body's deadline, from its head's arrival
         state = _HttpState()
         rid_header = (b"x-request-id", rid.encode("latin-1"))
 
@@ -105,16 +129,20 @@ class GatewayASGIMiddleware:
         async def receive_wrapper() -> Message:
             if state.refused:
                 return {"type": "http.disconnect"}
-            message = await receive()
+            if state.body_read:
+                return await receive()  # the app waits for a disconnect: no deadline
+            try:
+                async with asyncio.timeout_at(read_by):
+                    message = await receive()
+            except TimeoutError:
+                await self._refuse(scope, send_wrapper, state, errors.request_timeout(read_timeout))
+                return {"type": "http.disconnect"}
             if message["type"] == "http.request":
                 state.received += len(message.get("body", b""))
                 if state.received > limit:
                     await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
                     return {"type": "http.disconnect"}
-                timed_out = scope.get(READ_TIMED_OUT)
-                if timed_out is not None:
-                    await self._refuse(scope, send_wrapper, state, timed_out)
-                    return {"type": "http.disconnect"}
+                state.body_read = not message.get("more_body", False)
             return message
 
         try:
@@ -162,9 +190,11 @@ class GatewayASGIMiddleware:
                     return {"type": "websocket.disconnect", "code": WS_CLOSE_TOO_BIG}
             return message
 
+        drain.websockets += 1  # the drain waits for it to close (gateway.lifecycle)
         try:
             await self.app(scope, receive_wrapper, send_wrapper)
         finally:
+            drain.websockets -= 1
             request_id_var.reset(token)
             if accepted:
                 WS_OPEN.dec()

@@ -1,7 +1,6 @@
 """The one rule pipeline (``gateway.pipeline``): what ``Passage``, ``admit`` and ``finish`` do, in the
-order every path applies them. The paths themselves are tested against live servers (relay on and
-off) in ``test_passthrough.py``, ``test_messages.py``, ``test_direct_relay.py`` and
-``tests/responses/test_fastpath_cache.py``."""
+order every path applies them. The paths themselves are tested against live servers in
+``test_passthrough.py``, ``test_messages.py`` and ``tests/responses/test_fastpath_cache.py``."""
 
 from __future__ import annotations
 
@@ -130,10 +129,3 @@ def test_the_serving_code_imports_no_app(module: str) -> None:
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     ] + [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert not [name for name in imported if name.split(".")[0] in ("responses_app", "conversations_app")]
-
-
-def test_the_relay_imports_nothing_of_the_protocol_module() -> None:
-    """callbacks -> protocol would close the direct <-> server cycle again."""
-    tree = ast.parse((ROOT / "gateway" / "relay" / "callbacks.py").read_text())
-    modules = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
-    assert "gateway.relay.protocol" not in modules and "gateway.relay" not in modules
