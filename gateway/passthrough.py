@@ -9,9 +9,8 @@ streamed to the upstream while the client is still sending them, so a file is ne
 The routes are registered in :mod:`gateway.fastroutes` and served at the ASGI layer by
 :mod:`gateway.fastpath` (below Django, above nothing but ``GatewayASGIMiddleware``), because Django's
 request handling costs more than the relay itself; see ``docs/performance.md``. :func:`relay` is the
-one implementation of the ASGI path every pass-through route uses; the Anthropic routes
-(:mod:`gateway.messages`) use it too. Under ``manage.py serve`` most requests are relayed below ASGI
-instead (``gateway.relay``), with the same rules (``gateway.pipeline``).
+one implementation every pass-through route uses; the Anthropic routes (:mod:`gateway.messages`)
+use it too.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.config import get_config
-from inference_app.upstream import HttpClient, HttpUpstream, UpstreamResponse, forward_headers, get_upstream
+from inference_app.upstream import UpstreamResponse, forward_headers, get_upstream
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -35,13 +34,6 @@ SSE_CONTENT_TYPE = "text/event-stream"
 # How long a relay runs before a task starts watching for the client's disconnect.
 WATCH_AFTER_S = 0.05
 _DONE = b"data: [DONE]\n\n"
-
-
-def upstream_pool(loop: asyncio.AbstractEventLoop) -> HttpClient | None:
-    """The HTTP upstream's keep-alive pool on ``loop`` (what the callback relay sends on); None when
-    the upstream is not HTTP (the embedded engine, the Celery workers)."""
-    upstream = get_upstream()
-    return upstream.pool(loop) if isinstance(upstream, HttpUpstream) else None
 
 
 def openai_stream_error(exc: errors.GatewayError) -> bytes:
@@ -60,8 +52,7 @@ class Route:
     stream_error: Callable[[errors.GatewayError], bytes] = openai_stream_error
     methods: frozenset[str] = field(default_factory=lambda: frozenset({"POST"}))
     # A request whose body ``divert`` says yes to is served by ``diverted`` on the ASGI path instead
-    # of being relayed (the Messages server-tool loop); the relay below ASGI hands such a request
-    # to the ASGI app once its body is in. ``diverted`` gets the headers to forward.
+    # of being relayed (the Messages server-tool loop). ``diverted`` gets the headers to forward.
     divert: Callable[[bytes], bool] | None = None
     diverted: Callable[..., Awaitable[None]] | None = None
 

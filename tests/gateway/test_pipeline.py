@@ -35,16 +35,6 @@ def test_a_passage_sets_the_log_context_and_finish_resets_it() -> None:
     assert request_id_var.get() == "-" and _in_flight() == before
 
 
-def test_the_relay_sets_the_log_context_step_by_step() -> None:
-    passage = Passage("POST", "/v1/chat/completions", None, None, log_context=False)
-    assert request_id_var.get() == "-"
-    token = passage.enter()
-    assert request_id_var.get() == passage.request_id
-    request_id_var.reset(token)
-    finish(passage, 200)
-    assert request_id_var.get() == "-"
-
-
 def test_an_insane_request_id_is_replaced() -> None:
     passage = Passage("POST", "/v1/embeddings", "no spaces allowed", None)
     assert passage.request_id.startswith("req_")
