@@ -49,7 +49,6 @@ StrList = tuple[Str, ...]
 # Sizes, counts and durations that must be above zero.
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
 
 # Every section refuses keys it does not declare.
 _SECTION = ConfigDict(extra="forbid")
@@ -111,9 +110,6 @@ class UpstreamConfig:
     stall_timeout_s: PositiveFloat = 300.0
     pool_size: PositiveInt = 1000
     ready_timeout_s: Float = 1.0
-    # The callback relay polls a lone exchange's wait up to this long before the loop sleeps
-    # (gateway.relay.http_client.IdlePoll); 0: never.
-    idle_poll_us: NonNegativeInt = 200
 
 
 @dataclass(frozen=True, config=_SECTION)

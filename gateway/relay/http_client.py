@@ -593,9 +593,7 @@ class HttpPool:
         self.idle: list[Connection] = []
         self.waiters: deque[asyncio.Future[Connection | None]] = deque()
         self.closed = False
-        poll = timeouts.idle_poll_us / 1e6
-        # send_on()'s writes, and the callback relay's.
-        self.outbox = Outbox(self.loop, IdlePoll(self.loop, poll, self._lone) if poll > 0 else None)
+        self.outbox = Outbox(self.loop)  # send_on()'s writes
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -806,38 +806,6 @@ async def test_idle_poll_keeps_the_loop_polling_until_its_deadline() -> None:
     assert round((clock.now - start) / 0.0001) in (50, 51)  # a step an iteration, to the deadline
 
 
-async def test_the_pool_polls_a_lone_exchange_unless_switched_off() -> None:
-    async with Server(echo) as server:
-        off = HttpPool(server.url, timeouts(idle_poll_us=0))
-        assert off.outbox.poll is None
-        pool = HttpPool(server.url, timeouts())
-        poll = pool.outbox.poll
-        assert poll is not None and poll.limit == pytest.approx(200e-6)  # the default
-        assert poll.lone()  # nothing in flight
-        first, second = await pool.connection(), await pool.connection()
-        assert not poll.lone()  # two exchanges in flight
-        pool.release(second)
-        assert poll.lone()
-        # The relay's exchanges go through the outbox, which tells the poll after each pass.
-        done = asyncio.Event()
-
-        class Sink:
-            def pump(self) -> None:
-                if first.message_done:
-                    pool.release(first)
-                    done.set()
-
-        pool.send_on(first, pool.head("POST", "/v1/x", {}, 2), b"{}", Sink())
-        assert poll.since == 0.0
-        await asyncio.wait_for(done.wait(), 5)
-        assert poll.since > 0.0  # the outbox's write was lone: its wait is being measured
-        pool.close()
-        off.close()
-
-
-# --- the client of HttpUpstream, whatever serves the gateway ------------------------------------
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_http_upstream_runs_on_this_client_under_stock_uvicorn(gateway_config: Any) -> None:
     """What ``manage.py serve`` falls back to on a uvicorn mismatch (stock ``httptools`` protocol, no
