@@ -50,13 +50,30 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class _HttpState:
     """One HTTP request's bookkeeping in :class:`GatewayASGIMiddleware`."""
 
-    __slots__ = ("body_read", "received", "refused", "status")
+    __slots__ = ("body_read", "late", "reader", "received", "refused", "status", "timer")
 
     def __init__(self) -> None:
         self.status = 0  # set when the response starts
         self.refused = False  # answered here (body ceiling, read timeout): the app is ignored
         self.received = 0
         self.body_read = False  # the request's last body message has arrived
+        # The body's read deadline: one timer, armed at the first receive(); past it the request is
+        # late, and a receive() waiting for the body is interrupted. (An asyncio.timeout around
+        # each receive() would cost a timer and a context manager per call.)
+        self.timer: asyncio.TimerHandle | None = None
+        self.late = False
+        self.reader: asyncio.Task[Any] | None = None  # the task waiting in receive(), if any
+
+    def read_due(self) -> None:
+        self.timer = None
+        self.late = True
+        if self.reader is not None:
+            self.reader.cancel()
+
+    def read_done(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 def head_refusal(scope: Scope, limits: ServerConfig) -> errors.GatewayError | None:
@@ -114,6 +131,7 @@ class GatewayASGIMiddleware:
         loop = asyncio.get_running_loop()
         read_by = loop.time() + read_timeout  # the body's deadline, from its head's arrival
         state = _HttpState()
+        timed_out = errors.request_timeout
         rid_header = (b"x-request-id", rid.encode("latin-1"))
 
         async def send_wrapper(message: Message) -> None:
@@ -131,18 +149,33 @@ class GatewayASGIMiddleware:
                 return {"type": "http.disconnect"}
             if state.body_read:
                 return await receive()  # the app waits for a disconnect: no deadline
-            try:
-                async with asyncio.timeout_at(read_by):
-                    message = await receive()
-            except TimeoutError:
-                await self._refuse(scope, send_wrapper, state, errors.request_timeout(read_timeout))
+            if state.late:
+                await self._refuse(scope, send_wrapper, state, timed_out(read_timeout))
                 return {"type": "http.disconnect"}
-            if message["type"] == "http.request":
+            if state.timer is None:
+                state.timer = loop.call_at(read_by, state.read_due)
+            reader = state.reader = asyncio.current_task()
+            try:
+                message = await receive()
+            except asyncio.CancelledError:
+                # Ours (the deadline), unless someone else cancelled the reader too.
+                if not state.late or reader is None or reader.uncancel() > 0:
+                    raise
+                await self._refuse(scope, send_wrapper, state, timed_out(read_timeout))
+                return {"type": "http.disconnect"}
+            finally:
+                state.reader = None
+            if message["type"] != "http.request":
+                state.body_read = True  # a disconnect: nothing more to wait for
+                state.read_done()
+            else:
                 state.received += len(message.get("body", b""))
                 if state.received > limit:
                     await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
                     return {"type": "http.disconnect"}
-                state.body_read = not message.get("more_body", False)
+                if not message.get("more_body", False):
+                    state.body_read = True
+                    state.read_done()
             return message
 
         try:
@@ -157,6 +190,7 @@ class GatewayASGIMiddleware:
             logging.getLogger("gateway").exception("unhandled error on %s", scope.get("path", ""))
             await errors.asgi_send(send_wrapper, errors.as_gateway_error(exc), scope)
         finally:
+            state.read_done()
             finish(passage, state.status)  # no response: the client went away first (499)
 
     async def _refuse(self, scope: Scope, send: Send, state: _HttpState, exc: errors.GatewayError) -> None:
