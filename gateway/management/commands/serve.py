@@ -68,6 +68,8 @@ def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[
         "port": port,
         "workers": workers,
         "loop": "uvloop",
+        # httptools, not h11: h11's buffer bound on a head (h11_max_incomplete_event_size) costs far
+        # more CPU per request than the ingress that bounds it anyway (docs/performance.md).
         "http": "httptools",
         "ws": "websockets-sansio",  # uvicorn's legacy "websockets" leaks memory per connection
         # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work, and
