@@ -14,13 +14,12 @@ The load generator is a raw keep-alive HTTP/1.1 client (uvloop + httptools), one
 concurrent worker, so it costs little CPU next to the servers it measures.
 
     .venv/bin/python bench/passthrough.py --reference /work/ref-venv/bin/agentic-server \\
-        [--seconds 3] [--rounds 2] [--concurrency 1,16,64] [--relay-off]
+        [--seconds 3] [--rounds 2] [--concurrency 1,16,64]
         [--before DIR [--before-workers N]]
 
-``--relay-off`` adds our gateway with ``[server] direct_relay = false``; ``--before DIR`` adds the
-gateway of another checkout (``git worktree add DIR <commit>``), so a change is measured against
-what it changes in one run, interleaved, on the same machine (with one server process unless
-``--before-workers`` says otherwise).
+``--before DIR`` adds the gateway of another checkout (``git worktree add DIR <commit>``), so a
+change is measured against what it changes in one run, interleaved, on the same machine (with one
+server process unless ``--before-workers`` says otherwise).
 """
 
 from __future__ import annotations
@@ -230,8 +229,6 @@ def start_servers(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, int], 
         targets["ours" if workers == 1 else f"ours-w{workers}"] = gateway.port
         PIDS[gateway.port] = gateway.proc.pid  # with its workers, if it has any
     extra: list[tuple[str, dict[str, str], Path]] = []
-    if args.relay_off:
-        extra.append(("ours-relay-off", {"GATEWAY_SERVER_DIRECT_RELAY": "false"}, ROOT))
     if args.before:
         extra.append(
             ("before", {"GATEWAY_SERVER_WORKERS": str(args.before_workers)}, Path(args.before).resolve())
@@ -298,11 +295,6 @@ def main() -> None:
         "--workers",
         default="1",
         help="our gateway's server processes; a list (1,2) starts one gateway per value",
-    )
-    parser.add_argument(
-        "--relay-off",
-        action="store_true",
-        help="also run our gateway with [server] direct_relay = false (the ASGI fast path only)",
     )
     parser.add_argument(
         "--before",

@@ -116,6 +116,9 @@ class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_size_bytes: PositiveInt = 10 * MiB
+    # Request line and headers together (431, or 414 for a request line, beyond it), the number of
+    # header fields (431), and how long a request's body may take to arrive after its head (408).
+    # A head's own read timeout is the ingress's (docs/operations.md).
     max_request_head_size_bytes: PositiveInt = 64 * 1024
     max_request_headers: PositiveInt = 100
     request_read_timeout_s: PositiveFloat = 30.0
@@ -129,7 +132,6 @@ class ServerConfig(_Section):
     sse_keepalive_s: float = 15.0
     asgi_server: Literal["uvicorn", "daphne"] = "uvicorn"
     workers: NonNegativeInt = 0  # 0: see Config.server_workers
-    direct_relay: bool = True
     shutdown_grace_s: NonNegativeFloat = 30.0
 
 
@@ -139,8 +141,6 @@ class UpstreamConfig(_Section):
     stall_timeout_s: PositiveFloat = 300.0
     pool_size: PositiveInt = 1000
     ready_timeout_s: float = 1.0
-    # Accepted for old configs; unused since the callback relay and its client are gone.
-    idle_poll_us: NonNegativeInt = 200
 
 
 class PassthroughConfig(_Section):

@@ -428,9 +428,13 @@ def uri_too_long(limit: int) -> GatewayError:
     return UriTooLong(f"The request line exceeds the maximum size of {limit} bytes.", headers=_CLOSE)
 
 
-def malformed_request() -> GatewayError:
-    """The 400 for bytes that are not an HTTP/1.1 request (an unknown method, a broken request line)."""
-    return BadRequest("Invalid HTTP request received.", code="invalid_http_request", headers=_CLOSE)
+def shutting_down() -> GatewayError:
+    """The 503 for a request that arrives while the server drains (SIGTERM; ``gateway.lifecycle``)."""
+    return ServiceUnavailable(
+        "The server is shutting down; send this request again on a new connection.",
+        code="server_shutting_down",
+        headers=_CLOSE,
+    )
 
 
 def render(exc: GatewayError, path: str, request_id: str | None) -> tuple[int, bytes, dict[str, str]]:

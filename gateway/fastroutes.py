@@ -3,8 +3,7 @@
 Two kinds:
 
 - :data:`RELAYED`: pass-through routes (a :class:`gateway.passthrough.Route` each), relayed byte for
-  byte by :func:`gateway.passthrough.relay` on the ASGI path, or by the callback relay
-  (``gateway.relay``) under ``manage.py serve``. The gateway app registers Chat Completions,
+  byte by :func:`gateway.passthrough.relay`. The gateway app registers Chat Completions,
   Completions, Embeddings, Audio, vLLM's own routes (``passthrough.VLLM_ROUTES``), the operator's
   ``[passthrough] extra_routes`` and the Anthropic Messages routes.
 - :data:`HANDLERS`: paths an app serves with its own ASGI handler (``responses_app`` registers

@@ -1,12 +1,14 @@
 """The server process's life: graceful shutdown (the drain) and its periodic jobs (the lease sweep).
 
-Shutdown (``docs/operations.md``): on SIGTERM uvicorn stops accepting and asks every connection to
-shut down; the gateway's protocols (:mod:`gateway.relay.protocol`) then :meth:`Drain.begin` instead of
-cutting WebSockets at once. Every running response runs inside :func:`interruptible`: it may finish
-until ``[server] shutdown_grace_s`` has passed; then it is interrupted and ends with a ``failed``
-terminal event and a stored ``failed`` row, so every id a client saw is retrievable. WebSocket
-consumers close their connections themselves once their last terminal event is sent
-(:meth:`Drain.listen`). uvicorn's own ``timeout_graceful_shutdown`` (the grace plus
+Shutdown (``docs/operations.md``): SIGTERM first reaches :func:`drain_on_signal`'s handler, which
+begins the drain (:meth:`Drain.begin`) and hands the signal on to the server (uvicorn stops accepting
+and shuts its connections down) once every WebSocket has closed, or the grace and the flush margin
+are nearly over: uvicorn would cut an open WebSocket at once. Every running response runs inside
+:func:`interruptible`: it may finish until ``[server] shutdown_grace_s`` has passed; then it is
+interrupted and ends with a ``failed`` terminal event and a stored ``failed`` row, so every id a
+client saw is retrievable. WebSocket consumers close their connections themselves once their last
+terminal event is sent (:meth:`Drain.listen`); new HTTP requests are refused with a 503 meanwhile
+(``gateway.middleware``). uvicorn's own ``timeout_graceful_shutdown`` (the grace plus
 :data:`FLUSH_MARGIN_S`) is the backstop that cancels whatever is still running after that.
 
 The ASGI ``lifespan`` app (:func:`lifespan`) starts the periodic jobs registered with
@@ -20,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -49,7 +53,7 @@ class Interruptible:
 
 
 class Drain:
-    """This process's shutdown: started once, by the first protocol that is asked to shut down."""
+    """This process's shutdown: started once, by SIGTERM (or the lifespan's end)."""
 
     def __init__(self) -> None:
         self.deadline: float | None = None  # loop time after which running work is interrupted
@@ -57,6 +61,7 @@ class Drain:
         # Work that must end before the process may exit, interrupted or not: a run's failure being
         # stored after its interruption (see :meth:`held`).
         self.holds = 0
+        self.websockets = 0  # WebSocket connections open (gateway.middleware counts them)
         self._listeners: set[Callable[[], None]] = set()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -109,6 +114,13 @@ class Drain:
         loop = asyncio.get_running_loop()
         end = (self.deadline if self.deadline is not None else loop.time()) + FLUSH_MARGIN_S
         while (self.runs or self.holds) and loop.time() < end:
+            await asyncio.sleep(0.05)
+
+    async def wait_websockets_closed(self) -> None:
+        """Until every WebSocket has closed, or the deadline and the flush margin are nearly over."""
+        loop = asyncio.get_running_loop()
+        end = (self.deadline if self.deadline is not None else loop.time()) + FLUSH_MARGIN_S - 1.0
+        while self.websockets and loop.time() < end:
             await asyncio.sleep(0.05)
 
     def reset(self) -> None:
@@ -199,6 +211,7 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if message["type"] == "lifespan.startup":
             from django.apps import apps
 
+            drain_on_signal(asyncio.get_running_loop())
             apps.check_apps_ready()  # the apps register their jobs when they are loaded
             tasks = [asyncio.create_task(job()) for job in _startup]
             await send({"type": "lifespan.startup.complete"})
@@ -215,3 +228,28 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
                     log.exception("a shutdown job failed")
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+def drain_on_signal(loop: asyncio.AbstractEventLoop) -> None:
+    """Put the drain in front of the server's SIGTERM handler (uvicorn's, installed by then).
+
+    uvicorn's shutdown cuts every open WebSocket with 1012 at once; here SIGTERM begins the drain
+    and reaches the server's handler only once the WebSockets have closed themselves (bounded by
+    the grace and the flush margin). A second SIGTERM goes straight to the server.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # a server in a thread (tests): signals are the main thread's
+    server_handler = signal.getsignal(signal.SIGTERM)
+    if not callable(server_handler):
+        return
+
+    async def drain_then_stop(frame: Any) -> None:
+        drain.begin()
+        await drain.wait_websockets_closed()
+        server_handler(signal.SIGTERM, frame)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, server_handler)
+        loop.call_soon_threadsafe(lambda: keep_running(loop.create_task(drain_then_stop(frame))))
+
+    signal.signal(signal.SIGTERM, on_sigterm)

@@ -9,9 +9,8 @@ stream the upstream breaks off ends with an Anthropic ``error`` event.
 
 A request that declares a server tool the gateway runs (web search, web fetch) is not relayed: the
 route's ``divert`` (:func:`gateway.messages_tools.declares_gateway_tools`, the one decision) sends
-it to the server-tool loop on the ASGI path, from :func:`gateway.passthrough.relay` and from the
-callback relay below ASGI alike (``gateway.relay.callbacks``: it hands the request to the ASGI app
-once the body is in). ``count_tokens`` of such a request is diverted the same way, to be counted
+it to the server-tool loop (from :func:`gateway.passthrough.relay`, once the body is in).
+``count_tokens`` of such a request is diverted the same way, to be counted
 with the tools as the loop sends them upstream.
 """
 

@@ -9,9 +9,8 @@ streamed to the upstream while the client is still sending them, so a file is ne
 The routes are registered in :mod:`gateway.fastroutes` and served at the ASGI layer by
 :mod:`gateway.fastpath` (below Django, above nothing but ``GatewayASGIMiddleware``), because Django's
 request handling costs more than the relay itself; see ``docs/performance.md``. :func:`relay` is the
-one implementation of the ASGI path every pass-through route uses; the Anthropic routes
-(:mod:`gateway.messages`) use it too. Under ``manage.py serve`` most requests are relayed below ASGI
-instead (``gateway.relay``), with the same rules (``gateway.pipeline``).
+one implementation every pass-through route uses; the Anthropic routes (:mod:`gateway.messages`)
+use it too.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ class Route:
     stream_error: Callable[[errors.GatewayError], bytes] = openai_stream_error
     methods: frozenset[str] = field(default_factory=lambda: frozenset({"POST"}))
     # A request whose body ``divert`` says yes to is served by ``diverted`` on the ASGI path instead
-    # of being relayed (the Messages server-tool loop); the relay below ASGI hands such a request
-    # to the ASGI app once its body is in. ``diverted`` gets the headers to forward.
+    # of being relayed (the Messages server-tool loop). ``diverted`` gets the headers to forward.
     divert: Callable[[bytes], bool] | None = None
     diverted: Callable[..., Awaitable[None]] | None = None
 

@@ -1,10 +1,10 @@
-"""The one rule pipeline: every serving path admits a request with :func:`admit` and ends it with
-:func:`finish`.
+"""The one rule pipeline: every serving path admits a request with :func:`admitted` and ends it
+with :func:`finish`.
 
 The paths are the ASGI stack (``GatewayASGIMiddleware`` for every HTTP request, then
-``gateway.fastpath`` for the pass-through routes or the Responses fast path), the callback relay
-below ASGI (``gateway.relay``) and, where a rule applies to it, the WebSocket side. None of them
-carries a copy of a rule; each calls these functions:
+``gateway.fastpath`` for the pass-through routes or the Responses fast path) and, where a rule
+applies to it, the WebSocket side. None of them carries a copy of a rule; each calls these
+functions:
 
 - :class:`Passage` (its constructor) is the start of a request: its request id (the caller's sane
   ``X-Request-Id`` or a new one), the log context (``gateway.logging.request_id_var``), the
@@ -13,15 +13,14 @@ carries a copy of a rule; each calls these functions:
 - :func:`admit`: CORS (the headers django-cors-headers adds, kept on the passage for every answer),
   authentication, the route's methods, in that order. It raises the refusal, a
   :class:`~gateway.errors.GatewayError` (the one exception set every path answers); it returns None
-  when authentication has to wait for I/O (OIDC, a key snapshot to load), and then the caller
-  awaits :func:`admit_waiting`, which goes on from there. :func:`admitted` is both for a caller
-  that can await.
+  when authentication has to wait for I/O (OIDC, a key snapshot to load). :func:`admitted` awaits
+  that too.
 - :func:`finish`: metrics, the in-flight gauge, the access log, 499 for a request that was never
   answered in full, the timing, and the log context reset.
 
 The ASGI stack opens the passage in ``GatewayASGIMiddleware`` (for every request, Django's views
 too: the request id and the body ceiling apply everywhere) and keeps it in the scope
-(:data:`PASSAGE`); the fast paths admit it. The relay does both steps itself, on callbacks.
+(:data:`PASSAGE`); the fast paths admit it.
 """
 
 from __future__ import annotations
@@ -63,15 +62,12 @@ class Passage:
         path: str,
         incoming_id: str | None,
         declared: str | None,
-        *,
-        log_context: bool = True,
     ) -> None:
         self.method = method
         self.path = path
         self.request_id = rid = request_id_for(incoming_id)
-        # A path running in a task of its own sets the log context for the whole request; the relay
-        # (callbacks of the connection's context) sets it around each of its steps (enter/leave).
-        self.token: contextvars.Token[str] | None = request_id_var.set(rid) if log_context else None
+        # The log context for the whole request (its task's), reset by finish().
+        self.token: contextvars.Token[str] | None = request_id_var.set(rid)
         self.started = time.perf_counter()
         self.status = 0  # the answer's status once it is complete; 0: not answered (yet)
         self.cors: RawHeaders = _NO_HEADERS
@@ -81,33 +77,16 @@ class Passage:
             self.refusal = errors.payload_too_large(limit)
         in_flight(1)
 
-    def enter(self) -> contextvars.Token[str]:
-        """Set the request's log context for one step of a request driven by callbacks."""
-        return request_id_var.set(self.request_id)
-
-
-def leave(token: contextvars.Token[str]) -> None:
-    request_id_var.reset(token)
-
 
 def admit(
     passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD
 ) -> AuthResult | None:
     """CORS, authentication and the method (``methods`` empty: any). Raises the refusal; None:
-    authentication must wait, await :func:`admit_waiting` with the same arguments."""
+    authentication must wait for I/O (:func:`admitted` waits)."""
     passage.cors = cors_headers(passage.method, passage.path, headers)
     auth = authenticate_now(passage.path, headers)
     if auth is None:
         return None
-    _check_method(passage, methods)
-    return auth
-
-
-async def admit_waiting(
-    passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD
-) -> AuthResult:
-    """The rest of :func:`admit` when authentication had to wait."""
-    auth = await authenticate(passage.path, headers)
     _check_method(passage, methods)
     return auth
 
@@ -118,7 +97,8 @@ async def admitted(
     """:func:`admit`, waiting for authentication when it has to."""
     auth = admit(passage, headers, methods)
     if auth is None:
-        auth = await admit_waiting(passage, headers, methods)
+        auth = await authenticate(passage.path, headers)
+        _check_method(passage, methods)
     return auth
 
 
@@ -143,16 +123,6 @@ def finish(passage: Passage, status: int, route: str | None = None) -> None:
         time.perf_counter() - passage.started,
         passage.request_id,
     )
-    token, passage.token = passage.token, None
-    if token is not None:
-        request_id_var.reset(token)
-
-
-def release(passage: Passage) -> None:
-    """The request leaves this path unanswered, for another that admits and finishes it (the
-    callback relay handing a request to the ASGI path): in-flight and the log context undone,
-    nothing recorded."""
-    in_flight(-1)
     token, passage.token = passage.token, None
     if token is not None:
         request_id_var.reset(token)

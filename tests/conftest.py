@@ -108,21 +108,12 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
     config_module.set_config(original)
 
 
-def serve_gateway(kind: str = "relay-on") -> Iterator[LiveServer]:
-    """The real ASGI application served by uvicorn on a loopback port.
-
-    ``relay-on``: with the protocol ``manage.py serve`` runs (pass-through routes relayed below ASGI
-    by ``gateway.relay.callbacks`` where it can); ``relay-off``: what it runs with ``[server]
-    direct_relay = false``, every request through the ASGI app (``gateway.fastpath`` for the
-    pass-through routes), as daphne and other servers serve it.
-    """
+def serve_gateway() -> Iterator[LiveServer]:
+    """The real ASGI application served by uvicorn on a loopback port, as ``manage.py serve`` runs it."""
     from gateway.asgi import application
-    from gateway.relay.protocol import GatewayHttpProtocol, GatewayServerProtocol
     from inference_app.upstream import close_upstreams
 
-    protocols = {"relay-on": GatewayServerProtocol, "relay-off": GatewayHttpProtocol}
-    protocol = protocols[kind]
-    server = LiveServer(application, on_stop=close_upstreams, http=protocol).start()
+    server = LiveServer(application, on_stop=close_upstreams).start()
     yield server
     server.stop()
 

@@ -117,14 +117,13 @@ class LiveServer:
     ) -> None:
         self.port = port or free_port()
         self.on_stop = on_stop
-        from gateway.relay.protocol import GatewayHttpProtocol
-
-        # The protocol `manage.py serve` runs, so the tests exercise what production serves.
+        # The protocols `manage.py serve` runs, so the tests exercise what production serves.
         options = {
             "log_level": "warning",
             "lifespan": "off",
             "access_log": False,
-            "http": GatewayHttpProtocol,
+            "http": "httptools",
+            "ws": "websockets-sansio",
         }
         options.update(uvicorn_options)
         self.server = _PromptServer(uvicorn.Config(app, host="127.0.0.1", port=self.port, **options))

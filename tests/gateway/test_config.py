@@ -27,8 +27,6 @@ def test_defaults() -> None:
     assert c.responses.prompt_cache_options_supported is False
     assert c.tools.max_concurrent_gateway_calls == 5
     assert c.server.debug is False
-    assert c.upstream.idle_poll_us == 200
-    assert load_config({"GATEWAY_UPSTREAM_IDLE_POLL_US": "0"}).upstream.idle_poll_us == 0  # off
     assert not c.oidc_enabled and not c.broker_enabled
 
 
@@ -142,7 +140,6 @@ def test_file_refusals_name_the_setting(tmp_path: Path, text: str, named: str) -
         ({"PORT": "70000"}, "server.port: must be between"),
         ({"GATEWAY_DEBUG": "maybe"}, "GATEWAY_DEBUG: must be a boolean"),
         ({"GATEWAY_RESPONSES_MAX_RETAINED_BYTES": "-1"}, "responses.max_retained_bytes: must be positive"),
-        ({"GATEWAY_UPSTREAM_IDLE_POLL_US": "-1"}, "upstream.idle_poll_us: must not be negative, got -1"),
         ({"REDIS_URL": "http://x"}, "REDIS_URL: must be a redis:// URL"),
         (
             {"GATEWAY_CONFIG": "/nonexistent/config.toml"},

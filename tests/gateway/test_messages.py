@@ -14,7 +14,6 @@ import httpx
 import orjson
 import pytest
 
-from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401  (every test both ways)
 from tests.servers import LiveServer, free_port
 from tests.upstream import (
     Gate,

@@ -8,8 +8,7 @@ client sees ``server_tool_use`` + ``web_search_tool_result`` / ``web_fetch_tool_
 final answer, never the hidden ``tool_use``; ``end_turn`` after a client tool call becomes
 ``tool_use``; usage is summed; each round is validated before any tool runs.
 
-Most tests run on ``manage.py serve``'s protocol (the relay below ASGI must hand these requests to
-the ASGI path); ``test_every_serving_path_runs_the_loop`` runs all three paths.
+The tests run on the gateway as ``manage.py serve`` serves it (uvicorn, on a loopback port).
 """
 
 from __future__ import annotations
@@ -236,15 +235,14 @@ def test_pings_keep_the_stream_alive_while_tools_run(
     assert ("ping", {"type": "ping"}) in events
 
 
-def test_every_serving_path_runs_the_loop(
+def test_the_served_gateway_runs_the_loop_and_relays_a_body_without_gateway_tools(
     upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any, transactional_db: None
 ) -> None:
-    """The relay below ASGI hands the request to the ASGI path; with the relay off the ASGI path
-    serves it directly: both run the loop, and a body without gateway tools is still relayed byte
+    """On the served gateway the loop runs, and a body without gateway tools is still relayed byte
     for byte."""
     gateway_config(llm_api_base=upstream.url, web_search__base_url=provider.url)
-    for kind in ("relay-on", "relay-off"):
-        for live in serve_gateway(kind):
+    for live in serve_gateway():
+        for kind in ("first", "second"):
             upstream.script(
                 "/v1/messages", json_answer(anthropic_tool_message([("c1", "web_search", {"query": kind})]))
             )
@@ -273,9 +271,8 @@ def test_every_serving_path_runs_the_loop(
 def test_pipelined_requests_are_handed_over_in_order(
     gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider
 ) -> None:
-    """Three requests in one write on one connection: the first (relayed on a lean cycle) and the
-    third (queued by uvicorn, relayed on its cycle) declare a server tool and are handed to the
-    ASGI path; the second is relayed. Each gets its own answer, in order."""
+    """Three requests in one write on one connection: the first and the third declare a server
+    tool and run the loop; the second is relayed. Each gets its own answer, in order."""
     import socket
 
     from tests.servers import sized_answers

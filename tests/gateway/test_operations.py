@@ -299,50 +299,6 @@ def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # typ
 
 
 @pytest.mark.process
-def test_workers_share_new_connections(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """With `[server] workers = 2` each worker accepts on a socket of its own (SO_REUSEPORT), so a
-    burst of new connections is spread over both instead of landing on whichever woke first."""
-    from prometheus_client.mmap_dict import MmapedDict
-
-    metrics_dir = tmp_path / "metrics"
-    metrics_dir.mkdir()
-    gw = GatewayProcess(
-        {
-            "LLM_API_BASE": upstream.url,
-            "GATEWAY_SERVER_DATA_DIR": str(tmp_path),
-            "GATEWAY_SERVER_WORKERS": "2",
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),  # kept by `serve`: we read each worker's file
-        }
-    )
-    try:
-        gw.wait()
-
-        async def burst() -> None:
-            clients = [httpx.AsyncClient() for _ in range(32)]  # 32 connections, all open at once
-            try:
-                statuses = await asyncio.gather(*(client.get(f"{gw.url}/v1/nope") for client in clients))
-                assert {response.status_code for response in statuses} == {404}
-            finally:
-                await asyncio.gather(*(client.aclose() for client in clients))
-
-        asyncio.run(burst())
-    finally:
-        gw.stop()
-    answered_by_pid = {}
-    for path in metrics_dir.glob("counter_*.db"):
-        total = 0.0
-        for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)):
-            _, sample, labels, _ = orjson.loads(key)
-            if sample == "gateway_http_requests_total" and labels["status"] == "404":
-                total += value
-        answered_by_pid[path.stem] = total
-    assert sum(answered_by_pid.values()) == 32, answered_by_pid
-    # Spread by the kernel's hash, fewer than 6 of 32 on one worker happens about once in 9,000 runs;
-    # with one shared socket the worker that wakes first takes nearly all of them.
-    assert len(answered_by_pid) == 2 and min(answered_by_pid.values()) >= 6, answered_by_pid
-
-
-@pytest.mark.process
 def test_workers_refuse_a_port_already_taken(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -355,7 +311,7 @@ def test_workers_refuse_a_port_already_taken(tmp_path) -> None:  # type: ignore[
             assert gw.proc.wait(60) != 0
         finally:
             gw.stop()
-    assert f"cannot listen on 127.0.0.1:{port}" in gw.output()
+    assert "Address already in use" in gw.output()  # uvicorn's own message
 
 
 LZ4_COLUMNS = {

@@ -20,7 +20,6 @@ import pytest
 
 from gateway.passthrough import VLLM_ROUTES
 from inference_app.upstream import forward_headers
-from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401  (every test both ways)
 from tests.servers import GatewayProcess, LiveServer, free_port
 from tests.upstream import (
     DONE,

@@ -1,7 +1,6 @@
 """The one rule pipeline (``gateway.pipeline``): what ``Passage``, ``admit`` and ``finish`` do, in the
-order every path applies them. The paths themselves are tested against live servers (relay on and
-off) in ``test_passthrough.py``, ``test_messages.py``, ``test_direct_relay.py`` and
-``tests/responses/test_fastpath_cache.py``."""
+order every path applies them. The paths themselves are tested against live servers in
+``test_passthrough.py``, ``test_messages.py`` and ``tests/responses/test_fastpath_cache.py``."""
 
 from __future__ import annotations
 
@@ -34,16 +33,6 @@ def test_a_passage_sets_the_log_context_and_finish_resets_it() -> None:
     assert _in_flight() == before + 1 and passage.refusal is None
     finish(passage, 200)
     assert request_id_var.get() == "-" and _in_flight() == before
-
-
-def test_the_relay_sets_the_log_context_step_by_step() -> None:
-    passage = Passage("POST", "/v1/chat/completions", None, None, log_context=False)
-    assert request_id_var.get() == "-"
-    token = passage.enter()
-    assert request_id_var.get() == passage.request_id
-    request_id_var.reset(token)
-    finish(passage, 200)
-    assert request_id_var.get() == "-"
 
 
 def test_an_insane_request_id_is_replaced() -> None:
@@ -130,10 +119,3 @@ def test_the_serving_code_imports_no_app(module: str) -> None:
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     ] + [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert not [name for name in imported if name.split(".")[0] in ("responses_app", "conversations_app")]
-
-
-def test_the_relay_imports_nothing_of_the_protocol_module() -> None:
-    """callbacks -> protocol would close the direct <-> server cycle again."""
-    tree = ast.parse((ROOT / "gateway" / "relay" / "callbacks.py").read_text())
-    modules = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
-    assert "gateway.relay.protocol" not in modules and "gateway.relay" not in modules

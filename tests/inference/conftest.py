@@ -170,15 +170,13 @@ def _serve_gateway(config: config_module.Config) -> Iterator[str]:
     from django.test.utils import override_settings
 
     from gateway.asgi import application
-    from gateway.relay.protocol import GatewayServerProtocol
     from inference_app import upstream
 
     original = config_module.get_config()
     config_module.set_config(config)
     upstream._upstreams.clear()
     with override_settings(ROOT_URLCONF="tests.inference.urls_relay"):
-        # The protocol `manage.py serve` runs: pass-through requests take the direct relay.
-        server = LiveServer(application, http=GatewayServerProtocol).start()
+        server = LiveServer(application).start()
         try:
             yield server.url
         finally:

@@ -8,7 +8,6 @@ import pytest
 from django.db import connection
 
 from responses_app.models import Response
-from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401 (relay on and off)
 from tests.responses.conftest import Gateway, check_sdk_event
 from tests.responses.scripts import text
 

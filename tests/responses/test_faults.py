@@ -383,7 +383,11 @@ def test_sigterm_drains_http_sse_and_websocket_within_the_grace(
             await asyncio.sleep(0.3)
             os.kill(gw.proc.pid, signal.SIGTERM)
             sent = time.monotonic()
+            await asyncio.sleep(0.5)
+            # Draining: a new request is refused (the WebSocket keeps the server up meanwhile).
+            late = await client.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "late"})
             done = {name: await task for name, task in tasks.items()}
+            done["late"] = late
             done["elapsed"] = time.monotonic() - sent
             await asyncio.get_running_loop().run_in_executor(None, gw.proc.wait, 20)
             done["exited"] = time.monotonic() - sent
@@ -397,6 +401,9 @@ def test_sigterm_drains_http_sse_and_websocket_within_the_grace(
     assert done["elapsed"] < GRACE_S + 5.0
     assert done["exited"] < GRACE_S + 8.0
     assert done["sse_short"][-1]["type"] == "response.completed"
+    late = done["late"]
+    assert (late.status_code, late.json()["error"]["code"]) == (503, "server_shutting_down")
+    assert late.headers["connection"] == "close"
     long_sse = done["sse_long"]
     assert long_sse[0]["type"] == "response.created" and long_sse[-1]["type"] == "response.failed"
     assert "shut down" in long_sse[-1]["response"]["error"]["message"]

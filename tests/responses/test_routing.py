@@ -9,7 +9,6 @@ import orjson
 import pytest
 
 from responses_app.models import Response
-from tests.gateway.both_ways import live_gateway_both_ways  # noqa: F401 (relay on and off)
 from tests.responses.conftest import Gateway, sse_events
 from tests.responses.scripts import Script, handler, responses_events, text
 

@@ -1,8 +1,8 @@
-"""``manage.py serve``: the production server (uvicorn with uvloop/httptools, or daphne)."""
+"""``manage.py serve``: the production server, configured through its public API (uvicorn with
+uvloop/httptools and its own worker processes, or daphne)."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from typing import Any
 
@@ -50,31 +50,30 @@ class Command(BaseCommand):
             from gateway.metrics import use_multiprocess_dir
 
             use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
-
-        config_kwargs = uvicorn_options(config, host, port, workers)
-        if workers > 1 and hasattr(socket, "SO_REUSEPORT"):
-            serve_reuseport(uvicorn.Config("gateway.asgi:application", **config_kwargs))
-            return
-        uvicorn.run("gateway.asgi:application", **config_kwargs)
+        # uvicorn's own worker processes (its supervisor) when workers > 1.
+        uvicorn.run("gateway.asgi:application", **uvicorn_options(config, host, port, workers))
 
 
 def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[str, Any]:
-    """The ``uvicorn.Config`` options the gateway is served with (tests serve with them too)."""
-    from gateway.lifecycle import FLUSH_MARGIN_S
-    from gateway.relay import protocols
+    """The ``uvicorn.Config`` options the gateway is served with (tests serve with them too).
 
-    # The relay's protocols (the [server] request limits, the drain on SIGTERM, and the relay
-    # below ASGI unless direct_relay = false), or stock uvicorn when it is not the uvicorn they
-    # are built on (one warning).
-    http, ws = protocols(config.server.direct_relay)
+    The ``[server]`` limits uvicorn has no setting for are held above it (``gateway.middleware``:
+    head size, header count, body read timeout) or by the ingress in front (a head's read timeout,
+    ``docs/operations.md``); the drain on SIGTERM is ``gateway.lifecycle``'s.
+    """
+    from gateway.lifecycle import FLUSH_MARGIN_S
+
     return {
         "host": host,
         "port": port,
         "workers": workers,
         "loop": "uvloop",
-        "http": http,
-        "ws": ws,
-        # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work.
+        # httptools, not h11: h11's buffer bound on a head (h11_max_incomplete_event_size) costs far
+        # more CPU per request than the ingress that bounds it anyway (docs/performance.md).
+        "http": "httptools",
+        "ws": "websockets-sansio",  # uvicorn's legacy "websockets" leaks memory per connection
+        # The lease sweep runs as a lifespan job; the lifespan's end waits for in-process work, and
+        # its start puts the drain in front of uvicorn's SIGTERM handler.
         "lifespan": "on",
         # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
         # failed (gateway.lifecycle); uvicorn cancels whatever still runs after the margin.
@@ -87,45 +86,3 @@ def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[
         "ws_max_size": config.server.max_request_body_size_bytes + 1,
         "timeout_keep_alive": 75,
     }
-
-
-def serve_reuseport(config: Any) -> None:
-    """uvicorn's worker processes, each accepting on a listening socket of its own (``SO_REUSEPORT``).
-
-    With one shared socket (uvicorn's way) the worker that wakes first accepts every connection
-    waiting, so a burst of new connections lands on one process while the others idle
-    (64 connections split 64/0 or 52/12). With a socket per worker the
-    kernel spreads connections across them. The parent binds one too, never listening on it: it
-    holds the port and fails early when the port is taken.
-    """
-    from uvicorn.supervisors import Multiprocess
-
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    address = (config.host, config.port)
-    try:
-        held = _reuseport_socket(family, address)
-    except OSError as exc:
-        sys.exit(f"cannot listen on {config.host}:{config.port}: {exc}")
-    try:
-        Multiprocess(config, sockets=[_WorkerSocket(family, address)]).run()  # type: ignore[list-item]
-    finally:
-        held.close()
-
-
-def _reuseport_socket(family: int, address: tuple[str, int]) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(address)
-    return sock
-
-
-class _WorkerSocket:
-    """Handed to each worker process (pickled) as a socket that worker binds for itself."""
-
-    def __init__(self, family: int, address: tuple[str, int]) -> None:
-        self.family = family
-        self.address = address
-
-    def __reduce__(self) -> tuple[Any, tuple[int, tuple[str, int]]]:
-        return _reuseport_socket, (self.family, self.address)
