@@ -7,7 +7,7 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
-    from gateway.config import ConfigError, get_config
+    from gateway.core.config import ConfigError, get_config
 
     try:
         get_config()

@@ -1,4 +1,4 @@
-"""Per-request cost of inbound authentication (``gateway.auth.authenticate``), in-process.
+"""Per-request cost of inbound authentication (``gateway.core.auth.authenticate``), in-process.
 
 Modes: open gateway, a named API key, and OIDC bearer tokens (RS256 and ES256) verified against a
 real loopback provider (tests/oidc_provider.py) with a warm JWKS cache. Prints microseconds per
@@ -23,9 +23,9 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
-from gateway import config as config_module  # noqa: E402
-from gateway.auth import apikeys, authenticate, reset_caches  # noqa: E402
-from gateway.models import ApiKey  # noqa: E402
+from gateway.core import config as config_module  # noqa: E402
+from gateway.core.auth import apikeys, authenticate, reset_caches  # noqa: E402
+from gateway.core.models import ApiKey  # noqa: E402
 from tests.oidc_provider import AUDIENCE, IdentityProvider  # noqa: E402
 
 N = 5000

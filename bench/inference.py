@@ -178,7 +178,7 @@ def main() -> None:
     if args.model:
         model = Path(args.model)
     else:
-        from inference_app.tiny_model import build_tiny_model
+        from inference_app.engine.tiny_model import build_tiny_model
 
         model = build_tiny_model(work / SERVED)
     py = sys.executable

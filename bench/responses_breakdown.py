@@ -1,7 +1,7 @@
 """Where a stored response's CPU goes, measured in one process (docs/performance.md, issue 16).
 
 ``bench/responses.py`` measures the gateway from outside, against the reference. This script calls
-the one ``POST /v1/responses`` implementation (``responses_app.views.create``) directly, without an
+the one ``POST /v1/responses`` implementation (``responses_app.api.views.create``) directly, without an
 HTTP server, against the same scripted upstream (``bench/responses.py``'s, in another process), and
 prints the CPU per call (``time.process_time``: this process only) of three paths:
 
@@ -68,8 +68,8 @@ async def _run(body: bytes, calls: int, concurrency: int) -> int:
     """``calls`` creates, ``concurrency`` at a time; the number that failed."""
     import orjson
 
-    from gateway.principal import DEFAULT_PRINCIPAL
-    from responses_app import views
+    from gateway.core.principal import DEFAULT_PRINCIPAL
+    from responses_app.api import views
 
     failures = 0
     left = [calls]
@@ -121,7 +121,7 @@ def main() -> None:
 
     import orjson
 
-    from responses_app import services
+    from responses_app.storage import services
 
     def body(store: bool) -> bytes:
         return orjson.dumps({"model": "bench-model", "input": "hi", "store": store})

@@ -9,7 +9,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter
 from django.urls import path
 
 from gateway.asgi import HttpDispatch
-from gateway.middleware import GatewayASGIMiddleware
+from gateway.core.middleware import GatewayASGIMiddleware
 
 
 class Echo(AsyncWebsocketConsumer):

@@ -33,7 +33,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
 import orjson  # noqa: E402
 
-from gateway.config import Config, load_config, replace  # noqa: E402
+from gateway.core.config import Config, load_config, replace  # noqa: E402
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls  # noqa: E402
 from tests.tools.tools_servers import SearchProvider  # noqa: E402
 

@@ -31,8 +31,8 @@ from pydantic import (
     ValidationError,
 )
 
-from gateway import errors
-from gateway.ids import new_id
+from gateway.core import errors
+from gateway.core.ids import new_id
 
 MAX_ITEMS_PER_REQUEST = 20
 METADATA_MAX_PAIRS = 16
@@ -766,7 +766,7 @@ def query_include(query: Any) -> list[str]:
 
 def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str, Any]:
     """An item as the API returns it; members only sent when asked for with ``include``."""
-    if "_gateway" in data:  # the model's private view of a gateway tool item (responses_app.tool_loop)
+    if "_gateway" in data:  # the model's private view of a gateway tool item (responses_app.engine.tool_loop)
         data = {k: v for k, v in data.items() if k != "_gateway"}
     if (
         data.get("type") == "reasoning"

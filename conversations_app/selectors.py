@@ -10,8 +10,8 @@ from django.db.models import QuerySet
 
 from conversations_app.models import Conversation, ConversationItem, Item
 from conversations_app.schemas import invalid_id
-from gateway import errors
-from gateway.ids import has_prefix
+from gateway.core import errors
+from gateway.core.ids import has_prefix
 
 
 class NotFound(errors.NotFound):

@@ -19,8 +19,8 @@ from conversations_app.selectors import (
     conversation_not_found,
     item_not_found,
 )
-from gateway import errors
-from gateway.ids import new_id
+from gateway.core import errors
+from gateway.core.ids import new_id
 
 
 def item_already_in_conversation(item_id: str) -> errors.BadRequest:

@@ -3,7 +3,7 @@
 from django.urls import path
 
 from conversations_app import views
-from gateway.drf import async_view
+from gateway.core.drf import async_view
 
 urlpatterns = [
     path("v1/conversations", async_view(views.ConversationsView)),

@@ -1,10 +1,10 @@
 """The Conversations API (OpenAI-compatible): DRF views over services and selectors.
 
-Each view is thin: DRF authenticates (the caller's principal, ``gateway.drf``) → the body's pydantic
+Each view is thin: DRF authenticates (the caller's principal, ``gateway.core.drf``) → the body's pydantic
 model (``schemas``) checks it with our rules → a service or selector (filtered by the principal's
 owner: another owner's id is a 404) → the answer in its model's shape. The models are what the
-OpenAPI document shows (drf-spectacular's pydantic extension). ``gateway.drf.async_view`` serves
-each view as one :func:`gateway.db.run_orm` call, so requests run side by side, never queued on one
+OpenAPI document shows (drf-spectacular's pydantic extension). ``gateway.core.drf.async_view`` serves
+each view as one :func:`gateway.core.db.run_orm` call, so requests run side by side, never queued on one
 thread.
 """
 
@@ -19,10 +19,10 @@ from rest_framework.response import Response
 
 from conversations_app import schemas, selectors, services
 from conversations_app.models import Conversation, Item
-from gateway.auth import require_stored_state_access
-from gateway.drf import LIST_PARAMETERS, ListPage, ListParams, ResourceView, list_body
-from gateway.http import parse_json_body
-from gateway.openapi import ERROR_RESPONSES
+from gateway.core.auth import require_stored_state_access
+from gateway.core.drf import LIST_PARAMETERS, ListPage, ListParams, ResourceView, list_body
+from gateway.core.http import parse_json_body
+from gateway.core.openapi import ERROR_RESPONSES
 
 TAGS = ["Conversations"]
 INCLUDE = OpenApiParameter(
@@ -55,7 +55,7 @@ def _items(rows: list[Item] | list[dict[str, Any]], include: tuple[str, ...]) ->
 
 class ConversationsResource(ResourceView):
     def check_stored_state_access(self, request: Request) -> None:
-        require_stored_state_access(request)  # the stored-state rule (gateway.auth)
+        require_stored_state_access(request)  # the stored-state rule (gateway.core.auth)
 
 
 def _include(request: Request) -> tuple[str, ...]:

@@ -10,8 +10,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from gateway.auth import apikeys
-from gateway.models import ApiKey
+from gateway.core.auth import apikeys
+from gateway.core.models import ApiKey
 
 # The login page keeps username/password and adds "Log in with SSO" when it is configured.
 admin.site.login_template = "admin/gateway_login.html"

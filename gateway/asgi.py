@@ -26,11 +26,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from gateway import errors  # noqa: E402
-from gateway.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
+from gateway.core import errors  # noqa: E402
+from gateway.core.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
+from gateway.core.lifecycle import lifespan  # noqa: E402
+from gateway.core.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
-from gateway.lifecycle import lifespan  # noqa: E402
-from gateway.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 from gateway.site_middleware import SITE_PREFIXES  # noqa: E402
 

@@ -13,8 +13,8 @@ from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
-from gateway.config import Config, ConfigError, get_config
-from inference_app.celery_config import QUEUES, configure
+from gateway.core.config import Config, ConfigError, get_config
+from inference_app.upstream.celery_config import QUEUES, configure
 
 __all__ = ["QUEUES", "app", "configure", "ping"]
 
@@ -29,8 +29,9 @@ def _loaded_config() -> Config:
 
 
 app = configure(Celery("gateway"), _loaded_config())
-app.autodiscover_tasks(["inference_app", "responses_app", "conversations_app"])
-app.autodiscover_tasks(["inference_app"], related_name="tool_tasks")
+app.autodiscover_tasks(
+    ["inference_app.engine.host", "inference_app.tools", "responses_app", "conversations_app"]
+)
 
 
 @signals.task_prerun.connect

@@ -1,25 +1,26 @@
-"""The ASGI fast path: the routes of :mod:`gateway.fastroutes`, served below Django.
+"""The ASGI fast path: the routes of :mod:`gateway.core.fastroutes`, served below Django.
 
 Chat Completions, Completions, Embeddings, Audio and Anthropic Messages are relayed byte for byte;
 going through Django's request/response machinery for them costs more CPU than the relay itself
 (measured in ``docs/performance.md``). This app sits directly under ``GatewayASGIMiddleware``
-(which opened the request's :class:`gateway.pipeline.Passage`: request id, log context, body
-ceiling) and serves those paths itself, admitting each request through :func:`gateway.pipeline.admitted`
+(which opened the request's :class:`gateway.core.pipeline.Passage`: request id, log context, body
+ceiling) and serves those paths itself, admitting each request through :func:`gateway.core.pipeline.admitted`
 (CORS, authentication, method); ``GatewayASGIMiddleware`` finishes it. Paths an app registered a
 handler for (``POST /v1/responses``) go to that handler; every other request, and every CORS
 preflight, goes on to Django.
 
 Each pass-through route has exactly one implementation on the ASGI path
-(:func:`gateway.passthrough.relay`).
+(:func:`inference_app.upstream.forward.relay`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway import errors, fastroutes
-from gateway.passthrough import Receive, Route, Scope, Send, relay, send_error
-from gateway.pipeline import admitted, passage_of
+from gateway.core import errors, fastroutes
+from gateway.core.asgi import Receive, Scope, Send, send_error
+from gateway.core.pipeline import admitted, passage_of
+from inference_app.upstream.forward import Route, relay
 
 ASGIApp = Any
 

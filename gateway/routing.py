@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from responses_app.consumers import ResponsesConsumer
+from responses_app.api.consumers import ResponsesConsumer
 
 websocket_urlpatterns = [
     path("v1/responses", ResponsesConsumer.as_asgi()),

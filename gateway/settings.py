@@ -1,4 +1,4 @@
-"""Django settings, derived from the one typed config object (``gateway.config``)."""
+"""Django settings, derived from the one typed config object (``gateway.core.config``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import dj_database_url
 
-from gateway.config import get_config
+from gateway.core.config import get_config
 
 CONFIG = get_config()
 
@@ -45,10 +45,13 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's assets, served from /static/ (no CDN)
     "mozilla_django_oidc",
+    "gateway.core",
     "gateway",
     "inference_app",
     "conversations_app",
     "responses_app",
+    "passthrough_app",
+    "messages_app",
 ]
 
 # Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
@@ -62,8 +65,8 @@ MIDDLEWARE = [
     "gateway.site_middleware.SiteAuthenticationMiddleware",
     "gateway.site_middleware.SiteMessageMiddleware",
     "gateway.site_middleware.SiteXFrameOptionsMiddleware",
-    "gateway.auth.middleware.AuthMiddleware",
-    "gateway.middleware.GatewayErrorMiddleware",
+    "gateway.core.auth.middleware.AuthMiddleware",
+    "gateway.core.middleware.GatewayErrorMiddleware",
 ]
 
 
@@ -143,11 +146,11 @@ AUTH_PASSWORD_VALIDATORS = [
 AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
     # Admin single sign-on; inert unless OIDC_ISSUER + OIDC_RP_CLIENT_ID/SECRET are configured.
-    "gateway.auth.admin_sso.GatewayOIDCBackend",
+    "gateway.core.auth.admin_sso.GatewayOIDCBackend",
 ]
 # mozilla-django-oidc: endpoints, client id and secret come from the gateway config and the issuer's
-# discovery document (gateway/auth/admin_sso.py), not from settings.
-OIDC_AUTHENTICATE_CLASS = "gateway.auth.admin_sso.SsoAuthenticateView"
+# discovery document (gateway/core/auth/admin_sso.py), not from settings.
+OIDC_AUTHENTICATE_CLASS = "gateway.core.auth.admin_sso.SsoAuthenticateView"
 OIDC_USE_PKCE = True
 OIDC_TIMEOUT = CONFIG.auth.http_timeout_s
 LOGIN_REDIRECT_URL = "/admin/"
@@ -207,13 +210,13 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "gateway.drf.exception_handler",
+    "EXCEPTION_HANDLER": "gateway.core.drf.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 
-# The OpenAPI document (gateway/openapi.py): DRF views by drf-spectacular, lean routes by the hook.
+# The OpenAPI document (gateway/core/openapi.py): DRF views by drf-spectacular, lean routes by the hook.
 SPECTACULAR_SETTINGS = {
     "TITLE": "Agentic API gateway",
     "DESCRIPTION": "OpenAI Responses, Conversations, pass-through and Anthropic Messages APIs "
@@ -226,7 +229,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": [],
     "SCHEMA_PATH_PREFIX": r"/v1",
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["gateway.openapi.add_lean_routes"],  # enums stay inline
+    "POSTPROCESSING_HOOKS": ["gateway.core.openapi.add_lean_routes"],  # enums stay inline
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
@@ -235,10 +238,10 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "gateway.logging.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "gateway.core.logging.RequestIdFilter"}},
     "handlers": {
         "console": {
-            "()": "gateway.logging.QueuedConsoleHandler",
+            "()": "gateway.core.logging.QueuedConsoleHandler",
             "format": CONFIG.server.log_format,
             "filters": ["request_id"],
         }

@@ -2,7 +2,7 @@
 
 Each is a subclass of Django's middleware with :class:`SiteOnly` first, so one stock handler
 serves everything and the bearer-authenticated API skips sessions, CSRF, messages and the
-clickjacking header (each a thread hop under ASGI). Apart from ``gateway.middleware`` because
+clickjacking header (each a thread hop under ASGI). Apart from ``gateway.core.middleware`` because
 importing Django's auth middleware needs the app registry ready.
 """
 

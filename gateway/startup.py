@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from gateway.config import Config, ConfigError
+from gateway.core.config import Config, ConfigError
 
 log = logging.getLogger("gateway.startup")
 
@@ -16,7 +16,7 @@ def run_checks(config: Config) -> None:
     elif config.broker_enabled:
         log.info("inference: Celery workers via the broker at REDIS_URL")
     else:
-        from inference_app.upstream import embedded_engine_available
+        from inference_app.upstream.http import embedded_engine_available
 
         if embedded_engine_available():
             log.info("inference: embedded vLLM engine in this process (starts on first use)")
@@ -34,7 +34,7 @@ def _active_api_keys() -> int | None:
     """How many named API keys are active, or ``None`` when the table cannot be read (not migrated)."""
     from django.db import DatabaseError
 
-    from gateway.models import ApiKey
+    from gateway.core.models import ApiKey
 
     try:
         return ApiKey.objects.filter(is_active=True).count()
@@ -45,7 +45,7 @@ def _active_api_keys() -> int | None:
 def check_auth(config: Config) -> None:
     """Fetch the identity provider's discovery document and JWKS (OIDC), and log the auth mode."""
     if config.oidc_enabled:
-        from gateway.auth import oidc
+        from gateway.core.auth import oidc
 
         try:
             provider = oidc.startup_check(config)

@@ -4,8 +4,9 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from gateway import models_catalog, views
-from gateway.drf import async_view
+from gateway import views
+from gateway.core.drf import async_view
+from passthrough_app import catalog as models_catalog
 
 urlpatterns = [
     path("", views.head_root),
@@ -14,8 +15,8 @@ urlpatterns = [
     path("metrics", views.metrics),
     path("admin/", admin.site.urls),
     path("oidc/", include("mozilla_django_oidc.urls")),  # admin single sign-on
-    # The OpenAPI document of /v1 (gateway.openapi) and a Swagger UI with bundled assets; public
-    # like /health (gateway.auth.requires_auth).
+    # The OpenAPI document of /v1 (gateway.core.openapi) and a Swagger UI with bundled assets; public
+    # like /health (gateway.core.auth.requires_auth).
     path("v1/openapi.json", async_view(SpectacularJSONAPIView), name="openapi"),
     path("docs/", async_view(SpectacularSwaggerView, url_name="openapi"), name="swagger-ui"),
     path("", include("responses_app.urls")),

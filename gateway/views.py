@@ -9,10 +9,10 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import errors
-from gateway.config import get_config
-from gateway.db import run_orm
-from gateway.metrics import exposition
+from gateway.core import errors
+from gateway.core.config import get_config
+from gateway.core.db import run_orm
+from gateway.core.metrics import exposition
 
 
 async def health(request: HttpRequest) -> HttpResponse:
@@ -50,7 +50,7 @@ async def _broker_ping(url: str) -> None:
 async def ready(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 only when the database answers, the inference backend is reachable and, with
     ``REDIS_URL``, the task broker answers (background responses and tool calls are sent there)."""
-    from inference_app.upstream import get_upstream
+    from inference_app.upstream.http import get_upstream
 
     config = get_config()
     timeout = config.upstream.ready_timeout_s

@@ -15,8 +15,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from conversations_app.models import Item
-from responses_app import services
 from responses_app.models import Response, ResponseEvent
+from responses_app.storage import services
 
 
 def _pretty(value: Any) -> str:

@@ -6,9 +6,9 @@ class ResponsesAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from gateway import fastroutes, lifecycle
-        from responses_app.fastpath import serve_create
+        from gateway.core import fastroutes, lifecycle
+        from responses_app.api.fastpath import serve_create
         from responses_app.tasks import sweep_forever
 
-        fastroutes.handle("/v1/responses", serve_create)  # served below Django (gateway.fastroutes)
+        fastroutes.handle("/v1/responses", serve_create)  # served below Django (gateway.core.fastroutes)
         lifecycle.on_startup(sweep_forever)  # the lease sweep, in every server process

@@ -24,13 +24,13 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from gateway import errors
-from gateway.config import Config, get_config
-from gateway.db import run_orm
-from gateway.lifecycle import drain
-from responses_app.domain import Prepared
-from responses_app.executor import Executor
-from responses_app.leases import HOST, lease_owner_alive, runner_id, start_heartbeat
+from gateway.core import errors
+from gateway.core.config import Config, get_config
+from gateway.core.db import run_orm
+from gateway.core.lifecycle import drain
+from responses_app.engine.domain import Prepared
+from responses_app.engine.executor import Executor
+from responses_app.storage.leases import HOST, lease_owner_alive, runner_id, start_heartbeat
 
 log = logging.getLogger("responses.background")
 
@@ -42,7 +42,7 @@ _FLUSH_SECONDS = 0.05
 
 
 def sweep_once() -> int:
-    from responses_app import services
+    from responses_app.storage import services
 
     return services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{HOST}/")
 
@@ -66,7 +66,7 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
     With a broker, the task is sent after the row is committed; a broker that refuses it refuses
     the request (503) and the row is removed again: no row is left that nobody will run.
     """
-    from responses_app import services
+    from responses_app.storage import services
 
     if not config.broker_enabled:
         snapshot: dict[str, Any] = await run_orm(
@@ -104,7 +104,8 @@ def cancel_local(response_id: str) -> None:
 
 
 async def run_background(prepared: Prepared, config: Config, *, upstream: Any = None) -> None:
-    from responses_app import runs, services
+    from responses_app.engine import runs
+    from responses_app.storage import services
 
     response_id = prepared.response_id
     try:
@@ -202,7 +203,7 @@ def run_background_task(response_id: str) -> None:
 
 
 async def _run_stored_and_close(response_id: str) -> None:
-    from inference_app.upstream import close_upstreams
+    from inference_app.upstream.http import close_upstreams
 
     try:
         await _run_stored(response_id)
@@ -215,10 +216,10 @@ async def _run_stored_and_close(response_id: str) -> None:
 async def _run_stored(response_id: str) -> None:
     from django.utils.http import http_date  # noqa: F401  (ensures Django is set up in the worker)
 
-    from inference_app.upstream import forward_headers
-    from responses_app import services
+    from inference_app.upstream.http import forward_headers
     from responses_app.models import Response
-    from responses_app.schemas import ResponseCreateRequest
+    from responses_app.protocol.schemas import ResponseCreateRequest
+    from responses_app.storage import services
 
     config = get_config()
     try:

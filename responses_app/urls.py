@@ -7,8 +7,8 @@ model async views; hence the ignores.
 
 from django.urls import path
 
-from gateway.drf import async_view
-from responses_app import resources, views
+from gateway.core.drf import async_view
+from responses_app.api import resources, views
 
 urlpatterns = [
     path("v1/responses", views.responses_create),  # type: ignore[arg-type]

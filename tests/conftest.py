@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway import config as config_module
+from gateway.core import config as config_module
 from tests.servers import LiveServer
 
 REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -72,7 +72,7 @@ def _fresh_auth_state(request: pytest.FixtureRequest) -> Iterator[None]:
     Tests without database access run as if no named API key exists (the open gateway), so the
     auth layer never needs the table there.
     """
-    from gateway.auth import apikeys, reset_caches
+    from gateway.core.auth import apikeys, reset_caches
 
     reset_caches()
     uses_db = request.node.get_closest_marker("django_db") is not None or any(
@@ -87,9 +87,9 @@ def _fresh_auth_state(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's test databases; before they are dropped, the stored responses' writer gives
-    back the connection its thread keeps (``responses_app.group_commit.GroupWriter``), which would hold them."""
+    back the connection its thread keeps (``responses_app.storage.group_commit.GroupWriter``), which would hold them."""
     yield
-    from responses_app.services import final_writes
+    from responses_app.storage.services import final_writes
 
     final_writes.release()
 
@@ -111,7 +111,7 @@ def gateway_config() -> Iterator[Callable[..., config_module.Config]]:
 def serve_gateway() -> Iterator[LiveServer]:
     """The real ASGI application served by uvicorn on a loopback port, as ``manage.py serve`` runs it."""
     from gateway.asgi import application
-    from inference_app.upstream import close_upstreams
+    from inference_app.upstream.http import close_upstreams
 
     server = LiveServer(application, on_stop=close_upstreams).start()
     yield server

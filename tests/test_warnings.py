@@ -48,8 +48,8 @@ def test_each_task_has_its_queue_by_route_not_by_the_deprecated_task_attribute()
     from celery import Celery
 
     from gateway.celery import app
-    from gateway.config import load_config
-    from inference_app.celery_config import configure
+    from gateway.core.config import load_config
+    from inference_app.upstream.celery_config import configure
 
     client = configure(Celery("routes-test", set_as_current=False), load_config({}))
     for name, queue in [

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from gateway.schema import compressed_with_lz4
+from gateway.core.schema import compressed_with_lz4
 
 
 class Migration(migrations.Migration):

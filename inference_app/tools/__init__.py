@@ -2,7 +2,7 @@
 loops call.
 
 See ``docs/tools.md`` for the integration contract. Everything the Responses executor and the
-Messages server-tool loop (``gateway.messages_tools``) need is re-exported here.
+Messages server-tool loop (``messages_app.server_tools``) need is re-exported here.
 """
 
 from inference_app.tools.base import (

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.config import Config
+from gateway.core.config import Config
 
 # ``tool_search``: the Responses executor's own search of the request's deferred tools (it runs in
 # the executor, never through :func:`run_gateway_calls`).

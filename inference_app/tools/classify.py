@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.config import Config, get_config
-from gateway.errors import BadRequest
+from gateway.core.config import Config, get_config
+from gateway.core.errors import BadRequest
 from inference_app.tools.base import (
     CLIENT_TOOL_TYPES,
     WEB_SEARCH_TYPES,
@@ -44,7 +44,7 @@ def _client_names(tool: Mapping[str, Any]) -> list[str]:
                     names.append(member["name"])
         return names
     if kind in ("shell", "apply_patch", "local_shell"):
-        return [kind]  # the function the model sees (responses_app.translate.FIXED_FUNCTIONS)
+        return [kind]  # the function the model sees (responses_app.engine.translate.FIXED_FUNCTIONS)
     return []
 
 

@@ -20,8 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.config import Config, get_config
-from inference_app.aio import keep_cancellation
+from gateway.core.aio import keep_cancellation
+from gateway.core.config import Config, get_config
 from inference_app.tools.base import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ async def run_gateway_calls(
     dispatcher: CeleryDispatcher | None = None
     if config.broker_enabled:
         if celery_app is None:
-            from inference_app.celery_config import client_app
+            from inference_app.upstream.celery_config import client_app
 
             celery_app = client_app(config, "gateway-tools-client")
         dispatcher = CeleryDispatcher(celery_app, config)

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest, json_type_name
+from gateway.core.errors import BadRequest, json_type_name
 
 MAX_TOOL_CALLS_MIN = 1
 MAX_TOOL_CALLS_MAX = 9223372036854775807

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from gateway.config import Config, McpServerConfig
-from gateway.errors import BadRequest
+from gateway.core.config import Config, McpServerConfig
+from gateway.core.errors import BadRequest
 from inference_app.tools.base import McpListing, McpServer, ToolCall, ToolResult, ToolSet, is_valid_label
 from inference_app.tools.hosts import HostRefused, check_public_host, host_listed
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.config import CodeInterpreterConfig, Config
+from gateway.core.config import CodeInterpreterConfig, Config
 from inference_app.tools.base import ToolCall, ToolResult
 
 # Runs inside the sandbox: lower every limit, then execute the program read from stdin.

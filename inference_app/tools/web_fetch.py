@@ -1,6 +1,6 @@
 """The ``web_fetch`` gateway tool: fetch one ``http(s)`` URL the model names and give it the text.
 
-Anthropic Messages' ``web_fetch_20250910`` server tool runs on it (``gateway.messages_tools``).
+Anthropic Messages' ``web_fetch_20250910`` server tool runs on it (``messages_app.server_tools``).
 The Responses API has no web fetch tool type, so the Responses executor does not offer it.
 
 * Where it may go: ``http`` and ``https`` only; the declaration's ``allowed_domains`` /
@@ -28,8 +28,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from gateway.config import Config
-from inference_app import outbound
+from gateway.core import outbound
+from gateway.core.config import Config
 from inference_app.tools.base import ToolCall, ToolResult
 from inference_app.tools.hosts import HostRefused, check_public_host, host_listed, is_public_address
 from inference_app.tools.web_search import DomainFilter, normalize_domain

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from gateway.config import Config
-from inference_app import outbound
+from gateway.core import outbound
+from gateway.core.config import Config
 from inference_app.tools.base import ToolCall, ToolResult
 
 USER_AGENT = "agentic-gateway-web-search/1"

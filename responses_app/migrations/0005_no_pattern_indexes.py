@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from gateway.schema import without_pattern_indexes
+from gateway.core.schema import without_pattern_indexes
 
 
 class Migration(migrations.Migration):

@@ -21,7 +21,7 @@ class HeaderPrincipalMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: Any) -> Any:
-        from gateway.principal import Principal
+        from gateway.core.principal import Principal
 
         owner = request.headers.get(OWNER_HEADER)
         if owner:
@@ -44,11 +44,11 @@ def owned_gateway(transactional_db: None, settings: Any) -> Iterator[LiveServer]
     """The gateway with a test middleware that sets ``request.principal`` from a header."""
     from django.core.handlers.asgi import ASGIHandler
 
-    from gateway.middleware import GatewayASGIMiddleware
+    from gateway.core.middleware import GatewayASGIMiddleware
 
     middleware = [*settings.MIDDLEWARE]
     middleware.insert(
-        middleware.index("gateway.middleware.GatewayErrorMiddleware"),
+        middleware.index("gateway.core.middleware.GatewayErrorMiddleware"),
         "tests.conversations.conftest.HeaderPrincipalMiddleware",
     )
     with override_settings(MIDDLEWARE=middleware):

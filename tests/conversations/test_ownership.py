@@ -67,7 +67,7 @@ def test_default_principal_owns_conversations_without_auth(client: openai.OpenAI
 
 
 def test_every_endpoint_checks_stored_state_access(live_gateway: LiveServer, gateway_config: Any) -> None:
-    """The ``OPENAI_API_KEY`` rule (``gateway.auth.require_stored_state_access``) through the real
+    """The ``OPENAI_API_KEY`` rule (``gateway.core.auth.require_stored_state_access``) through the real
     app: on an open gateway with that key set, conversations are for callers presenting it; any
     other caller gets a 401 from every endpoint, before anything is read or stored."""
     gateway_config(openai_api_key="sk-upstream")

@@ -10,8 +10,8 @@ from django.db import connection
 
 from conversations_app import schemas, selectors, services
 from conversations_app.models import Conversation, ConversationItem, Item
-from gateway import errors
-from gateway.ids import new_id
+from gateway.core import errors
+from gateway.core.ids import new_id
 
 ALICE = "key:alice"
 BOB = "key:bob"

@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from gateway.auth.admin_sso import admin_flags
-from gateway.config import AuthConfig, ConfigError, load_config
+from gateway.core.auth.admin_sso import admin_flags
+from gateway.core.config import AuthConfig, ConfigError, load_config
 from tests.oidc_provider import IdentityProvider
 
 pytestmark = pytest.mark.django_db

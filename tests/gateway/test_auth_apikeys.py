@@ -15,8 +15,8 @@ from django.core.management.base import CommandError
 from django.test import AsyncClient
 
 from conversations_app.models import Item
-from gateway.auth import apikeys
-from gateway.models import ApiKey
+from gateway.core.auth import apikeys
+from gateway.core.models import ApiKey
 from tests.gateway.auth_helpers import bearer
 
 pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]

@@ -441,7 +441,7 @@ def test_token_never_reaches_the_upstream(
 
 
 def test_forward_headers_drops_a_consumed_credential(gateway_config: Any) -> None:
-    from inference_app.upstream import forward_headers
+    from inference_app.upstream.http import forward_headers
 
     config = gateway_config(openai_api_key="upstream-secret")
     incoming = {"Authorization": "Bearer id-token", "X-Api-Key": "id-token", "Accept": "x"}
@@ -465,9 +465,9 @@ def test_a_gateway_without_oidc_never_loads_the_oidc_module() -> None:
     probe = (
         "import asyncio, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'gateway.settings');"
         "import django; django.setup(); import gateway.asgi;"
-        "from gateway import auth; from gateway.auth import apikeys; apikeys.pin_no_keys();"
+        "from gateway import auth; from gateway.core.auth import apikeys; apikeys.pin_no_keys();"
         "result = asyncio.run(auth.authenticate('/v1/responses', {'authorization': 'Bearer x'}));"
-        "print(result.principal.kind, 'gateway.auth.oidc' in sys.modules)"
+        "print(result.principal.kind, 'gateway.core.auth.oidc' in sys.modules)"
     )
     env = {"PATH": "/usr/bin:/bin", "GATEWAY_SECRET_KEY": "x" * 50}
     out = subprocess.run(

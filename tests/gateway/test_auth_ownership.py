@@ -10,9 +10,9 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
 from conversations_app.models import Item
-from gateway import errors
-from gateway.auth import apikeys, owned, owned_get, owner_filter
-from gateway.principal import Principal
+from gateway.core import errors
+from gateway.core.auth import apikeys, owned, owned_get, owner_filter
+from gateway.core.principal import Principal
 from tests.gateway.auth_helpers import bearer
 from tests.oidc_provider import IdentityProvider
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import ConfigError, load_config
+from gateway.core.config import ConfigError, load_config
 from gateway.startup import check_auth
 from tests.oidc_provider import IdentityProvider
 from tests.servers import ROOT, GatewayProcess, free_port

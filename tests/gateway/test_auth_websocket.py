@@ -12,9 +12,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway import errors
-from gateway.auth.websocket import WebSocketAuthMiddleware, ensure_not_expired
-from gateway.principal import Principal
+from gateway.core import errors
+from gateway.core.auth.websocket import WebSocketAuthMiddleware, ensure_not_expired
+from gateway.core.principal import Principal
 from tests.oidc_provider import IdentityProvider
 from tests.servers import LiveServer
 
@@ -124,7 +124,7 @@ async def test_expired_connection_refuses_new_and_queued_work(
 async def test_api_key_mode_guards_the_upgrade(probe_server: LiveServer) -> None:
     from asgiref.sync import sync_to_async
 
-    from gateway.auth import apikeys
+    from gateway.core.auth import apikeys
 
     key, secret = await sync_to_async(apikeys.apikey_create)(name="ws")
     response = await refused(ws_url(probe_server, "/v1/test/ws"))

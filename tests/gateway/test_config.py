@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, MiB, load_config
+from gateway.core.config import ConfigError, MiB, load_config
 
 
 def write(tmp_path: Path, text: str) -> dict[str, str]:
@@ -176,7 +176,7 @@ def test_example_config_documents_every_key_and_loads() -> None:
     """config.example.toml loads cleanly and mentions every non-secret key."""
     from pydantic import BaseModel
 
-    from gateway.config import SECRET_ENV, Config
+    from gateway.core.config import SECRET_ENV, Config
 
     root = Path(__file__).resolve().parents[2]
     example = root / "config.example.toml"
@@ -270,7 +270,7 @@ def test_pydantic_settings_nested_names_beside_the_documented_ones() -> None:
 
 
 def test_replace_checks_the_whole_config_again() -> None:
-    from gateway.config import replace
+    from gateway.core.config import replace
 
     c = load_config({})
     with pytest.raises(ConfigError, match=r"responses\.heartbeat_s"):

@@ -1,4 +1,4 @@
-"""``gateway.db.run_orm``: results, errors and context travel; calls overlap; cancellation is safe;
+"""``gateway.core.db.run_orm``: results, errors and context travel; calls overlap; cancellation is safe;
 connections are tidied before and after each call."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from gateway.db import run_orm
+from gateway.core.db import run_orm
 
 # The pool threads tidy their connections before and after every call.
 pytestmark = pytest.mark.django_db(transaction=True)

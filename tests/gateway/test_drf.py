@@ -1,4 +1,4 @@
-"""The resource endpoints on DRF (``gateway.drf``): the exception handler, the OpenAI-list pagination,
+"""The resource endpoints on DRF (``gateway.core.drf``): the exception handler, the OpenAI-list pagination,
 principal authentication and owner filtering, the method rules, and requests side by side."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.test import APIRequestFactory
 
-from gateway import drf, errors
 from gateway.asgi import RequestThreads
+from gateway.core import drf, errors
 from responses_app.models import Response
 from tests.servers import LiveServer
 from tests.upstream import ScriptedUpstream
@@ -88,7 +88,7 @@ def test_handler_leaves_other_exceptions_to_django() -> None:
 
 
 def test_drf_module_reaches_into_no_private_attributes() -> None:
-    """``gateway/drf.py`` uses DRF's and Django's documented extension points only."""
+    """``gateway/core/drf.py`` uses DRF's and Django's documented extension points only."""
     tree = ast.parse((ROOT / "gateway" / "drf.py").read_text())
     private = [
         node.attr
@@ -245,11 +245,11 @@ def test_any_accept_header_gets_json(live_gateway: LiveServer) -> None:
 
 
 def test_principal_authentication_hands_drf_the_request_principal() -> None:
-    from gateway.principal import Principal
+    from gateway.core.principal import Principal
 
     principal = Principal(owner="key:k1", kind="api_key")
     request = APIRequestFactory().get("/v1/conversations/conv_x")
-    request.principal = principal  # type: ignore[attr-defined]  # as gateway.auth's middleware sets it
+    request.principal = principal  # type: ignore[attr-defined]  # as gateway.core.auth's middleware sets it
     user, auth = drf.PrincipalAuthentication().authenticate(drf.Request(request))
     assert (user, auth) == (principal, None)
     assert drf.PrincipalAuthentication().authenticate_header(drf.Request(request)) == "Bearer"

@@ -6,7 +6,7 @@ import orjson
 import pytest
 from django.test import AsyncClient
 
-from gateway import errors
+from gateway.core import errors
 
 
 @pytest.mark.parametrize(

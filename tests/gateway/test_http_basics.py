@@ -187,7 +187,7 @@ def test_observe_request_counts_as_inc_and_observe_do() -> None:
     with its labels: the samples a histogram with the same buckets records."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from gateway.metrics import LATENCY_BUCKETS, REGISTRY, observe_request
+    from gateway.core.metrics import LATENCY_BUCKETS, REGISTRY, observe_request
 
     durations = [0.0004, 0.001, 0.0011, 0.07, 0.25, 299.0, 301.0]
     reference = Histogram("ref", "", buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
@@ -280,7 +280,7 @@ def test_admin_superuser_can_log_in(client, django_user_model) -> None:  # type:
 def test_an_error_below_django_is_a_500_envelope_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     """What raises out of the ASGI app before answering (the static handler did, on a traversal)
     is answered in the envelope and logged once with its traceback, not uvicorn's plain text."""
-    from gateway.middleware import GatewayASGIMiddleware
+    from gateway.core.middleware import GatewayASGIMiddleware
 
     async def broken(scope: dict[str, Any], receive: Any, send: Any) -> None:
         raise ValueError("a bug")

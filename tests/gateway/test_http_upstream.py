@@ -16,10 +16,9 @@ from typing import Any
 import httptools
 import pytest
 
-from gateway import config as config_module
-from gateway import errors
-from inference_app import outbound
-from inference_app.upstream import HttpUpstream
+from gateway.core import config as config_module
+from gateway.core import errors, outbound
+from inference_app.upstream.http import HttpUpstream
 from tests.servers import free_port
 
 
@@ -527,7 +526,7 @@ async def test_partly_read_response_is_closed_not_pooled() -> None:
 
 
 async def test_one_session_per_event_loop_closed_by_close_upstreams() -> None:
-    from inference_app.upstream import close_upstreams
+    from inference_app.upstream.http import close_upstreams
 
     upstream = upstream_at("http://127.0.0.1:9")
     session = upstream.session()
@@ -547,8 +546,8 @@ async def _session_of(upstream: HttpUpstream, out: list[Any]) -> None:
 
 
 async def test_the_servers_shutdown_closes_its_loops_session(gateway_config: Any) -> None:
-    from gateway.lifecycle import lifespan
-    from inference_app.upstream import get_upstream
+    from gateway.core.lifecycle import lifespan
+    from inference_app.upstream.http import get_upstream
 
     gateway_config(llm_api_base="http://127.0.0.1:9")
     upstream = get_upstream()

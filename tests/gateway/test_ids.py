@@ -1,4 +1,4 @@
-"""Public ids (``gateway.ids``): time-ordered, unguessable, never handed out twice."""
+"""Public ids (``gateway.core.ids``): time-ordered, unguessable, never handed out twice."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import signal
 import time
 
-from gateway import ids
+from gateway.core import ids
 
 
 def _random_part(value: str) -> str:

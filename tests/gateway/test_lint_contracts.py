@@ -19,7 +19,7 @@ VIOLATIONS = {
     "conversations_app/zz_cycle_b.py": "def f():\n    from conversations_app import zz_cycle_a\n",
     "conversations_app/zz_layer.py": "import responses_app.models\n",
     "inference_app/zz_layer.py": "def f():\n    from gateway import views\n",
-    "responses_app/zz_engine.py": "from inference_app.engine import EngineHost\n",
+    "responses_app/zz_engine.py": "from inference_app.engine.host import EngineHost\n",
     "responses_app/zz_http.py": "from conversations_app.views import ConversationDetailView\n",
     "gateway/zz_torch.py": "import torch\n",
     "responses_app/zz_uvicorn.py": "from uvicorn.protocols.http import httptools_impl\n",
@@ -107,17 +107,19 @@ def test_private_names_checker(tmp_path: Path) -> None:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "executor.py").write_text("def _db():\n    pass\n\n\ndef own():\n    return _db()\n")
-    (pkg / "services.py").write_text("from responses_app.executor import _db\n")
+    (pkg / "services.py").write_text("from responses_app.engine.executor import _db\n")
     (pkg / "views.py").write_text(
         "from responses_app import executor\n\n\ndef f():\n    return executor._db(), executor.own()\n"
     )
-    (pkg / "ok.py").write_text("from responses_app.executor import own\nfrom os import __name__ as n\n")
+    (pkg / "ok.py").write_text(
+        "from responses_app.engine.executor import own\nfrom os import __name__ as n\n"
+    )
     proc = check_private_names(tmp_path, pkg)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 1
     assert len(lines) == 2, lines
-    assert lines[0].endswith("services.py:1: imports _db from responses_app.executor")
-    assert lines[1].endswith("views.py:5: uses executor._db of responses_app.executor")
+    assert lines[0].endswith("services.py:1: imports _db from responses_app.engine.executor")
+    assert lines[1].endswith("views.py:5: uses executor._db of responses_app.engine.executor")
     clean = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "lint" / "check_private_names.py")], cwd=ROOT, timeout=60
     )
@@ -135,12 +137,12 @@ def test_private_names_checker_refuses_a_subclass_using_its_bases_privates(tmp_p
         "class Lifecycle:\n    def _finish(self):\n        self._done = True\n\n    def settle(self):\n        pass\n"
     )
     (pkg / "executor.py").write_text(
-        "from responses_app.lifecycle import Lifecycle\n\n\n"
+        "from responses_app.engine.lifecycle import Lifecycle\n\n\n"
         "class Executor(Lifecycle):\n    def _run(self):\n        return self._finish()\n\n"
         "    def rounds(self):\n        return self._run()\n"
     )
     (pkg / "multi_agent.py").write_text(
-        "from responses_app.executor import Executor\n\n\n"
+        "from responses_app.engine.executor import Executor\n\n\n"
         "class Coordinator(Executor):\n    def _run(self):\n        return self._done\n\n"
         "    def _own(self):\n        return self.settle(), self.rounds()\n"
     )
@@ -148,15 +150,15 @@ def test_private_names_checker_refuses_a_subclass_using_its_bases_privates(tmp_p
     lines = sorted(line.split("responses_app/", 1)[1] for line in proc.stdout.splitlines())
     assert proc.returncode == 1
     assert lines == [
-        "executor.py:6: Executor uses responses_app.lifecycle.Lifecycle._finish",
-        "multi_agent.py:5: Coordinator overrides responses_app.executor.Executor._run",
-        "multi_agent.py:6: Coordinator uses responses_app.lifecycle.Lifecycle._done",
+        "executor.py:6: Executor uses responses_app.engine.lifecycle.Lifecycle._finish",
+        "multi_agent.py:5: Coordinator overrides responses_app.engine.executor.Executor._run",
+        "multi_agent.py:6: Coordinator uses responses_app.engine.lifecycle.Lifecycle._done",
     ], lines
 
 
 # The executor keeps the round loop and storage only (docs/responses.md, "Code layout"); what else
 # lands in it goes to the module that owns the job.
-LINE_BOUNDS = {"responses_app/executor.py": 300}
+LINE_BOUNDS = {"responses_app/engine/executor.py": 300}
 
 
 def over_bound(path: Path, bound: int) -> str | None:

@@ -1,4 +1,4 @@
-"""A cancellation is never lost on the way through a Redis call (``inference_app/aio.py``).
+"""A cancellation is never lost on the way through a Redis call (``gateway/core/aio.py``).
 
 On Python 3.11, ``asyncio.wait_for`` drops a cancellation that arrives as the awaited work
 completes, and redis-py sends every command through it (its default socket timeout). A client that
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from inference_app.aio import keep_cancellation
+from gateway.core.aio import keep_cancellation
 from tests.conftest import REDIS_URL
 
 
@@ -90,9 +90,9 @@ async def test_a_cancelled_worker_stream_read_ends_and_cancels_the_engine_reques
     key the worker polls. Before the guard, most of them were lost (253 of 300 in a bare loop)."""
     import redis.asyncio as aioredis
 
-    from gateway.config import get_config, replace
-    from inference_app import streams
-    from inference_app.worker_upstream import WorkerUpstream, _StreamReader
+    from gateway.core.config import get_config, replace
+    from inference_app.upstream import streams
+    from inference_app.upstream.worker import WorkerUpstream, _StreamReader
 
     upstream = WorkerUpstream(replace(get_config(), redis_url=REDIS_URL))
     producer = aioredis.Redis.from_url(REDIS_URL)

@@ -22,7 +22,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.messages_tools import USAGE_MAX
+from messages_app.server_tools import USAGE_MAX
 from tests.conftest import serve_gateway
 from tests.servers import LiveServer
 from tests.tools.tools_servers import SearchProvider, WebSite
@@ -444,8 +444,8 @@ def test_fetch_checks_the_addresses_the_connection_resolves(
     ``connect_check`` sees what the connection really resolves, not only the pre-check)."""
     import asyncio
 
-    from gateway.config import get_config
-    from inference_app import outbound
+    from gateway.core import outbound
+    from gateway.core.config import get_config
     from inference_app.tools import web_fetch
     from inference_app.tools.web_fetch import FetchError
 
@@ -1132,7 +1132,7 @@ def test_calls_go_to_the_tools_queue_when_celery_is_configured(
     real worker it runs."""
     from celery.contrib.testing.worker import start_worker
 
-    import inference_app.tool_tasks  # noqa: F401  (registers the tool task)
+    import inference_app.tools.tasks  # noqa: F401  (registers the tool task)
     from gateway.celery import app as celery_app
     from tests.celery_rebind import rebind
 
@@ -1177,7 +1177,7 @@ def test_calls_go_to_the_tools_queue_when_celery_is_configured(
 
 
 def test_the_decision(gateway_config: Any) -> None:
-    from gateway.messages_tools import declares_gateway_tools
+    from messages_app.server_tools import declares_gateway_tools
 
     gateway_config(messages__tool_aliases=("WebFetch=web_fetch",))
     assert declares_gateway_tools(orjson.dumps(body([SEARCH])))
@@ -1190,8 +1190,8 @@ def test_the_decision(gateway_config: Any) -> None:
 
 
 def test_fetch_and_error_results_in_history_go_upstream_as_tool_results(gateway_config: Any) -> None:
-    from gateway.config import get_config
-    from gateway.messages_tools import plan_request, upstream_messages
+    from gateway.core.config import get_config
+    from messages_app.server_tools import plan_request, upstream_messages
 
     gateway_config()
     plan = plan_request(body([FETCH, SEARCH]), get_config())

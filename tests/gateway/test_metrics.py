@@ -1,4 +1,4 @@
-"""``gateway.metrics`` with several server processes (``PROMETHEUS_MULTIPROC_DIR``): every process's
+"""``gateway.core.metrics`` with several server processes (``PROMETHEUS_MULTIPROC_DIR``): every process's
 updates add up, and a forked child records into files of its own."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _MULTIPROCESS_SCRIPT = """
 import os, sys
 from prometheus_client import CollectorRegistry, multiprocess
-from gateway.metrics import exposition, in_flight, observe_request
+from gateway.core.metrics import exposition, in_flight, observe_request
 
 
 def totals():

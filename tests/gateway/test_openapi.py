@@ -1,4 +1,4 @@
-"""The OpenAPI document (``gateway.openapi``): every ``/v1`` route, generated from the code, served
+"""The OpenAPI document (``gateway.core.openapi``): every ``/v1`` route, generated from the code, served
 publicly at ``/v1/openapi.json`` with a Swagger UI on bundled assets at ``/docs/``."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 
-from gateway import fastroutes, openapi
-from gateway.passthrough import VLLM_ROUTES, Route
+from gateway.core import fastroutes, openapi
+from inference_app.upstream.forward import Route
+from passthrough_app.routes import VLLM_ROUTES
 from tests.servers import LiveServer
 
 # Methods each route serves, as the views declare them (Django views: ``allow_methods``; DRF views:
@@ -39,9 +40,9 @@ def _openapi_path(route: str) -> str:
 
 def _methods(callback: Any) -> set[str]:
     cls = getattr(callback, "cls", None)
-    if cls is not None:  # a DRF view (gateway.drf.async_view keeps as_view's attributes)
+    if cls is not None:  # a DRF view (gateway.core.drf.async_view keeps as_view's attributes)
         return {m for m in ("get", "post", "delete") if hasattr(cls, m)}
-    return {m.lower() for m in callback.allowed_methods}  # gateway.http.allow_methods
+    return {m.lower() for m in callback.allowed_methods}  # gateway.core.http.allow_methods
 
 
 def code_routes() -> dict[str, set[str]]:

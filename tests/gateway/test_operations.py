@@ -149,7 +149,7 @@ def test_websocket_connections_are_counted(live_gateway: LiveServer) -> None:
 def test_postgres_has_pool_and_statement_timeout(settings) -> None:  # type: ignore[no-untyped-def]
     if connection.vendor != "postgresql":
         pytest.skip("the connection pool and statement_timeout are PostgreSQL settings; SQLite has neither")
-    from gateway.config import get_config
+    from gateway.core.config import get_config
 
     options = settings.DATABASES["default"]["OPTIONS"]
     assert options["pool"]["max_size"] == get_config().database.pool_max_size
@@ -167,8 +167,8 @@ def test_store_responses_writes_a_batch_in_one_statement() -> None:
     from django.test.utils import CaptureQueriesContext
 
     from conversations_app.models import Item
-    from responses_app import rawsql
     from responses_app.models import Response
+    from responses_app.storage import rawsql
 
     Response.objects.create(id="resp_done", owner="o", status="completed", model="m", snapshot={"a": 1})
     writes = []
@@ -201,7 +201,7 @@ def test_postgres_binds_on_the_server_and_prepares_repeated_statements() -> None
     if connection.vendor != "postgresql":
         pytest.skip("prepared statements are a PostgreSQL setting")
     from conversations_app.models import Item
-    from responses_app import rawsql
+    from responses_app.storage import rawsql
 
     for n in range(7):
         list(Item.objects.filter(id__in=["item_a", "item_b"], owner="someone"))
@@ -224,7 +224,7 @@ def test_postgres_binds_on_the_server_and_prepares_repeated_statements() -> None
 def test_prepared_statements_can_be_switched_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`[database] prepared_statements = false` (a pooler in transaction mode): never prepared."""
     from gateway import settings as gateway_settings
-    from gateway.config import load_config
+    from gateway.core.config import load_config
 
     for value, threshold in (("true", 5), ("false", None)):
         config = load_config(

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 from aiohttp import web
 
-from inference_app import outbound
+from gateway.core import outbound
 from tests.servers import free_port, wait_port
 
 

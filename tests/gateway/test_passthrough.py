@@ -18,8 +18,8 @@ import openai
 import orjson
 import pytest
 
-from gateway.passthrough import VLLM_ROUTES
-from inference_app.upstream import forward_headers
+from inference_app.upstream.http import forward_headers
+from passthrough_app.routes import VLLM_ROUTES
 from tests.servers import GatewayProcess, LiveServer, free_port
 from tests.upstream import (
     DONE,
@@ -667,7 +667,7 @@ def test_vllm_routes_relay_bytes_unchanged(gw: LiveServer, upstream: ScriptedUps
 def test_vllm_routes_refuse_without_a_credential_and_consume_the_gateways_key(
     gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
 ) -> None:
-    from gateway.auth import apikeys
+    from gateway.core.auth import apikeys
 
     gateway_config(auth__require_api_key=True, openai_api_key="sk-upstream")
     for path in ("/v1/rerank", "/tokenize", "/v1/audio/speech"):

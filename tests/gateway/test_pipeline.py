@@ -1,4 +1,4 @@
-"""The one rule pipeline (``gateway.pipeline``): what ``Passage``, ``admit`` and ``finish`` do, in the
+"""The one rule pipeline (``gateway.core.pipeline``): what ``Passage``, ``admit`` and ``finish`` do, in the
 order every path applies them. The paths themselves are tested against live servers in
 ``test_passthrough.py``, ``test_messages.py`` and ``tests/responses/test_fastpath_cache.py``."""
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gateway import errors, fastroutes
-from gateway.logging import request_id_var
-from gateway.metrics import HTTP_IN_FLIGHT, REGISTRY
-from gateway.middleware import GatewayASGIMiddleware
-from gateway.pipeline import Passage, admit, admitted, finish
+from gateway.core import errors, fastroutes
+from gateway.core.logging import request_id_var
+from gateway.core.metrics import HTTP_IN_FLIGHT, REGISTRY
+from gateway.core.middleware import GatewayASGIMiddleware
+from gateway.core.pipeline import Passage, admit, admitted, finish
 
 ROOT = Path(__file__).resolve().parents[2]
 POST = frozenset({"POST"})
@@ -111,7 +111,9 @@ def test_the_apps_fill_the_fast_route_registry() -> None:
     assert "/v1/responses" in fastroutes.HANDLERS
 
 
-@pytest.mark.parametrize("module", ["gateway/fastpath.py", "gateway/pipeline.py", "gateway/fastroutes.py"])
+@pytest.mark.parametrize(
+    "module", ["gateway/fastpath.py", "gateway/core/pipeline.py", "gateway/core/fastroutes.py"]
+)
 def test_the_serving_code_imports_no_app(module: str) -> None:
     """The fast paths' cycle is gone: the apps register their routes, the gateway imports none."""
     tree = ast.parse((ROOT / module).read_text())

@@ -26,7 +26,7 @@ def test_celery_over_real_redis_broker() -> None:
     from celery.contrib.testing.worker import start_worker
 
     from gateway.celery import configure
-    from gateway.config import get_config, replace
+    from gateway.core.config import get_config, replace
 
     app = configure(Celery("gateway-test"), replace(get_config(), redis_url=REDIS_URL))
     assert app.conf.task_always_eager is False
@@ -78,9 +78,10 @@ async def test_worker_registry_reads_are_shared_and_refreshed_behind_requests(
     import orjson
     import redis.asyncio as aioredis
 
-    from gateway.config import get_config, replace
-    from inference_app import streams, worker_upstream
-    from inference_app.worker_upstream import WorkerUpstream
+    from gateway.core.config import get_config, replace
+    from inference_app.upstream import streams
+    from inference_app.upstream import worker as worker_upstream
+    from inference_app.upstream.worker import WorkerUpstream
 
     client = aioredis.Redis.from_url(REDIS_URL)
     await client.delete(streams.WORKERS_SET, streams.worker_key("w1"), streams.worker_key("w2"))

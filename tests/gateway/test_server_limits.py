@@ -1,7 +1,7 @@
 """The server's limits on what a client can hold: the request head, its header fields, and time.
 
 Against ``manage.py serve`` itself (stock uvicorn; the limits it has no setting for are held by
-``gateway.middleware``): an oversized head is a 431 (a request line, 414) and a body that does not
+``gateway.core.middleware``): an oversized head is a 431 (a request line, 414) and a body that does not
 arrive within ``request_read_timeout_s`` of its head a 408, each in the envelope; bytes that are not
 HTTP get uvicorn's own 400 and a close. A head's read timeout (slowloris) and a head larger than
 what uvicorn buffers are the ingress's to bound (``docs/operations.md``, ``docker/nginx.conf``).

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from conversations_app.schemas import validate_item
-from gateway import errors
-from responses_app.schemas import parse_create_request
+from gateway.core import errors
+from responses_app.protocol.schemas import parse_create_request
 
 ROOT = Path(__file__).resolve().parents[2]
 

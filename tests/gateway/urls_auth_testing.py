@@ -8,13 +8,13 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 
 from conversations_app.models import Item
-from gateway import errors
-from gateway.auth import aowned_get, owned, stored_state_view
-from gateway.config import get_config
-from gateway.http import allow_methods, json_response, parse_json_body
-from gateway.ids import new_id
-from gateway.principal import credential_consumed, request_principal
-from inference_app.upstream import forward_headers, get_upstream
+from gateway.core import errors
+from gateway.core.auth import aowned_get, owned, stored_state_view
+from gateway.core.config import get_config
+from gateway.core.http import allow_methods, json_response, parse_json_body
+from gateway.core.ids import new_id
+from gateway.core.principal import credential_consumed, request_principal
+from inference_app.upstream.http import forward_headers, get_upstream
 
 
 @allow_methods("GET")

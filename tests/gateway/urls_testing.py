@@ -3,7 +3,7 @@
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 
-from gateway.http import allow_methods, json_response, parse_json_body
+from gateway.core.http import allow_methods, json_response, parse_json_body
 
 
 @allow_methods("POST")

@@ -14,11 +14,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.routing import ProtocolTypeRouter
 from django.urls import path
 
-from gateway import errors
 from gateway.asgi import websocket_app
-from gateway.auth.websocket import ensure_not_expired
-from gateway.middleware import GatewayASGIMiddleware
-from gateway.principal import scope_principal
+from gateway.core import errors
+from gateway.core.auth.websocket import ensure_not_expired
+from gateway.core.middleware import GatewayASGIMiddleware
+from gateway.core.principal import scope_principal
 
 
 class AuthProbeConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from gateway import config as config_module
+from gateway.core import config as config_module
 from tests.servers import ROOT, LiveServer
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the venv
@@ -51,7 +51,7 @@ ENGINE_ENV = {
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inference_app.tiny_model import build_tiny_model
+    from inference_app.engine.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / SERVED)
 
@@ -170,7 +170,7 @@ def _serve_gateway(config: config_module.Config) -> Iterator[str]:
     from django.test.utils import override_settings
 
     from gateway.asgi import application
-    from inference_app import upstream
+    from inference_app.upstream import http as upstream
 
     original = config_module.get_config()
     config_module.set_config(config)
@@ -194,7 +194,7 @@ def embedded_gateway(tiny_model_dir: Path) -> Iterator[Gateway]:
 def embedded_gateway_for(tiny_model_dir: Path, **env: str) -> Iterator[Gateway]:
     """The embedded gateway; ``env`` adds settings (``UPSTREAM_API=chat_completions``, a longer
     ``GATEWAY_INFERENCE_MAX_MODEL_LEN``)."""
-    from inference_app.engine import shutdown_engine_host
+    from inference_app.engine.host import shutdown_engine_host
 
     config = engine_config(tiny_model_dir, **env)
     assert not config.llm_api_base and not config.redis_url
@@ -230,7 +230,7 @@ def worker_info() -> dict[str, Any]:
 def engine_requests_running(gateway: Gateway) -> int:
     """Requests the serving engine is working on (a worker reports it with its heartbeat)."""
     if gateway.mode == "embedded":
-        from inference_app.engine import get_engine_host
+        from inference_app.engine.host import get_engine_host
 
         return get_engine_host(config_module.get_config()).unfinished_requests
     return int(worker_info()["running"])

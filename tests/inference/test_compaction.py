@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import config as config_module
+from gateway.core import config as config_module
 from tests.inference.conftest import SERVED, Gateway, embedded_gateway_for, worker_gateway_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -12,7 +12,7 @@ What makes the random model's call usable is vLLM's guided decoding of the call,
 JSON value: the random model wrote ``[]``, ``false``, a bare number or an unclosed array. Only a
 ``strict: true`` tool gets its ``parameters`` schema pinned (``vllm.tool_parsers.
 structural_tag_registry.resolve_tool_strictness``). The gateway declares the collaboration tools
-``strict`` (``responses_app.multi_agent._fn``), so here the arguments are schema-valid.
+``strict`` (``responses_app.features.multi_agent._fn``), so here the arguments are schema-valid.
 
 Schema-valid is not short: the grammar allows JSON whitespace between tokens and the strings are
 unbounded, and the random model spends hundreds of tokens on both (400 to 650 measured for seeds
@@ -31,7 +31,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway import config as config_module
+from gateway.core import config as config_module
 from responses_app.models import Response
 from tests.inference.conftest import SERVED, Gateway, embedded_gateway_for
 from tests.responses.conftest import sse_events

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from gateway import config as config_module
+from gateway.core import config as config_module
 from tests.inference.conftest import (
     INFERENCE_REDIS_URL,
     SERVED,
@@ -66,8 +66,8 @@ def test_eight_concurrent_requests_are_batched(
     """
     import psutil
 
-    from inference_app import streams
-    from inference_app.worker_upstream import WorkerUpstream
+    from inference_app.upstream import streams
+    from inference_app.upstream.worker import WorkerUpstream
 
     upstream = WorkerUpstream(engine_config(tiny_model_dir, REDIS_URL=INFERENCE_REDIS_URL))
     body = {"model": SERVED, "prompt": "def", "max_tokens": 400, "ignore_eos": True, "stream": True}
@@ -134,7 +134,7 @@ def test_ready_reports_workers_per_configured_model(worker_gateway: Gateway) -> 
     assert r.status_code == 200, r.text
     assert r.json()["checks"]["upstream"] == {"status": "ok"}
 
-    from inference_app import upstream
+    from inference_app.upstream import http as upstream
 
     current = config_module.get_config()
     try:
@@ -153,7 +153,7 @@ def test_ready_reports_workers_per_configured_model(worker_gateway: Gateway) -> 
 
 def test_no_worker_is_503(tiny_model_dir: Path) -> None:
     """With the broker configured but no worker registered, the gateway answers 503 at once."""
-    from inference_app.worker_upstream import WorkerUpstream
+    from inference_app.upstream.worker import WorkerUpstream
 
     config = engine_config(tiny_model_dir, REDIS_URL="redis://127.0.0.1:6379/11")
     upstream = WorkerUpstream(config)
@@ -161,7 +161,7 @@ def test_no_worker_is_503(tiny_model_dir: Path) -> None:
     async def call() -> None:
         await upstream.send("POST", CHAT, body=b"{}", headers={"content-type": "application/json"})
 
-    from gateway import errors
+    from gateway.core import errors
 
     with pytest.raises(errors.ServiceUnavailable) as info:
         asyncio.run(call())

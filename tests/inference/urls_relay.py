@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import re_path
 
-from gateway import errors
 from gateway import urls as gateway_urls
-from gateway.config import get_config
-from inference_app.upstream import forward_headers, get_upstream
+from gateway.core import errors
+from gateway.core.config import get_config
+from inference_app.upstream.http import forward_headers, get_upstream
 
 RELAYED = r"^(?P<path>v1/chat/completions|v1/completions|v1/models|v1/responses|tokenize|detokenize)$"
 

@@ -6,7 +6,7 @@ subclasses a class of another module neither overrides nor uses (``self._name``)
 and attributes that class (or its bases) defines: it uses the base's public seams. Private *modules*
 (``pkg._mod``) are import-linter's ``private_modules`` contract. ruff's PLC2701 is not used: it is a
 preview rule in the pinned ruff and it skips imports within the same top-level package, which is
-where ours were (``responses_app.executor._db`` from three modules of ``responses_app``).
+where ours were (``responses_app.engine.executor._db`` from three modules of ``responses_app``).
 
 Usage: ``python tests/lint/check_private_names.py [--root DIR] [paths...]`` (default: the four packages
 of this repository); exit 1 with one line per offence.

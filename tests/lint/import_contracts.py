@@ -3,7 +3,7 @@
 ``no_cycles``: no module of the root packages takes part in an import cycle, however long, lazy
 (function-level) and ``TYPE_CHECKING`` imports included. import-linter's own ``acyclic_siblings``
 only compares siblings under one parent; a cycle can run across our four packages
-(``gateway.fastpath`` <-> ``responses_app.fastpath``), so this one looks at the whole graph.
+(``gateway.fastpath`` <-> ``responses_app.api.fastpath``), so this one looks at the whole graph.
 
 ``only_imports``: a package imports nothing but what its row of DESIGN.md's "may import" column
 names (and the standard library). import-linter's ``forbidden`` lists what may not be imported; this

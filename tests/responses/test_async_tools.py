@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from responses_app import async_tools
+from responses_app.features import async_tools
 from responses_app.models import Response
 from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
 from tests.responses.scripts import call, text
@@ -606,7 +606,7 @@ def test_the_compact_endpoint_keeps_a_pending_async_call(gw: Gateway) -> None:
 def test_unit_steering_requires_no_output_for_an_async_call() -> None:
     """A steered response's continuation must answer its synchronous client calls; an async call
     may stay pending (its output can come in any later request)."""
-    from responses_app import steering
+    from responses_app.features import steering
 
     output = [
         _call("c1"),

@@ -54,7 +54,7 @@ def test_background_runs_on_a_celery_worker(gw: Gateway, broker: None) -> None:
 
 def test_a_worker_task_closes_its_upstream_connections(gw: Gateway, broker: None) -> None:
     """Each Celery task runs on its own event loop; its upstream pool must not outlive it."""
-    from inference_app.upstream import _http_upstreams
+    from inference_app.upstream.http import _http_upstreams
 
     def pools() -> int:
         return sum(len(upstream._pools) for upstream in list(_http_upstreams))

@@ -1,4 +1,4 @@
-"""``responses_app.events.coalesce``: frames produced without waiting go out as one write; nothing is
+"""``gateway.core.sse.coalesce``: frames produced without waiting go out as one write; nothing is
 delayed past a point where the source waits; failures and cancellation behave as without it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from responses_app.events import coalesce
+from gateway.core.sse import coalesce
 
 
 async def test_frames_are_joined_between_waits() -> None:
@@ -102,9 +102,9 @@ async def test_closing_early_closes_the_source() -> None:
 
 
 def _stream(source: AsyncIterator[bytes]) -> tuple[list[dict[str, object]], asyncio.Future[None]]:
-    from gateway.passthrough import Exchange
-    from responses_app import fastpath
-    from responses_app.views import Outcome
+    from gateway.core.asgi import Exchange
+    from responses_app.api import fastpath
+    from responses_app.api.views import Outcome
 
     sent: list[dict[str, object]] = []
 
@@ -160,9 +160,9 @@ async def test_a_stream_without_frames_or_failing_before_one_still_gets_its_head
 
 
 async def test_a_head_whose_send_fails_is_not_sent_again() -> None:
-    from gateway.passthrough import Exchange
-    from responses_app import fastpath
-    from responses_app.views import Outcome
+    from gateway.core.asgi import Exchange
+    from responses_app.api import fastpath
+    from responses_app.api.views import Outcome
 
     sent: list[str] = []
 

@@ -14,7 +14,7 @@ import pytest
 from openai.types.responses import CompactedResponse
 
 from conversations_app.models import Item
-from responses_app.compaction import DEFAULT_PROMPT, estimate_tokens
+from responses_app.features.compaction import DEFAULT_PROMPT, estimate_tokens
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
 from tests.responses.hostile import CHAT_ANSWER_KINDS, RESPONSES_ANSWER_KINDS

@@ -109,7 +109,7 @@ def test_max_stream_event_bytes_does_not_bound_a_json_answer(gw: Gateway, gatewa
 
 
 def test_an_unread_event_is_numbered_and_serialized_only_when_asked() -> None:
-    from responses_app.events import EventSink
+    from gateway.core.sse import EventSink
 
     sink = EventSink(10)  # smaller than any event: an unread one is not size-checked
     sink.unread = True

@@ -15,9 +15,9 @@ import orjson
 import pytest
 from django.db import connection
 
-from gateway.auth import apikeys
-from responses_app.history_cache import ENTRY_OVERHEAD, HistoryCache, history_cache
+from gateway.core.auth import apikeys
 from responses_app.models import Response
+from responses_app.storage.history_cache import ENTRY_OVERHEAD, HistoryCache, history_cache
 from tests.responses.conftest import Gateway
 from tests.responses.scripts import text
 
@@ -253,7 +253,7 @@ def test_an_unexpected_error_is_a_server_error_envelope(gw: Gateway, monkeypatch
         calls.append(call)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("responses_app.fastpath.create", broken)
+    monkeypatch.setattr("responses_app.api.fastpath.create", broken)
     r = gw.post({"model": "m", "input": "hi"})
     assert r.status_code == 500
     assert r.json()["error"] == {

@@ -1,4 +1,4 @@
-"""``responses_app.group_commit.GroupWriter``: writes waiting together commit together, a failing
+"""``responses_app.storage.group_commit.GroupWriter``: writes waiting together commit together, a failing
 write fails alone, nothing is dropped; its thread keeps its connection between bursts, and writes
 again on a fresh one when the kept one failed."""
 
@@ -15,8 +15,8 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from conversations_app.models import Item
-from gateway.db import run_orm
-from responses_app.group_commit import GroupWriter
+from gateway.core.db import run_orm
+from responses_app.storage.group_commit import GroupWriter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,7 +179,7 @@ def test_a_cancelled_writer_caller_does_not_drop_its_write() -> None:
 def test_a_failing_connection_tidy_up_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     """When tidying the thread's connections fails before the work (the database is gone), the
     caller gets the error instead of waiting forever, and the writer goes on serving."""
-    import responses_app.group_commit as group_commit
+    import responses_app.storage.group_commit as group_commit
 
     tidy = group_commit.close_old_connections
     broken = {"left": 1}
@@ -203,7 +203,7 @@ def test_a_failing_connection_tidy_up_reaches_the_caller(monkeypatch: pytest.Mon
 
 def _counting_tidy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record each tidy-up of an ORM thread's connections (``close_old_connections``), by thread."""
-    import responses_app.group_commit as group_commit
+    import responses_app.storage.group_commit as group_commit
 
     tidy = group_commit.close_old_connections
     calls: list[str] = []

@@ -230,7 +230,7 @@ def test_object_arguments_are_serialized_as_json_chat_wire(gw: Gateway) -> None:
 @pytest.fixture
 def fault(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: the tool loop's per-round hook raises, as a bug anywhere in a round would."""
-    from responses_app.tool_loop import ToolLoop
+    from responses_app.engine.tool_loop import ToolLoop
 
     def broken(self: Any) -> None:
         raise RuntimeError("injected fault")

@@ -17,13 +17,14 @@ import orjson
 import pytest
 from django.utils import timezone
 
-from gateway import errors
-from gateway.config import get_config, replace
+from gateway.core import errors
+from gateway.core.config import get_config, replace
 from inference_app.tools.base import ToolCall
 from inference_app.tools.dispatch import run_gateway_calls
-from responses_app import leases, services, tasks
+from responses_app import tasks
 from responses_app.models import Response, ResponseEvent
-from responses_app.schemas import ResponseCreateRequest
+from responses_app.protocol.schemas import ResponseCreateRequest
+from responses_app.storage import leases, services
 from tests.servers import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,7 +109,7 @@ def test_the_leases_held_on_one_loop_are_renewed_together(monkeypatch: pytest.Mo
     """One renewal for every lease due at once (not a task and a statement per response); a lease
     found gone is reported lost once and no longer renewed; a cancelled one is not renewed again; a
     lease with a shorter heartbeat that arrives later is renewed on its own time."""
-    from gateway.db import run_orm
+    from gateway.core.db import run_orm
 
     config = get_config()
     # The slow heartbeat leaves the steps before its first renewal a second of slack on a busy
@@ -209,7 +210,7 @@ def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_event
     """The row a stored stream writes before ``response.created``: in_progress under the lease, not
     continuable (cached history or not), failed by the sweep once expired (no event stream: it is
     not a background response), and a late final store does not overwrite the failure."""
-    from responses_app.history_cache import history_cache
+    from responses_app.storage.history_cache import history_cache
 
     prepared = _stored_stream()
     snapshot = {"id": prepared.response_id, "object": "response", "status": "in_progress", "error": None}
@@ -243,8 +244,8 @@ def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_event
 
 def _drive(executor: Any) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Run ``executor`` through ``runs.drive``; its events and the row as each event was sent."""
-    from gateway.db import run_orm
-    from responses_app import runs
+    from gateway.core.db import run_orm
+    from responses_app.engine import runs
 
     events: list[dict[str, Any]] = []
     rows: list[tuple[str, str]] = []
@@ -268,8 +269,8 @@ class _Hanging:
 def test_a_stored_stream_whose_lease_is_lost_ends_failed() -> None:
     """The sweep failed the row meanwhile (this process could not renew it): the next heartbeat
     interrupts the run, which ends with ``response.failed``; the sweep's row stays."""
-    from responses_app import runs
-    from responses_app.executor import Executor
+    from responses_app.engine import runs
+    from responses_app.engine.executor import Executor
 
     config = get_config()
     config = replace(config, responses__heartbeat_s=0.05, responses__lease_s=5.0)
@@ -278,7 +279,7 @@ def test_a_stored_stream_whose_lease_is_lost_ends_failed() -> None:
     swept: list[bool] = []
 
     async def run() -> list[dict[str, Any]]:
-        from gateway.db import run_orm
+        from gateway.core.db import run_orm
 
         events: list[dict[str, Any]] = []
 
@@ -309,7 +310,7 @@ def test_a_stored_stream_refused_at_commit_is_stored_failed_with_the_refusal() -
     error at once, instead of leaving it in_progress until its lease expires (or 404)."""
     from conversations_app import services as conversation_services
     from conversations_app.models import Conversation
-    from responses_app.executor import Executor
+    from responses_app.engine.executor import Executor
 
     conversation, _ = conversation_services.conversation_create(owner="tester", metadata={}, items=[])
     prepared = _stored_stream(conversation=conversation.id)
@@ -352,9 +353,9 @@ def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent
     final row follows it."""
     import threading
 
-    from gateway.db import run_orm
-    from responses_app import runs
-    from responses_app.executor import Executor
+    from gateway.core.db import run_orm
+    from responses_app.engine import runs
+    from responses_app.engine.executor import Executor
 
     upstream = _Recorded()
     executor = Executor(_stored_stream(), get_config(), upstream=upstream)
@@ -402,7 +403,7 @@ def _behind_a_busy_writer(executor: Any, final_waits: Any) -> list[Any]:
     row taken back); nothing may have been sent by then. Every event of the stream."""
     import threading
 
-    from responses_app import runs
+    from responses_app.engine import runs
 
     busy, release = threading.Event(), threading.Event()
 
@@ -439,7 +440,7 @@ def test_a_final_row_ready_before_the_in_progress_row_was_taken_replaces_it(
     """The writer is busy until the stream's work has ended: its in_progress row, still waiting, is
     withdrawn and never written; the final row is written alone and the client gets every event."""
 
-    from responses_app.executor import Executor
+    from responses_app.engine.executor import Executor
 
     upstream = _Recorded()
     upstream.go.set()  # the run ends at once (failed): its final row is ready right away
@@ -471,7 +472,7 @@ def test_a_refused_final_store_that_replaced_the_in_progress_row_is_the_streams_
 
     from conversations_app import services as conversation_services
     from conversations_app.models import Conversation
-    from responses_app.executor import Executor
+    from responses_app.engine.executor import Executor
 
     conversation, _ = conversation_services.conversation_create(owner="tester", metadata={}, items=[])
     prepared = _stored_stream(conversation=conversation.id)
@@ -502,8 +503,8 @@ def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
     ``runs.detached_frames`` (what an SSE client is sent): each event's frame."""
     from django.db import OperationalError
 
-    from responses_app import runs
-    from responses_app.executor import Executor
+    from responses_app.engine import runs
+    from responses_app.engine.executor import Executor
 
     real = services.final_writes.combine
     assert real is not None
@@ -620,7 +621,7 @@ def test_waiting_for_a_streams_row_neither_raises_its_failure_nor_cancels_it() -
     """``runs._settled``, the wait of a stream's reader for its row: it returns once the write is
     done, failed or not; a reader cancelled meanwhile leaves the write running; a done write does
     not suspend the reader."""
-    from responses_app import runs
+    from responses_app.engine import runs
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()

@@ -412,7 +412,7 @@ def test_the_round_cap_ends_the_roots_turn_incomplete(gw: Gateway, gateway_confi
 def test_wait_agent_waits_at_most_the_cap(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``wait_agent`` asking for longer than the cap (``MAX_WAIT_MS``, here 0.3 s instead of five
     minutes) times out at the cap: the root goes on while its subagent is still at work."""
-    from responses_app import multi_agent
+    from responses_app.features import multi_agent
 
     monkeypatch.setattr(multi_agent, "MAX_WAIT_MS", 300)
 

@@ -1,4 +1,4 @@
-"""``responses_app.events.read_sse``: the upstream's SSE events, whatever the chunking; a line over
+"""``gateway.core.sse.read_sse``: the upstream's SSE events, whatever the chunking; a line over
 ``max_upstream_sse_line_bytes`` is a :class:`StreamFailure`, in one chunk or across several."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from responses_app.events import StreamFailure, read_sse
+from gateway.core.sse import StreamFailure, read_sse
 
 STREAM = (
     b'event: response.created\r\ndata: {"a":1}\r\n\r\n'  # CRLF line ends

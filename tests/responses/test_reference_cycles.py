@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from gateway import passthrough
-from responses_app.executor import Executor
+from gateway.core import asgi as passthrough
+from responses_app.engine.executor import Executor
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
 from tests.responses.scripts import text

@@ -1,4 +1,4 @@
-"""``responses_app.steering``: validation, targets, budgets and expiry, without a socket.
+"""``responses_app.features.steering``: validation, targets, budgets and expiry, without a socket.
 
 The WebSocket behaviour is in test_websocket_steering.py; these pin the rules at unit level
 (a fake clock for the 60 s expiry, exact budget edges).
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from responses_app import steering
-from responses_app.steering import Limits, SteerFailure, Steering
+from responses_app.features import steering
+from responses_app.features.steering import Limits, SteerFailure, Steering
 
 
 class Clock:
@@ -200,7 +200,7 @@ def test_failure_budget_and_discard() -> None:
 
 
 def test_spec_defaults() -> None:
-    from gateway.config import WebSocketConfig
+    from gateway.core.config import WebSocketConfig
 
     ws = WebSocketConfig()
     assert ws.steer_max_queued == 32 and ws.steer_target_ttl_s == 60.0

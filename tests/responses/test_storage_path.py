@@ -20,8 +20,8 @@ from django.db import connection
 from django.test import Client
 
 from conversations_app.models import Conversation, ConversationItem, Item
-from responses_app.history_cache import history_cache
 from responses_app.models import Response, ResponseEvent
+from responses_app.storage.history_cache import history_cache
 from tests.responses.conftest import Gateway, sse_events
 from tests.responses.scripts import text
 
@@ -34,7 +34,7 @@ class _FinalWrites:
     those queued behind. Waited on instead of a pause that hopes they got there."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from responses_app import services
+        from responses_app.storage import services
 
         self.writer = services.final_writes
         self.batches: list[int] = []  # the number of final rows of each statement
@@ -393,7 +393,7 @@ def test_a_compression_method_the_server_does_not_support_leaves_the_migration_g
     from django.db import transaction
     from django.db.migrations.state import StateApps
 
-    from gateway.schema import compressed_with_lz4
+    from gateway.core.schema import compressed_with_lz4
 
     operation = compressed_with_lz4(
         ("responses_app_response", "input_item_count"), ("responses_app_response", "snapshot")
@@ -415,7 +415,7 @@ def test_any_other_failure_of_the_compression_migration_fails_it() -> None:
     from django.db import DatabaseError
     from django.db.migrations.state import StateApps
 
-    from gateway.schema import compressed_with_lz4
+    from gateway.core.schema import compressed_with_lz4
 
     operation = compressed_with_lz4(("responses_app_response", "no_such_column"))
     with pytest.raises(DatabaseError, match="no_such_column"), connection.schema_editor() as editor:

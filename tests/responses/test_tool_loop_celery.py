@@ -25,7 +25,7 @@ def wire() -> str:
 
 @pytest.fixture
 def tools_worker(tools_gw: ToolsGateway) -> Iterator[None]:
-    import inference_app.tool_tasks  # noqa: F401  (registers the tool task)
+    import inference_app.tools.tasks  # noqa: F401  (registers the tool task)
 
     assert tools_gw.configure is not None
     rebind(celery_app, tools_gw.configure(redis_url=REDIS_URL))

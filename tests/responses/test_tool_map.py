@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from responses_app.engine.translate import upstream_tool_name
 from responses_app.models import Response
-from responses_app.translate import upstream_tool_name
 from tests.responses.conftest import Gateway, check_sdk_event
 from tests.responses.scripts import call, text
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from responses_app.engine.tool_search import MAX_RESULTS, ServerToolSearch
 from responses_app.models import Response
-from responses_app.tool_search import MAX_RESULTS, ServerToolSearch
 from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
 from tests.responses.scripts import Script, call, handler, text
 from tests.responses.wsutil import Client, connect, create

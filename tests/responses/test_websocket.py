@@ -16,7 +16,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from conversations_app.models import Item
-from gateway.principal import Principal
+from gateway.core.principal import Principal
 from responses_app.models import Response
 from tests.responses.scripts import Script, handler, text
 from tests.responses.wsutil import Client, RawSocketClient, connect, create, lane
@@ -528,7 +528,7 @@ def test_token_expiry_refuses_new_and_queued_work(
 ) -> None:
     from channels.routing import URLRouter
 
-    from gateway.middleware import GatewayASGIMiddleware
+    from gateway.core.middleware import GatewayASGIMiddleware
     from gateway.routing import websocket_urlpatterns
 
     gateway_config(llm_api_base=upstream.url, upstream_api="responses")

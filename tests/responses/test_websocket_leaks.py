@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway import memory
+from gateway.core import memory
 from tests.servers import ROOT, child_env
 
 CONNECTIONS = 6

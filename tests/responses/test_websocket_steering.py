@@ -876,7 +876,7 @@ def test_exhausting_failure_delivery_capacity_closes_the_connection(
 def test_disconnect_discards_unapplied_steering_even_for_a_stored_parent(
     gw: LiveServer, upstream: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from responses_app import steering
+    from responses_app.features import steering
 
     discarded = threading.Event()  # the server handled the close (its steering discarded)
     discard = steering.Steering.discard

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config import Config
+from gateway.core.config import Config
 from tests.responses.conftest import Gateway, check_sdk_event, check_sdk_response
 from tests.servers import LiveServer
 from tests.tools.tools_servers import McpRecord, SearchProvider, start_mcp_server

@@ -73,8 +73,8 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
 
-    from gateway.config import get_config
-    from responses_app.consumers import ResponsesConsumer
+    from gateway.core.config import get_config
+    from responses_app.api.consumers import ResponsesConsumer
     from tests.servers import free_port
 
     consumers: weakref.WeakSet[ResponsesConsumer] = weakref.WeakSet()

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config import McpServerConfig, load_config, replace
-from gateway.errors import BadRequest
+from gateway.core.config import McpServerConfig, load_config, replace
+from gateway.core.errors import BadRequest
 from inference_app.tools import (
     ToolCallBudget,
     ToolResult,

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 
-from gateway.config import Config, load_config, replace
+from gateway.core.config import Config, load_config, replace
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls
 from tests.tools.tools_servers import SearchProvider
 
@@ -43,7 +43,7 @@ def tools_config(provider: SearchProvider, gateway_config: Callable[..., Config]
 def celery_app(tools_config: Config) -> Any:
     from celery import Celery
 
-    import inference_app.tool_tasks  # noqa: F401  (registers the shared task)
+    import inference_app.tools.tasks  # noqa: F401  (registers the shared task)
     from gateway.celery import configure
 
     return configure(Celery("gateway-tools-test"), tools_config)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_config
+from gateway.core.config import ConfigError, load_config
 
 
 def write(tmp_path: Path, text: str) -> dict[str, str]:

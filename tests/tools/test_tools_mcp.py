@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config import Config, McpServerConfig, load_config, replace
-from gateway.errors import BadRequest
+from gateway.core.config import Config, McpServerConfig, load_config, replace
+from gateway.core.errors import BadRequest
 from inference_app.tools import classify_tools, discover_mcp_tools, run_gateway_calls
 from inference_app.tools.base import McpServer
 from inference_app.tools.mcp import check_server_allowed, listings_from_items

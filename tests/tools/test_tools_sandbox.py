@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.config import Config, load_config, replace
+from gateway.core.config import Config, load_config, replace
 from inference_app.tools import ToolResult, classify_tools, run_gateway_calls
 
 # No skip without bubblewrap: `make test` installs it (tests/ensure_tools.sh); without it these fail

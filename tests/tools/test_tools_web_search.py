@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config import Config, load_config, replace
+from gateway.core.config import Config, load_config, replace
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls
 from inference_app.tools.web_search import normalize_domain
 from tests.tools.tools_servers import SearchProvider

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gateway import errors
-from gateway.auth import apikeys
+from gateway.core import errors
+from gateway.core.auth import apikeys
 
 
 class Command(BaseCommand):

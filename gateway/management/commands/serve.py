@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from gateway.config import Config, ConfigError, get_config
+from gateway.core.config import Config, ConfigError, get_config
 from gateway.startup import run_checks
 
 
@@ -34,7 +34,7 @@ class Command(BaseCommand):
         if workers == 1:
             # Embedded inference: start loading the engine now, while the server comes up, rather
             # than on the first request (it takes tens of seconds). /ready says when it serves.
-            from inference_app.upstream import get_upstream
+            from inference_app.upstream.http import get_upstream
 
             engine_host = getattr(get_upstream(), "host", None)
             if engine_host is not None:
@@ -47,9 +47,9 @@ class Command(BaseCommand):
         import uvicorn
 
         if workers > 1:
-            from gateway.metrics import use_multiprocess_dir
+            from gateway.core.metrics import use_multiprocess_dir
 
-            use_multiprocess_dir()  # /metrics adds up every worker (gateway.metrics)
+            use_multiprocess_dir()  # /metrics adds up every worker (gateway.core.metrics)
         # uvicorn's own worker processes (its supervisor) when workers > 1.
         uvicorn.run("gateway.asgi:application", **uvicorn_options(config, host, port, workers))
 
@@ -57,11 +57,11 @@ class Command(BaseCommand):
 def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[str, Any]:
     """The ``uvicorn.Config`` options the gateway is served with (tests serve with them too).
 
-    The ``[server]`` limits uvicorn has no setting for are held above it (``gateway.middleware``:
+    The ``[server]`` limits uvicorn has no setting for are held above it (``gateway.core.middleware``:
     head size, header count, body read timeout) or by the ingress in front (a head's read timeout,
-    ``docs/operations.md``); the drain on SIGTERM is ``gateway.lifecycle``'s.
+    ``docs/operations.md``); the drain on SIGTERM is ``gateway.core.lifecycle``'s.
     """
-    from gateway.lifecycle import FLUSH_MARGIN_S
+    from gateway.core.lifecycle import FLUSH_MARGIN_S
 
     return {
         "host": host,
@@ -76,7 +76,7 @@ def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[
         # its start puts the drain in front of uvicorn's SIGTERM handler.
         "lifespan": "on",
         # SIGTERM (docs/operations.md): responses in flight get shutdown_grace_s, then end
-        # failed (gateway.lifecycle); uvicorn cancels whatever still runs after the margin.
+        # failed (gateway.core.lifecycle); uvicorn cancels whatever still runs after the margin.
         "timeout_graceful_shutdown": config.server.shutdown_grace_s + FLUSH_MARGIN_S,
         "log_level": "warning",
         "access_log": False,

@@ -19,14 +19,14 @@ class Command(BaseCommand):
         parser.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from inference_app.engine import default_model_dir
+        from inference_app.engine.host import default_model_dir
 
         out = Path(options["out"]) if options["out"] else default_model_dir()
         if (out / "config.json").exists() and not options["force"]:
             self.stdout.write(f"{out} already holds a model (use --force to rebuild)")
             return
         try:
-            from inference_app.tiny_model import build_tiny_model
+            from inference_app.engine.tiny_model import build_tiny_model
         except ImportError as exc:  # pragma: no cover - depends on the venv
             raise CommandError(f"needs the inference dependencies (make install-inference): {exc}") from exc
         build_tiny_model(out)

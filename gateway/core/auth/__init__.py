@@ -1,0 +1,245 @@
+"""Inbound authentication: one framework-agnostic entry point used by every layer.
+
+``authenticate(path, headers)`` is called by the Django auth middleware for HTTP, by the WebSocket
+upgrade check, and by any ASGI fast path. It returns the caller's principal and whether the
+gateway consumed the caller's credential (then it is never forwarded upstream), or raises
+``errors.AuthenticationFailed`` (401) / ``errors.ServiceUnavailable`` (503, identity provider down).
+
+Modes, decided per request from the configuration and the API-key table:
+
+- **OIDC** (``OIDC_ISSUER`` and ``OIDC_AUDIENCE`` set): every protected path needs a valid bearer
+  token; the principal is ``oidc:<iss>#<sub>``; the token is consumed.
+- **API keys** (at least one active named key, or ``GATEWAY_REQUIRE_API_KEY``): every protected
+  path needs one of the keys (``Authorization: Bearer`` or ``x-api-key``); the principal is
+  ``key:<id>``; the key is consumed and the upstream credential is injected instead.
+- **Open**: every request belongs to the default principal and the caller's headers pass through.
+  When ``OPENAI_API_KEY`` is set, stored state (responses, input items, conversations) can only be
+  read or deleted by a caller presenting that key: see :func:`require_stored_state_access`.
+
+Helpers for the feature code: :func:`owned`, :func:`owner_filter`, :func:`owned_get` (every read and
+write of stored objects filters by owner; another owner's id is "not found"),
+:func:`require_stored_state_access` / :func:`stored_state_view`, and
+:func:`gateway.core.auth.websocket.ensure_not_expired` for WebSocket connections.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.db.models import Model, QuerySet
+
+from gateway.core import errors
+from gateway.core.auth import apikeys
+from gateway.core.config import get_config
+from gateway.core.principal import DEFAULT_PRINCIPAL, Principal, request_principal
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    principal: Principal
+    credential_consumed: bool
+
+
+OPEN = AuthResult(DEFAULT_PRINCIPAL, False)
+UPSTREAM_KEY_PRINCIPAL = Principal(owner=DEFAULT_PRINCIPAL.owner, kind="upstream_key")
+_UPSTREAM_KEY_RESULT = AuthResult(UPSTREAM_KEY_PRINCIPAL, False)
+
+
+PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})  # the API's description, never stored data
+
+
+def requires_auth(path: str) -> bool:
+    """``/v1/*`` is protected (and ``/metrics`` when not public); ``/health``, ``/ready``, the OpenAPI
+    document and its Swagger UI (``/docs/``) stay public."""
+    if path.startswith("/v1/"):
+        return path not in PUBLIC_API_PATHS
+    return path == "/metrics" and not get_config().server.metrics_public
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The caller's credential: ``Authorization: Bearer <t>``, else ``x-api-key`` (Anthropic SDKs).
+
+    ``None`` when neither header is present; ``""`` when one is present but malformed or empty.
+    """
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or " " in token:
+            return ""
+        return token
+    api_key = headers.get("x-api-key")
+    if api_key is not None:
+        return api_key.strip()
+    return None
+
+
+def _refusal(token: str | None) -> errors.AuthenticationFailed:
+    if token is None:
+        return errors.AuthenticationFailed(code="missing_bearer_token")
+    return errors.AuthenticationFailed(code="invalid_token")
+
+
+async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
+    """Authenticate a request to ``path`` with lower-cased ``headers``."""
+    config = get_config()
+    token = bearer_token(headers)
+    if config.oidc_enabled:
+        # Imported only where it is used: it brings aiohttp and PyJWT (about 0.1 s of the event
+        # loop the first time), which an API-key or open gateway never needs.
+        from gateway.core.auth import oidc
+
+        if not token:
+            raise _refusal(token)
+        verified = await oidc.get_provider(config).verify(token)
+        principal = Principal(
+            owner=f"oidc:{verified.issuer}#{verified.subject}",
+            kind="oidc",
+            subject=verified.subject,
+            expires_at=verified.expires_at,
+        )
+        return AuthResult(principal, True)
+
+    result, key = _by_key(await apikeys.snapshot(), token)
+    if key is not None:
+        await apikeys.record_use(key)
+    return result
+
+
+def authenticate_now(path: str, headers: Mapping[str, str]) -> AuthResult | None:
+    """:func:`authenticate` when it can decide without waiting for anything, else ``None``.
+
+    ``None`` (call :func:`authenticate`) with OIDC, when the API-key snapshot must be reloaded, and
+    when a key's last use is due to be written; every other case is decided here, by the same rules.
+    """
+    if get_config().oidc_enabled:
+        return None
+    snap = apikeys.fresh_snapshot()
+    if snap is None:
+        return None
+    result, key = _by_key(snap, bearer_token(headers))
+    if key is not None and apikeys.use_due(key):
+        return None
+    return result
+
+
+def _by_key(snap: Any, token: str | None) -> tuple[AuthResult, Any]:
+    """API-key and open mode: the result, and the key used (``None`` when none was needed)."""
+    config = get_config()
+    if snap.any or config.auth.require_api_key:
+        key = apikeys.match(snap, token) if token else None
+        if key is None:
+            raise _refusal(token)
+        return AuthResult(Principal(owner=f"key:{key.id}", kind="api_key", subject=key.name), True), key
+
+    upstream_key = config.openai_api_key.get_secret_value()
+    if upstream_key and token and hmac.compare_digest(token.encode(), upstream_key.encode()):
+        # The caller holds the upstream credential: it may read stored state (see below). It is
+        # not consumed: forwarding it is forwarding the very credential the gateway would inject.
+        return _UPSTREAM_KEY_RESULT, None
+    return OPEN, None
+
+
+def reset_caches() -> None:
+    """Forget cached JWKS / discovery documents and the API-key snapshot (tests; reloads)."""
+    from gateway.core.auth import apikeys, oidc
+
+    oidc.reset()
+    apikeys.reset()
+
+
+# -- stored state: the OPENAI_API_KEY rule ------------------------------------------------------
+
+
+def check_stored_state_access(principal: Principal, headers: Mapping[str, str]) -> None:
+    """Refuse (401) an open-gateway caller without ``OPENAI_API_KEY`` reading or deleting stored state.
+
+    OIDC and API-key callers were authenticated already (their principal is not the default one).
+    On an open gateway with ``OPENAI_API_KEY`` set, stored responses, input items and conversations
+    are only for callers presenting that key as their bearer token, so stored data is never open
+    while a key exists.
+    """
+    if principal.kind != "default":
+        return
+    if not get_config().openai_api_key.get_secret_value():
+        return
+    raise _refusal(bearer_token(headers))
+
+
+def require_stored_state_access(request: Any) -> None:
+    """:func:`check_stored_state_access` for a Django request (after the auth middleware ran)."""
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    check_stored_state_access(request_principal(request), headers)
+
+
+View = TypeVar("View", bound=Callable[..., Awaitable[Any]])
+
+
+def stored_state_view(view: View) -> View:
+    """Decorate an async view that reads or deletes stored state with the ``OPENAI_API_KEY`` rule."""
+
+    @functools.wraps(view)
+    async def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+        require_stored_state_access(request)
+        return await view(request, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# -- ownership ----------------------------------------------------------------------------------
+
+M = TypeVar("M", bound=Model)
+
+
+def owner_filter(principal: Principal) -> dict[str, str]:
+    """The ORM filter selecting ``principal``'s objects: ``Model.objects.filter(**owner_filter(p))``."""
+    return {"owner": principal.owner}
+
+
+def owned(queryset: QuerySet[M], principal: Principal) -> QuerySet[M]:
+    """``queryset`` narrowed to the objects ``principal`` owns (every read and write goes through this)."""
+    return queryset.filter(**owner_filter(principal))
+
+
+def owned_get(
+    queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
+) -> M:
+    """The one object matching ``lookup`` that ``principal`` owns.
+
+    Another owner's object raises the same :class:`errors.NotFound` as a missing one, so ids of
+    other principals cannot even be probed for existence.
+    """
+    obj = owned(queryset, principal).filter(**lookup).first()
+    if obj is None:
+        raise errors.NotFound(not_found)
+    return obj
+
+
+async def aowned_get(
+    queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
+) -> M:
+    """:func:`owned_get` for async code (on an ORM thread: ``gateway.core.db.run_orm``)."""
+    from gateway.core.db import run_orm
+
+    return await run_orm(lambda: owned_get(queryset, principal, not_found=not_found, **lookup))
+
+
+__all__ = [
+    "OPEN",
+    "AuthResult",
+    "aowned_get",
+    "authenticate",
+    "bearer_token",
+    "check_stored_state_access",
+    "owned",
+    "owned_get",
+    "owner_filter",
+    "require_stored_state_access",
+    "requires_auth",
+    "reset_caches",
+    "stored_state_view",
+]

@@ -1,0 +1,255 @@
+"""The server process's life: graceful shutdown (the drain) and its periodic jobs (the lease sweep).
+
+Shutdown (``docs/operations.md``): SIGTERM first reaches :func:`drain_on_signal`'s handler, which
+begins the drain (:meth:`Drain.begin`) and hands the signal on to the server (uvicorn stops accepting
+and shuts its connections down) once every WebSocket has closed, or the grace and the flush margin
+are nearly over: uvicorn would cut an open WebSocket at once. Every running response runs inside
+:func:`interruptible`: it may finish until ``[server] shutdown_grace_s`` has passed; then it is
+interrupted and ends with a ``failed`` terminal event and a stored ``failed`` row, so every id a
+client saw is retrievable. WebSocket consumers close their connections themselves once their last
+terminal event is sent (:meth:`Drain.listen`); new HTTP requests are refused with a 503 meanwhile
+(``gateway.core.middleware``). uvicorn's own ``timeout_graceful_shutdown`` (the grace plus
+:data:`FLUSH_MARGIN_S`) is the backstop that cancels whatever is still running after that.
+
+The ASGI ``lifespan`` app (:func:`lifespan`) starts the periodic jobs registered with
+:func:`on_startup` (the background responses' lease sweep) and, at shutdown, waits for the work no
+connection is waiting for (in-process background responses) within the same bound, then runs the
+jobs registered with :func:`on_shutdown` (closing the upstream client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+log = logging.getLogger("gateway.core.lifecycle")
+
+# After the grace: how long interrupted responses get to store their failure and send their last
+# event before uvicorn cancels what is left.
+FLUSH_MARGIN_S = 5.0
+
+
+class Interruptible:
+    """One running response's handle in the drain (see :func:`interruptible`)."""
+
+    __slots__ = ("_timeout", "interrupted")
+
+    def __init__(self, timeout: asyncio.Timeout) -> None:
+        self._timeout = timeout
+        self.interrupted = False
+
+    @property
+    def expired(self) -> bool:
+        return self._timeout.expired()
+
+    def interrupt(self) -> None:
+        if not self._timeout.expired():
+            self._timeout.reschedule(asyncio.get_running_loop().time())
+
+
+class Drain:
+    """This process's shutdown: started once, by SIGTERM (or the lifespan's end)."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # loop time after which running work is interrupted
+        self.runs: set[Interruptible] = set()
+        # Work that must end before the process may exit, interrupted or not: a run's failure being
+        # stored after its interruption (see :meth:`held`).
+        self.holds = 0
+        self.websockets = 0  # WebSocket connections open (gateway.core.middleware counts them)
+        self._listeners: set[Callable[[], None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.deadline is not None
+
+    def begin(self, grace_s: float | None = None) -> None:
+        """Start the drain (idempotent): running work gets ``grace_s`` (default: the config's)."""
+        if self.deadline is not None:
+            return
+        if grace_s is None:
+            from gateway.core.config import get_config
+
+            grace_s = get_config().server.shutdown_grace_s
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + grace_s
+        log.info("shutting down: %d responses running, %g s to finish", len(self.runs), grace_s)
+        self._timer = loop.call_at(self.deadline, self._interrupt_all)
+        for listener in list(self._listeners):
+            listener()
+
+    def _interrupt_all(self) -> None:
+        if self.runs:
+            log.warning("shutdown grace over: ending %d running responses as failed", len(self.runs))
+        for run in list(self.runs):
+            run.interrupt()
+
+    def listen(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when the drain begins (at once if it has); returns the unsubscriber."""
+        if self.deadline is not None:
+            asyncio.get_running_loop().call_soon(callback)
+        self._listeners.add(callback)
+        return lambda: self._listeners.discard(callback)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The shutdown waits for this block (within the flush margin), also once its run was
+        interrupted: an interrupted run leaves :data:`runs` at once, and stores its failure after.
+        Without the hold the lifespan could see no run left and let the process exit while that
+        write still waits for the database (work no connection waits for: a background response)."""
+        self.holds += 1
+        try:
+            yield
+        finally:
+            self.holds -= 1
+
+    async def wait_idle(self) -> None:
+        """Until no response runs or is held, or the deadline and the flush margin have passed."""
+        loop = asyncio.get_running_loop()
+        end = (self.deadline if self.deadline is not None else loop.time()) + FLUSH_MARGIN_S
+        while (self.runs or self.holds) and loop.time() < end:
+            await asyncio.sleep(0.05)
+
+    async def wait_websockets_closed(self) -> None:
+        """Until every WebSocket has closed, or the deadline and the flush margin are nearly over."""
+        loop = asyncio.get_running_loop()
+        end = (self.deadline if self.deadline is not None else loop.time()) + FLUSH_MARGIN_S - 1.0
+        while self.websockets and loop.time() < end:
+            await asyncio.sleep(0.05)
+
+    def reset(self) -> None:
+        """Forget a finished drain (tests that run several servers in one process)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.deadline = None
+        self._timer = None
+
+
+drain = Drain()
+
+
+def interruptible() -> contextlib.AbstractAsyncContextManager[Interruptible]:
+    """Run the body until it ends, or until the drain's deadline interrupts it.
+
+    An interrupted body is cancelled at the ``await`` it was at; the exception stops here and
+    ``handle.interrupted`` is True, so the caller ends the response (stores it failed, sends the
+    terminal event). The body must run in the task that entered this block.
+    """
+    return _InterruptibleBlock()
+
+
+class _InterruptibleBlock:
+    """:func:`interruptible`'s block: an ``asyncio.timeout`` with no deadline, which the drain
+    reschedules to interrupt the body. A class rather than an ``asynccontextmanager``: every
+    response enters one, and a generator-based one costs an async generator's set-up and tear-down."""
+
+    __slots__ = ("handle", "timeout")
+
+    async def __aenter__(self) -> Interruptible:
+        self.timeout = asyncio.timeout(None)
+        await self.timeout.__aenter__()
+        handle = self.handle = Interruptible(self.timeout)
+        drain.runs.add(handle)
+        if drain.deadline is not None and asyncio.get_running_loop().time() >= drain.deadline:
+            handle.interrupt()
+        return handle
+
+    async def __aexit__(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
+        handle = self.handle
+        try:
+            await self.timeout.__aexit__(exc_type, exc, traceback)
+        except TimeoutError:
+            if not handle.expired:
+                raise  # another timeout inside the body: not ours
+            handle.interrupted = True
+            return True  # interrupted: the exception stops here
+        finally:
+            drain.runs.discard(handle)
+        return False
+
+
+# --- the ASGI lifespan: periodic jobs and the end of in-process work ---------------------------
+
+_startup: list[Callable[[], Coroutine[Any, Any, None]]] = []
+
+
+def on_startup(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``job`` (a long-lived coroutine: a periodic loop) as a task while the server runs."""
+    if job not in _startup:
+        _startup.append(job)
+
+
+_shutdown: list[Callable[[], Coroutine[Any, Any, None]]] = []
+
+
+def on_shutdown(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Await ``job`` at shutdown, once the work in flight has ended (closing the loop's clients)."""
+    if job not in _shutdown:
+        _shutdown.append(job)
+
+
+# Tasks nobody awaits (a detached stream's run, a lease renewal): held here until they end.
+_unawaited: set[asyncio.Task[Any]] = set()
+
+
+def keep_running(task: asyncio.Task[Any]) -> None:
+    """Hold a strong reference to ``task`` until it ends (asyncio keeps only weak ones)."""
+    _unawaited.add(task)
+    task.add_done_callback(_unawaited.discard)
+
+
+async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    tasks: list[asyncio.Task[None]] = []
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            from django.apps import apps
+
+            drain_on_signal(asyncio.get_running_loop())
+            apps.check_apps_ready()  # the apps register their jobs when they are loaded
+            tasks = [asyncio.create_task(job()) for job in _startup]
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            # Connections are closed by now; what runs still is work no client waits on.
+            drain.begin()
+            await drain.wait_idle()
+            for task in tasks:
+                task.cancel()
+            for job in _shutdown:
+                try:
+                    await job()
+                except Exception:
+                    log.exception("a shutdown job failed")
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def drain_on_signal(loop: asyncio.AbstractEventLoop) -> None:
+    """Put the drain in front of the server's SIGTERM handler (uvicorn's, installed by then).
+
+    uvicorn's shutdown cuts every open WebSocket with 1012 at once; here SIGTERM begins the drain
+    and reaches the server's handler only once the WebSockets have closed themselves (bounded by
+    the grace and the flush margin). A second SIGTERM goes straight to the server.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # a server in a thread (tests): signals are the main thread's
+    server_handler = signal.getsignal(signal.SIGTERM)
+    if not callable(server_handler):
+        return
+
+    async def drain_then_stop(frame: Any) -> None:
+        drain.begin()
+        await drain.wait_websockets_closed()
+        server_handler(signal.SIGTERM, frame)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, server_handler)
+        loop.call_soon_threadsafe(lambda: keep_running(loop.create_task(drain_then_stop(frame))))
+
+    signal.signal(signal.SIGTERM, on_sigterm)

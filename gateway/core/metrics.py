@@ -1,0 +1,99 @@
+"""Prometheus metrics of the gateway.
+
+With one server process the metrics live in this process. With several (``[server] workers``),
+``manage.py serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before it starts them,
+every process records into its own files there, and ``/metrics`` (answered by any one of them) adds
+them all up: counters and histograms summed over the workers, gauges summed over the live ones.
+Only prometheus_client's public API; the labelled children are cached per label tuple.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+from gateway.core.config import environ_get
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+HTTP_REQUESTS = Counter(
+    "gateway_http_requests_total",
+    "HTTP requests answered, by route, method and status.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+HTTP_LATENCY = Histogram(
+    "gateway_http_request_duration_seconds",
+    "Time from request start to the end of the response body, by route and method.",
+    ["route", "method"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+HTTP_IN_FLIGHT = Gauge(
+    "gateway_http_requests_in_flight",
+    "HTTP requests being served now.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+WS_OPEN = Gauge(
+    "gateway_websocket_connections_open",
+    "Open WebSocket connections.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+
+
+# prometheus_client's own setting: where each process of a multi-process server writes its values.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def use_multiprocess_dir() -> None:
+    """Before starting several server processes: give them a fresh directory to record into.
+
+    Set in the environment the workers inherit, so their ``prometheus_client`` sees it at import;
+    removed when this (the supervising) process exits. A directory already configured is kept.
+    """
+    if environ_get(MULTIPROC_ENV):
+        return
+    directory = tempfile.mkdtemp(prefix="gateway-metrics-")
+    os.environ[MULTIPROC_ENV] = directory
+    atexit.register(shutil.rmtree, directory, True)
+
+
+def exposition() -> bytes:
+    """The text exposition of every metric, over all server processes."""
+    if environ_get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return bytes(generate_latest(registry))
+    return bytes(generate_latest(REGISTRY))
+
+
+# The children of each (route, method, status): labels() takes a lock and checks the labels on every
+# call. Routes are bounded (``route_label``), so this stays small. A child made before a fork is
+# still right in the child process: prometheus_client's multi-process values notice the fork.
+_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+
+def in_flight(change: int) -> None:
+    """A request begins (1) or ends (-1)."""
+    HTTP_IN_FLIGHT.inc(change)
+
+
+def observe_request(route: str, method: str, status: int, seconds: float) -> None:
+    """Count one answered HTTP request and record its duration."""
+    key = (route, method, status)
+    children = _children.get(key)
+    if children is None:
+        children = _children[key] = (
+            HTTP_REQUESTS.labels(route, method, str(status)),
+            HTTP_LATENCY.labels(route, method),
+        )
+    count, latency = children
+    count.inc()
+    latency.observe(seconds)

@@ -1,0 +1,186 @@
+"""Forwarding one HTTP request to the upstream byte for byte and relaying the answer as it arrives:
+status, headers (minus hop-by-hop) and every body chunk, with no JSON parsing and no per-chunk work.
+The pass-through routes and the Anthropic Messages routes use it (a :class:`Route` each)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from gateway.core import errors
+from gateway.core.asgi import (
+    SSE_CONTENT_TYPE,
+    ClientDisconnected,
+    DisconnectWatch,
+    Exchange,
+    Message,
+    RawHeaders,
+    Receive,
+    Scope,
+    Send,
+    client_left,
+    encode_headers,
+    read_body,
+    send_error,
+    stream_body,
+)
+from gateway.core.config import get_config
+from inference_app.upstream.http import (
+    UpstreamResponse,
+    forward_headers,
+    get_upstream,
+)
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def openai_stream_error(exc: errors.GatewayError) -> bytes:
+    """A failed OpenAI-style stream ends as vLLM ends one: an error chunk, then ``[DONE]``."""
+    return errors.openai_sse_error(exc) + _DONE
+
+
+@dataclass(frozen=True)
+class Route:
+    """One pass-through route: where it goes upstream and how a broken stream ends."""
+
+    upstream_path: str
+    # Audio uploads are streamed to the upstream instead of read first.
+    stream_request_body: bool = False
+    # The event that ends an event stream the upstream broke off (stall or connection loss).
+    stream_error: Callable[[errors.GatewayError], bytes] = openai_stream_error
+    methods: frozenset[str] = field(default_factory=lambda: frozenset({"POST"}))
+    # A request whose body ``divert`` says yes to is served by ``diverted`` on the ASGI path instead
+    # of being relayed (the Messages server-tool loop). ``diverted`` gets the headers to forward.
+    divert: Callable[[bytes], bool] | None = None
+    diverted: Callable[..., Awaitable[None]] | None = None
+
+
+async def relay(
+    route: Route,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    credential_consumed: bool,
+    extra_headers: RawHeaders,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Forward one request to the upstream and relay its answer as it arrives.
+
+    ``extra_headers`` (CORS) are added to the response. A client disconnect at any point cancels the
+    upstream request at once; upstream failures answer 502/504 in the route's envelope, or — once
+    an event stream has started — end it with the route's error event. ``headers`` are the request
+    headers already decoded (names lower-cased), when the caller has them.
+    """
+    config = get_config()
+    exchange = Exchange()
+    if headers is None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    headers = forward_headers(headers, config, caller_credential_consumed=credential_consumed)
+    body: bytes | AsyncIterator[bytes]
+    if route.stream_request_body:
+        exchange.body_done = asyncio.Event()
+        body = stream_body(receive, exchange)
+        declared = _declared_length(scope)
+        if declared is not None:
+            headers["content-length"] = declared  # same framing upstream as the client used
+    else:
+        try:
+            body = await read_body(receive, exchange)
+        except ClientDisconnected:
+            return
+        if route.divert is not None and route.diverted is not None and route.divert(body):
+            await route.diverted(
+                scope, body, receive, send, headers=headers, extra_headers=extra_headers, exchange=exchange
+            )
+            return
+    await forward(route, scope, receive, send, exchange, body, headers=headers, extra_headers=extra_headers)
+
+
+async def forward(
+    route: Route,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    exchange: Exchange,
+    body: bytes | AsyncIterator[bytes],
+    *,
+    headers: dict[str, str],
+    extra_headers: RawHeaders,
+) -> None:
+    """Send ``body`` to the route's upstream path and relay the answer (what :func:`relay` does once
+    it has the body; a diverted route that rewrote the body relays its answer with it too)."""
+    response: UpstreamResponse | None = None
+    try:
+        with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
+            query = scope.get("query_string", b"").decode("latin-1")
+            try:
+                response = await get_upstream().send(
+                    scope["method"], route.upstream_path, body=body, headers=headers, query=query
+                )
+            except errors.GatewayError as exc:
+                if not exchange.client_gone:
+                    await send_error(send, scope, exc, extra_headers)
+                return
+            await _relay_response(response, scope, send, exchange, route, extra_headers)
+    finally:
+        if response is not None:
+            await response.aclose()
+
+
+async def _relay_response(
+    response: UpstreamResponse,
+    scope: Scope,
+    send: Send,
+    exchange: Exchange,
+    route: Route,
+    extra_headers: RawHeaders,
+) -> None:
+    raw_headers = encode_headers(response.headers)
+    if extra_headers:
+        raw_headers.extend(extra_headers)
+    head = {"type": "http.response.start", "status": response.status, "headers": raw_headers}
+    length = response.header("content-length")
+    remaining = int(length) if length and length.isdigit() else -1
+    start: Message | None = head
+    if remaining < 0:
+        await send(head)  # a body without a length (a stream): its head goes out at once
+        start = None
+    # A sized body's head waits for its first bytes (the server writes them together anyway):
+    # an upstream that breaks off before them still gets an error answer.
+    try:
+        async for chunk in response:
+            if start is not None:
+                await send(start)
+                start = None
+            if remaining >= 0:
+                remaining -= len(chunk)
+                if remaining <= 0:
+                    # A sized body's last chunk ends the response in the same message.
+                    exchange.finished = True
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except errors.GatewayError as exc:
+        if start is not None:
+            exchange.finished = True
+            await send_error(send, scope, exc, extra_headers)
+            return
+        if response.content_type != SSE_CONTENT_TYPE:
+            raise  # a sized or plain body cannot carry an error: the connection is dropped
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": route.stream_error(exc), "more_body": False})
+        return
+    if start is not None:
+        await send(start)  # an empty sized body
+    exchange.finished = True
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _declared_length(scope: Scope) -> str | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            text = value.decode("latin-1").strip()
+            return text if text.isdigit() else None
+    return None

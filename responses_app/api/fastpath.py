@@ -1,0 +1,130 @@
+"""``POST /v1/responses`` served at the ASGI layer, below Django (see ``gateway/fastpath.py``).
+
+Django's request handling (URL resolution, ``HttpRequest``, the middleware chain, the handler's
+signals) costs more than the gateway's own work for a stored response; this handler does what that
+path did, in the same order, and then runs the one implementation, :func:`responses_app.api.views.create`:
+
+1. the body is read whole (``GatewayASGIMiddleware`` above already opened the request's passage:
+   request id, log context, body ceiling; it finishes it: metrics and the access log);
+2. the request is admitted by :func:`gateway.core.pipeline.admitted`, the one admission every path
+   uses: CORS (preflights never get here), authentication (401/503 in the OpenAI envelope), only
+   ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
+3. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
+   (what ``GatewayErrorMiddleware`` does on ``/v1``);
+4. a streamed answer is sent as it is produced, its head together with its first frames (frames
+   produced together in one write, see :func:`gateway.core.sse.coalesce`); a client that
+   disconnects cancels the work (as Django does), watched by a task started only for requests
+   still running after ``WATCH_AFTER_S``.
+
+``ResponsesAppConfig.ready()`` registers this handler in :mod:`gateway.core.fastroutes`. Other paths
+under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from gateway.core import errors
+from gateway.core.asgi import (
+    ClientDisconnected,
+    DisconnectWatch,
+    Exchange,
+    RawHeaders,
+    Receive,
+    Scope,
+    Send,
+    client_left,
+    read_body,
+    send_error,
+)
+from gateway.core.pipeline import admitted, passage_of
+from gateway.core.sse import coalesce
+from responses_app.api.views import Call, Outcome, create
+
+log = logging.getLogger("gateway")
+
+_METHODS = frozenset({"POST"})
+
+
+def _media_type(value: str) -> str:
+    """``request.content_type`` as Django computes it: the media type, lower-case, no parameters."""
+    return value.split(";", 1)[0].strip().lower()
+
+
+async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
+    headers: dict[str, str] = {}
+    for key, value in scope["headers"]:
+        headers[key.decode("latin-1").lower()] = value.decode("latin-1")
+    passage = passage_of(scope)
+    exchange = Exchange()
+    try:
+        body = await read_body(receive, exchange)
+    except ClientDisconnected:
+        return
+    outcome: Outcome | None = None
+    try:
+        with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
+            try:
+                auth = await admitted(passage, headers, _METHODS)
+                call = Call(
+                    content_type=_media_type(headers.get("content-type", "")),
+                    body=body,
+                    headers=headers,
+                    principal=auth.principal,
+                    credential_consumed=auth.credential_consumed,
+                )
+                outcome = await create(call)
+            except errors.GatewayError as exc:
+                exchange.finished = True
+                await send_error(send, scope, exc, passage.cors)
+                return
+            except Exception as exc:
+                log.exception("unhandled error on %s", scope["path"])
+                exchange.finished = True
+                await send_error(send, scope, errors.as_gateway_error(exc), passage.cors)
+                return
+            await _send(outcome, send, exchange, passage.cors)
+    finally:
+        if outcome is not None:
+            await _close(outcome)
+
+
+async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHeaders) -> None:
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers]
+    if extra:
+        raw.extend(extra)
+    if outcome.frames is None:
+        raw.append((b"content-length", str(len(outcome.body)).encode("latin-1")))
+        await send({"type": "http.response.start", "status": outcome.status, "headers": raw})
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
+        return
+    start = {"type": "http.response.start", "status": outcome.status, "headers": raw}
+    started = False
+    # The head goes out with the first events (one write: a stored stream's first event waits for
+    # its row, and a head sent alone costs the client a read of its own); events produced together
+    # (one upstream chunk carries many) go out in one write. The coalescer is closed first on
+    # every exit, so it unwinds a source it left waiting.
+    try:
+        async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
+            async for frame in frames:
+                if frame:
+                    if not started:
+                        started = True  # before the send: a send that fails is not repeated below
+                        await send(start)
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+    finally:
+        if not started:  # no event was sent: the head all the same (the end, or a failure, follows)
+            await send(start)
+    exchange.finished = True
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _close(outcome: Outcome) -> None:
+    frames: Any = outcome.frames
+    if frames is not None and hasattr(frames, "aclose"):
+        await frames.aclose()
+    if outcome.close is not None:
+        await outcome.close()

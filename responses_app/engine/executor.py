@@ -1,0 +1,202 @@
+"""The executor: the round loop of one response against the upstream, and its storage.
+
+One response runs as rounds: send the whole history and the tools upstream (``/v1/responses`` or
+``/v1/chat/completions``, by ``upstream_api``), read the upstream stream, and emit our own events
+with our own item ids. When the model calls client tools (function, custom) the response ends
+with those calls for the client to run; gateway-executed tools (web search, code interpreter, MCP)
+run between rounds and the loop goes on, at most ``max_rounds`` times (``responses_app.engine.tool_loop``).
+
+The jobs around the loop live in their own modules, each with a public interface:
+
+* ``responses_app.engine.wire``: the request body of a round in either upstream format, sending it, the
+  upstream's error answer;
+* ``responses_app.engine.parsers``: the two upstream stream formats, read into emitter calls;
+* ``responses_app.engine.emitter``: our public output items and their events, under the retained budget;
+* ``responses_app.features.compaction`` (the hook before every round), ``responses_app.features.async_tools`` (the
+  stop rule), ``responses_app.features.steering`` (the safe boundaries);
+* ``responses_app.engine.domain``: the types they share (``Prepared``, ``Usage``, ``RoundState``, …);
+* ``responses_app.engine.lifecycle``: the base class, :class:`~responses_app.engine.lifecycle.Lifecycle`: the
+  response object and the events around the rounds, ending with exactly one terminal event.
+
+Extension seams (``responses_app.features.multi_agent.Coordinator`` uses them): :meth:`Executor.rounds` is
+the work between ``response.in_progress`` and the terminal event (it sets ``end_status``),
+``settle`` runs before the terminal snapshot, :meth:`Executor.store` writes the outcome, and
+:meth:`Executor.run_round` runs one inference round over :meth:`Executor.model_items`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from gateway.core import errors
+from gateway.core.config import Config
+from gateway.core.sse import Event, StreamFailure
+from inference_app.upstream.http import get_upstream
+from responses_app.engine import parsers, translate, wire
+from responses_app.engine.domain import Prepared, RoundState
+from responses_app.engine.lifecycle import Lifecycle
+from responses_app.engine.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
+from responses_app.features import async_tools, compaction, steering
+from responses_app.protocol.multi_agent_config import single_agent_view
+from responses_app.storage import services
+
+
+class Executor(Lifecycle):
+    """One response's rounds against the upstream, and its storage (the events around them, the
+    response object and its one end: :class:`~responses_app.engine.lifecycle.Lifecycle`)."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        config: Config,
+        *,
+        upstream: Any = None,
+        event_fields: dict[str, Any] | None = None,
+    ) -> None:
+        # Client tools as the model sees them (namespaces flattened, custom tools as functions).
+        self.client_tools = prepared.tool_map or translate.ToolMap.build(
+            prepared.request.tools, search_available=web_search_available(config)
+        )
+        super().__init__(prepared, config, self.client_tools, event_fields=event_fields)
+        self.upstream = upstream or get_upstream()
+        self.http_error: errors.GatewayError | None = None  # the upstream's refusal, relayed when 4xx
+        self.stored = False
+        self.round: RoundState | None = None  # the round running or last run
+        self.tools: ToolLoop | None = None  # gateway tools, set by prepare_tools (before the response starts)
+        # Automatic compaction and the compaction_trigger (responses_app.features.compaction).
+        self.compactor = compaction.Compactor(prepared)
+        # WebSocket steering: the consumer sets ``steer.requested``; the response stops at a boundary.
+        self.steer = steering.Boundary()
+        self.async_rounds = async_tools.AsyncRounds()  # async-only rounds in a row (the stop rule)
+        # False: nobody reads this response's events as they come (a JSON client), so each round
+        # asks the upstream for one answer instead of a stream (``run_round``).
+        self.stream_rounds = True
+
+    async def prepare_tools(self) -> None:
+        """Classify tools, validate, discover MCP tools: every refusal is a 400 before any byte."""
+        if self.tools is None:
+            self.tools = await ToolLoop.prepare(self.p, self.config)
+        self.emitter.tools = self.tools
+
+    # --- the rounds ----------------------------------------------------------------------------
+
+    async def rounds(self) -> AsyncGenerator[Event, None]:
+        """The tool listings and approvals, then the inference rounds; sets :attr:`end_status`."""
+        tools = self.tools
+        assert tools is not None
+        if not self.compactor.trigger:  # a compaction_trigger response is its one compaction item
+            for event in tools.listing_events(self.emitter):
+                yield event
+        # The hooks below are async generators; each is entered only when it has work (most
+        # responses have no approvals, no gateway calls and no compaction to consider), which saves
+        # an async generator's set-up and tear-down per hook per round.
+        if tools.has_boundary_work():
+            async for event in tools.run_approvals(self.emitter):
+                yield event
+        for number in range(1, self.config.responses.max_rounds + 1):
+            if self.compactor.may_compact():
+                async for event in self.compactor.before_round(self):  # the history is final here
+                    yield event
+            if self.compactor.ends_response:
+                return  # a compaction_trigger response is its compaction item
+            self.round = RoundState(number)
+            self.emitter.start_round()
+            tools.start_round()
+            async for event in self.run_round(self.round):
+                yield event
+            for event in self.emitter.close():
+                yield event
+            self.end_status = self.round.status
+            self.service_tier = self.round.tier
+            # Gateway calls run even when the round also ends the response (client calls,
+            # approval requests, an incomplete round, steering): they are recorded either way.
+            if tools.has_boundary_work():
+                async for event in tools.execute_round(self.emitter):
+                    yield event
+            for event in self.emitter.flush_deferred():  # async calls held behind them
+                yield event
+            if self.round.steered:
+                break
+            if not self.async_rounds.next_round(
+                completed=self.end_status == "completed",
+                sync_calls=self.emitter.sync_calls,
+                async_calls=self.emitter.async_calls,
+                gateway_calls=bool(tools.round_calls),
+                ends_response=tools.ends_response,
+            ):
+                return
+            if self.steer.waiting():  # a round boundary: the round's gateway calls settled
+                break
+        else:
+            self.end_status = "incomplete"  # every round ended in gateway calls
+            self.incomplete_details = {"reason": ROUND_CAP_REASON}
+            return
+        self.end_status = "incomplete"  # stopped for steering: the earlier output is kept
+        self.incomplete_details = steering.steered_details()
+
+    # --- storage -------------------------------------------------------------------------------
+
+    async def store(
+        self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
+    ) -> None:
+        """The row, its items, and after a compaction the window a continuation starts from."""
+        output_items = self.tools.stored_items(self.output) if self.tools else self.output
+        outcome = services.Outcome(
+            status,
+            snapshot,
+            output_items,
+            self.usage.as_dict(),
+            self.error,
+            terminal,
+            window=self.checkpoint(output_items) if self.compactor.compacted else None,
+        )
+        self.stored = await services.store_final(self.p, outcome)
+
+    # --- one upstream round ---------------------------------------------------------------------
+
+    def checkpoint(self, output: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The history a continuation of this response starts from: history, input and output, or
+        after a compaction the window (the user's messages, the compaction item, what followed)."""
+        return self.compactor.checkpoint(
+            [*self.p.history, *self.p.new_items], self.output if output is None else output
+        )
+
+    def model_items(self) -> list[dict[str, Any]]:
+        """The history as the model sees it: built-in tool items in their function-call form, client
+        tool calls under the names the model knows them by, a compaction as its summary, an earlier
+        multi-agent turn as the root's items only."""
+        prior = single_agent_view([*self.p.history, *self.p.new_items])  # no multi-agent items raw
+        if self.tools is None:
+            items = [*prior, *self.output]
+        else:
+            items = self.tools.model_items(prior, self.output)
+        return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
+
+    async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
+        """One inference round over :meth:`model_items`: the body in the configured wire format,
+        the upstream's stream (or, with :attr:`stream_rounds` off, its one answer) read into our
+        events. An upstream that streams anyway is read as a stream."""
+        chat = self.config.upstream_api == "chat_completions"
+        path, body = wire.round_request(
+            chat, self.p, self.client_tools, self.tools, self.model_items(), self.stream_rounds
+        )
+        response = await wire.send(self.upstream, path, body, self.p.headers)
+        try:
+            if response.status != 200:
+                self.http_error = await wire.status_error(response)
+                raise StreamFailure(self.http_error.message, status=response.status)
+            parser = parsers.for_round(chat, self.emitter, state, self.usage)
+            limit = self.config.responses.max_upstream_sse_line_bytes
+            if not self.stream_rounds and response.content_type != "text/event-stream":
+                events = await parsers.read_whole(parser, response, limit)
+                if not self.sink.unread:  # nobody reads a JSON client's events: made, not passed on
+                    for event in events:
+                        yield event
+                return
+            async for event in parsers.read(parser, response, limit, self.steer.waiting):
+                yield event
+        finally:
+            if state.incomplete_details is not None:
+                self.incomplete_details = state.incomplete_details
+            await response.aclose()
