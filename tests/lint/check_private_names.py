@@ -8,7 +8,7 @@ and attributes that class (or its bases) defines: it uses the base's public seam
 preview rule in the pinned ruff and it skips imports within the same top-level package, which is
 where ours were (``responses_app.engine.executor._db`` from three modules of ``responses_app``).
 
-Usage: ``python tests/lint/check_private_names.py [--root DIR] [paths...]`` (default: the four packages
+Usage: ``python tests/lint/check_private_names.py [--root DIR] [paths...]`` (default: the packages
 of this repository); exit 1 with one line per offence.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "responses_app", "conversations_app", "inference_app")
+PACKAGES = ("gateway", "responses_app", "messages_app", "passthrough_app", "conversations_app", "inference_app")
 
 
 # Known offences that another branch removes, as (importer module, imported name): each must still
