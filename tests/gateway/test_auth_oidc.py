@@ -465,7 +465,7 @@ def test_a_gateway_without_oidc_never_loads_the_oidc_module() -> None:
     probe = (
         "import asyncio, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'gateway.settings');"
         "import django; django.setup(); import gateway.asgi;"
-        "from gateway import auth; from gateway.core.auth import apikeys; apikeys.pin_no_keys();"
+        "from gateway.core import auth; from gateway.core.auth import apikeys; apikeys.pin_no_keys();"
         "result = asyncio.run(auth.authenticate('/v1/responses', {'authorization': 'Bearer x'}));"
         "print(result.principal.kind, 'gateway.core.auth.oidc' in sys.modules)"
     )

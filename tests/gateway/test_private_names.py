@@ -12,7 +12,7 @@ def test_no_private_name_of_these_libraries() -> None:
     """Attribute access like ``x._name`` on objects of django/prometheus_client/corsheaders/logging
     is only in gateway/relay/ (uvicorn's fenced package)."""
     offenders = []
-    for package in ("gateway", "responses_app", "conversations_app", "inference_app"):
+    for package in ("gateway", "responses_app", "messages_app", "passthrough_app", "conversations_app", "inference_app"):
         for path in (ROOT / package).rglob("*.py"):
             rel = path.relative_to(ROOT)
             if rel.parts[:2] == ("gateway", "relay") or "migrations" in rel.parts:

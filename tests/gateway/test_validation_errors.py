@@ -76,7 +76,7 @@ def _handlers_of_validation_error(path: Path) -> list[ast.ExceptHandler]:
 def test_every_client_validation_error_goes_through_the_one_mapping(app: str) -> None:
     """No second copy: each ``except ValidationError`` in the apps raises ``errors.validation_error(...)``."""
     # upstream_events: the upstream's malformed stream is a StreamFailure, not a client's 400.
-    modules = [p for p in sorted((ROOT / app).glob("*.py")) if p.name != "upstream_events.py"]
+    modules = [p for p in sorted((ROOT / app).rglob("*.py")) if p.name != "upstream_events.py"]
     handlers = [h for p in modules for h in _handlers_of_validation_error(p)]
     assert len(handlers) >= 2
     for handler in handlers:
