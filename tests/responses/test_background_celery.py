@@ -53,11 +53,11 @@ def test_background_runs_on_a_celery_worker(gw: Gateway, broker: None) -> None:
 
 
 def test_a_worker_task_closes_its_upstream_connections(gw: Gateway, broker: None) -> None:
-    """Each Celery task runs on its own event loop; its upstream pool must not outlive it."""
+    """Each Celery task runs on its own event loop; its upstream session must not outlive it."""
     from inference_app.upstream.http import _http_upstreams
 
     def pools() -> int:
-        return sum(len(upstream._pools) for upstream in list(_http_upstreams))
+        return sum(len(upstream._sessions) for upstream in list(_http_upstreams))
 
     before = pools()
     for n in range(3):
@@ -70,8 +70,8 @@ def test_a_worker_task_closes_its_upstream_connections(gw: Gateway, broker: None
             time.sleep(0.05)
         else:
             raise AssertionError("the background response did not complete")
-    # The task's finally block (closing its pools) runs after its last database write: wait for it.
+    # The task's finally block (closing its sessions) runs after its last database write: wait for it.
     deadline = time.monotonic() + 20
     while pools() > before:
-        assert time.monotonic() < deadline, f"{pools()} upstream pools left open (was {before})"
+        assert time.monotonic() < deadline, f"{pools()} upstream sessions left open (was {before})"
         time.sleep(0.02)
