@@ -32,8 +32,9 @@ SECRET_KEY = _secret_key()
 DEBUG = CONFIG.server.debug
 ALLOWED_HOSTS = ["*"]
 
+# daphne is not an app here: `manage.py serve --server daphne` runs its server directly, and as an app
+# it would load twisted and autobahn into every process (25 MiB) for the sake of `runserver`.
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
