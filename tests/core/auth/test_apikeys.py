@@ -17,9 +17,9 @@ from django.test import AsyncClient
 from conversations_app.models import Item
 from gateway.core.auth import apikeys
 from gateway.core.models import ApiKey
-from tests.gateway.auth_helpers import bearer
+from tests.core.auth.auth_helpers import bearer
 
-pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.urls("tests.core.auth.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
 
 WHOAMI = "/v1/test/whoami"
 

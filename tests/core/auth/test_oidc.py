@@ -14,7 +14,7 @@ import httpx
 import pytest
 from django.test import AsyncClient
 
-from tests.gateway.auth_helpers import bearer
+from tests.core.auth.auth_helpers import bearer
 from tests.oidc_provider import (
     AUDIENCE,
     DROP,
@@ -26,7 +26,7 @@ from tests.oidc_provider import (
     unsigned_token,
 )
 
-pytestmark = pytest.mark.urls("tests.gateway.urls_auth_testing")
+pytestmark = pytest.mark.urls("tests.core.auth.urls_auth_testing")
 
 WHOAMI = "/v1/test/whoami"
 INVALID_TOKEN = {

@@ -13,10 +13,10 @@ from conversations_app.models import Item
 from gateway.core import errors
 from gateway.core.auth import apikeys, owned, owned_get, owner_filter
 from gateway.core.principal import Principal
-from tests.gateway.auth_helpers import bearer
+from tests.core.auth.auth_helpers import bearer
 from tests.oidc_provider import IdentityProvider
 
-pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.urls("tests.core.auth.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
 
 
 def not_found(item_id: str) -> dict[str, Any]:
