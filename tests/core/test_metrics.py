@@ -1,14 +1,21 @@
-"""``gateway.core.metrics`` with several server processes (``PROMETHEUS_MULTIPROC_DIR``): every process's
-updates add up, and a forked child records into files of its own."""
+"""``gateway.core.metrics``: ``observe_request`` records what the library's own metrics would, and with
+several server processes (``PROMETHEUS_MULTIPROC_DIR``) every process's updates add up, a forked
+child's included."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+
+from tests.servers import GatewayProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,3 +77,80 @@ def test_multiprocess_metrics_add_up_across_a_fork(tmp_path: Path) -> None:
     # The child's counts and its in-flight request are in its own files (prometheus_client sums
     # them until the process is marked dead); the parent's count after the fork lands on its own 3.
     assert second == repr((5.0, 2.507, 3.0, 5.0, 2.0))
+
+
+def test_observe_request_counts_as_inc_and_observe_do() -> None:
+    """``observe_request`` counts the request and records its duration in the gateway's metrics,
+    with its labels: the samples a histogram with the same buckets records."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from gateway.core.metrics import LATENCY_BUCKETS, REGISTRY, observe_request
+
+    durations = [0.0004, 0.001, 0.0011, 0.07, 0.25, 299.0, 301.0]
+    reference = Histogram("ref", "", buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
+    for seconds in durations:
+        observe_request("/test/observe", "PUT", 207, seconds)
+        reference.observe(seconds)
+
+    def samples(metric_source: Any, name: str, **labels: str) -> dict[str, float]:
+        found = {}
+        for metric in metric_source.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_created") or not sample.name.startswith(name):
+                    continue
+                if all(sample.labels.get(k) == v for k, v in labels.items()):
+                    found[sample.name.removeprefix(name) + sample.labels.get("le", "")] = sample.value
+        return found
+
+    ours = samples(REGISTRY, "gateway_http_request_duration_seconds", route="/test/observe", method="PUT")
+    assert ours == samples(reference, "ref")
+    assert ours["_bucket0.001"] == 2 and ours["_count"] == len(durations)
+    counted = samples(REGISTRY, "gateway_http_requests", route="/test/observe", status="207")
+    assert counted == {"_total": len(durations)}
+
+
+@pytest.mark.process
+def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With `[server] workers = 2`, /metrics counts the requests every worker answered."""
+    gw = GatewayProcess(
+        {
+            "LLM_API_BASE": upstream.url,
+            "GATEWAY_SERVER_DATA_DIR": str(tmp_path),
+            "GATEWAY_SERVER_WORKERS": "2",
+        }
+    )
+    try:
+        gw.wait()
+        for _ in range(50):  # both workers answering: /ready needs no upstream work here
+            if httpx.get(f"{gw.url}/health").status_code == 200:
+                break
+            time.sleep(0.1)
+
+        async def hammer() -> None:
+            async def one_connection() -> None:
+                async with httpx.AsyncClient() as client:  # its own connection, so workers share them
+                    for _ in range(5):
+                        assert (await client.get(f"{gw.url}/v1/nope")).status_code == 404
+
+            await asyncio.gather(*(one_connection() for _ in range(8)))
+
+        asyncio.run(hammer())
+        text = httpx.get(f"{gw.url}/metrics").text
+    finally:
+        gw.stop()
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("gateway_http_requests_total{") and 'status="404"' in line
+    ]
+    assert sum(counts) == 40, text
+    # Read through prometheus_client's multi-process collector (every worker's files), not from
+    # the one process that answered the scrape: that collector writes no `_created` samples.
+    assert "gateway_http_requests_created" not in text
+    # The prometheus internals were probed on the gateway's own metrics, not on probes of their own
+    # (which would land in every process's files).
+    assert "compat_probe" not in text, text
+    # The live sum over both processes: the scrape itself, every other request's begin and end
+    # written by the process that served it.
+    [in_flight] = [line for line in text.splitlines() if line.startswith("gateway_http_requests_in_flight ")]
+    assert float(in_flight.rsplit(" ", 1)[1]) == 1.0, text
