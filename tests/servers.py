@@ -52,6 +52,29 @@ def sized_answers(sock: socket.socket, count: int) -> list[bytes]:
     return answers
 
 
+def raw_http(port: int, request: bytes, read_timeout: float = 5.0) -> bytes:
+    """Send raw bytes and read until the server closes or the status line and body arrive."""
+    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as s:
+        s.sendall(request)
+        data = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+                if b"\r\n\r\n" in data:
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    length = [
+                        line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+                    ]
+                    if length and len(body) >= int(length[0].split(b":")[1]):
+                        break
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return data
+
+
 def access_records(caplog: Any, count: int, timeout: float = 5.0) -> list[Any]:
     """The ``gateway.access`` log records once there are ``count`` of them (the access line is
     written once the answer is out, so a client can read its answer before the line exists); what

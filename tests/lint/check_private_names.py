@@ -20,7 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "responses_app", "messages_app", "passthrough_app", "conversations_app", "inference_app")
+PACKAGES = (
+    "gateway",
+    "responses_app",
+    "messages_app",
+    "passthrough_app",
+    "conversations_app",
+    "inference_app",
+)
 
 
 # Known offences that another branch removes, as (importer module, imported name): each must still

@@ -1,39 +1,15 @@
-"""Envelopes, body ceiling, request id, CORS, health, metrics and admin against a live server."""
+"""The project's routes against a live server: health, unknown routes' envelopes, /metrics, admin and
+static files, and an error below Django (the pipeline's rules: ``tests/core/test_pipeline.py``)."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from tests.servers import LiveServer, access_records
-
-
-def raw_http(port: int, request: bytes, read_timeout: float = 5.0) -> bytes:
-    """Send raw bytes and read until the server closes or the status line and body arrive."""
-    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as s:
-        s.sendall(request)
-        data = b""
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-                if b"\r\n\r\n" in data:
-                    head, _, body = data.partition(b"\r\n\r\n")
-                    length = [
-                        line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
-                    ]
-                    if length and len(body) >= int(length[0].split(b":")[1]):
-                        break
-        except (TimeoutError, ConnectionResetError):
-            pass
-    return data
+from tests.servers import LiveServer, access_records, raw_http
 
 
 def test_health(live_gateway: LiveServer) -> None:
@@ -77,89 +53,6 @@ def test_unknown_messages_route_uses_anthropic_envelope(live_gateway: LiveServer
     assert r.headers["request-id"] == body["request_id"]
 
 
-def test_request_id_generated_and_echoed(live_gateway: LiveServer) -> None:
-    r = httpx.get(f"{live_gateway.url}/health")
-    assert r.headers["x-request-id"].startswith("req_")
-    r = httpx.get(f"{live_gateway.url}/health", headers={"x-request-id": "client-abc.123"})
-    assert r.headers["x-request-id"] == "client-abc.123"
-    # An invalid incoming id (spaces, too long) is replaced, never echoed.
-    r = httpx.get(f"{live_gateway.url}/health", headers={"x-request-id": "x" * 300})
-    assert r.headers["x-request-id"].startswith("req_")
-
-
-def test_declared_body_over_limit_is_413_before_reading(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]
-    gateway_config(server__max_request_body_size_bytes=1000)
-    # Declare 5000 bytes but send none: the answer must come without the body being read.
-    response = raw_http(
-        live_gateway.port,
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 5000\r\n\r\n",
-    )
-    head, _, body = response.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 413")
-    assert orjson.loads(body) == {
-        "error": {
-            "message": "Request body exceeds the maximum size of 1000 bytes.",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "request_too_large",
-        }
-    }
-
-
-def test_chunked_body_cut_off_at_limit(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]
-    gateway_config(server__max_request_body_size_bytes=1000)
-
-    def chunks() -> Iterator[bytes]:
-        for _ in range(10):
-            yield b"x" * 300
-
-    r = httpx.post(f"{live_gateway.url}/v1/chat/completions", content=chunks())
-    assert r.status_code == 413
-    assert r.json()["error"]["code"] == "request_too_large"
-
-
-def test_chunked_body_under_limit_passes(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]
-    gateway_config(server__max_request_body_size_bytes=1000)
-
-    def chunks() -> Iterator[bytes]:
-        yield b"x" * 300
-        yield b"y" * 300
-
-    r = httpx.post(f"{live_gateway.url}/v1/nope", content=chunks())
-    assert r.status_code == 404  # reached routing: not refused by the ceiling
-
-
-def test_413_on_messages_route_uses_anthropic_envelope(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]
-    gateway_config(server__max_request_body_size_bytes=10)
-    r = httpx.post(f"{live_gateway.url}/v1/messages", content=b"x" * 100)
-    assert r.status_code == 413
-    body = r.json()
-    assert body["error"]["type"] == "request_too_large"
-    assert r.headers["request-id"] == body["request_id"]
-
-
-def test_cors_preflight(live_gateway: LiveServer, settings) -> None:  # type: ignore[no-untyped-def]
-    settings.CORS_ALLOWED_ORIGINS = ["https://app.example"]
-    r = httpx.options(
-        f"{live_gateway.url}/v1/chat/completions",
-        headers={
-            "Origin": "https://app.example",
-            "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type",
-        },
-    )
-    assert r.status_code == 200
-    assert r.headers["access-control-allow-origin"] == "https://app.example"
-    assert "authorization" in r.headers["access-control-allow-headers"]
-    # An origin not in the list gets no CORS grant.
-    r = httpx.options(
-        f"{live_gateway.url}/v1/chat/completions",
-        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
-    )
-    assert "access-control-allow-origin" not in r.headers
-
-
 def test_metrics_count_a_request(live_gateway: LiveServer) -> None:
     def count() -> float:
         text = httpx.get(f"{live_gateway.url}/metrics").text
@@ -180,36 +73,6 @@ def test_metrics_count_a_request(live_gateway: LiveServer) -> None:
     assert "gateway_http_request_duration_seconds_bucket" in text
     assert "gateway_http_requests_in_flight" in text
     assert "gateway_websocket_connections_open" in text
-
-
-def test_observe_request_counts_as_inc_and_observe_do() -> None:
-    """``observe_request`` counts the request and records its duration in the gateway's metrics,
-    with its labels: the samples a histogram with the same buckets records."""
-    from prometheus_client import CollectorRegistry, Histogram
-
-    from gateway.core.metrics import LATENCY_BUCKETS, REGISTRY, observe_request
-
-    durations = [0.0004, 0.001, 0.0011, 0.07, 0.25, 299.0, 301.0]
-    reference = Histogram("ref", "", buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
-    for seconds in durations:
-        observe_request("/test/observe", "PUT", 207, seconds)
-        reference.observe(seconds)
-
-    def samples(metric_source: Any, name: str, **labels: str) -> dict[str, float]:
-        found = {}
-        for metric in metric_source.collect():
-            for sample in metric.samples:
-                if sample.name.endswith("_created") or not sample.name.startswith(name):
-                    continue
-                if all(sample.labels.get(k) == v for k, v in labels.items()):
-                    found[sample.name.removeprefix(name) + sample.labels.get("le", "")] = sample.value
-        return found
-
-    ours = samples(REGISTRY, "gateway_http_request_duration_seconds", route="/test/observe", method="PUT")
-    assert ours == samples(reference, "ref")
-    assert ours["_bucket0.001"] == 2 and ours["_count"] == len(durations)
-    counted = samples(REGISTRY, "gateway_http_requests", route="/test/observe", status="207")
-    assert counted == {"_total": len(durations)}
 
 
 def test_admin_login_page(live_gateway: LiveServer) -> None:

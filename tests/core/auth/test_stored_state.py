@@ -1,4 +1,5 @@
-"""Ownership: objects record the caller's principal, and another owner's id answers 404."""
+"""Stored-state access: objects record the caller's principal, another owner's id answers 404, and an
+open gateway with ``OPENAI_API_KEY`` set serves stored state only to a caller presenting that key."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from conversations_app.models import Item
 from gateway.core import errors
 from gateway.core.auth import apikeys, owned, owned_get, owner_filter
 from gateway.core.principal import Principal
-from tests.gateway.auth_helpers import bearer
+from tests.core.auth.auth_helpers import WHOAMI, assert_refused, bearer, get, make_item
 from tests.oidc_provider import IdentityProvider
 
-pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.urls("tests.core.auth.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
 
 
 def not_found(item_id: str) -> dict[str, Any]:
@@ -86,3 +87,40 @@ def test_selector_helpers_filter_by_owner() -> None:
     with pytest.raises(errors.NotFound) as info:
         owned_get(Item.objects.all(), theirs, id="msg_a", not_found="Item with id 'msg_a' not found.")
     assert info.value.status == 404 and info.value.message == "Item with id 'msg_a' not found."
+
+
+# --- the OPENAI_API_KEY rule ------------------------------------------------------------------
+
+
+async def test_stored_state_needs_the_upstream_key_as_bearer(gateway_config: Any) -> None:
+    gateway_config(openai_api_key="upstream-secret")
+    item = await make_item()
+    path = f"/v1/test/items/{item.id}"
+    assert_refused(await get(path), "missing_bearer_token")
+    assert_refused(await get(path, bearer("not-the-key")), "invalid_token")
+    response = await get(path, bearer("upstream-secret"))
+    assert response.status_code == 200
+    assert response.json() == {"id": item.id, "data": {"n": 1}}
+    # Deletes are stored-state access too; a refused delete removes nothing.
+    refused = await AsyncClient().delete(path)
+    assert refused.status_code == 401
+    assert await Item.objects.filter(id=item.id).aexists()
+    deleted = await AsyncClient().delete(path, headers=bearer("upstream-secret"))
+    assert deleted.status_code == 200
+    assert not await Item.objects.filter(id=item.id).aexists()
+
+
+async def test_stored_state_is_open_without_an_upstream_key(gateway_config: Any) -> None:
+    gateway_config(openai_api_key="")
+    item = await make_item()
+    assert (await get(f"/v1/test/items/{item.id}")).status_code == 200
+
+
+async def test_upstream_key_is_not_a_password_on_pass_through_routes(gateway_config: Any) -> None:
+    gateway_config(openai_api_key="upstream-secret")
+    response = await get(WHOAMI)
+    assert response.status_code == 200
+    assert response.json()["kind"] == "default"
+    response = await get(WHOAMI, bearer("upstream-secret"))
+    assert response.json()["kind"] == "upstream_key"
+    assert response.json()["owner"] == "default"

@@ -1,4 +1,5 @@
-"""API-key mode, the open gateway, the OPENAI_API_KEY rule for stored state, and key management."""
+"""API-key mode, the open gateway, and key management (the ``OPENAI_API_KEY`` rule for stored state:
+``test_stored_state.py``)."""
 
 from __future__ import annotations
 
@@ -12,37 +13,12 @@ import httpx
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.test import AsyncClient
 
-from conversations_app.models import Item
 from gateway.core.auth import apikeys
 from gateway.core.models import ApiKey
-from tests.gateway.auth_helpers import bearer
+from tests.core.auth.auth_helpers import WHOAMI, assert_refused, bearer, envelope, get
 
-pytestmark = [pytest.mark.urls("tests.gateway.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
-
-WHOAMI = "/v1/test/whoami"
-
-
-def envelope(code: str) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": "invalid bearer token",
-            "type": "authentication_error",
-            "param": None,
-            "code": code,
-        }
-    }
-
-
-def assert_refused(response: Any, code: str) -> None:
-    assert response.status_code == 401
-    assert response.headers["WWW-Authenticate"] == "Bearer"
-    assert response.json() == envelope(code)
-
-
-async def get(path: str, headers: dict[str, str] | None = None) -> Any:
-    return await AsyncClient().get(path, headers=headers or {})
+pytestmark = [pytest.mark.urls("tests.core.auth.urls_auth_testing"), pytest.mark.django_db(transaction=True)]
 
 
 def create_key(name: str) -> tuple[ApiKey, str]:
@@ -187,44 +163,6 @@ def test_api_key_is_consumed_and_the_upstream_key_injected(
 
 
 # -- OPENAI_API_KEY and stored state --------------------------------------------------------------
-
-
-async def make_item(owner: str = "default") -> Item:
-    return await Item.objects.acreate(id=f"msg_{owner}_1", owner=owner, type="message", data={"n": 1})
-
-
-async def test_stored_state_needs_the_upstream_key_as_bearer(gateway_config: Any) -> None:
-    gateway_config(openai_api_key="upstream-secret")
-    item = await make_item()
-    path = f"/v1/test/items/{item.id}"
-    assert_refused(await get(path), "missing_bearer_token")
-    assert_refused(await get(path, bearer("not-the-key")), "invalid_token")
-    response = await get(path, bearer("upstream-secret"))
-    assert response.status_code == 200
-    assert response.json() == {"id": item.id, "data": {"n": 1}}
-    # Deletes are stored-state access too; a refused delete removes nothing.
-    refused = await AsyncClient().delete(path)
-    assert refused.status_code == 401
-    assert await Item.objects.filter(id=item.id).aexists()
-    deleted = await AsyncClient().delete(path, headers=bearer("upstream-secret"))
-    assert deleted.status_code == 200
-    assert not await Item.objects.filter(id=item.id).aexists()
-
-
-async def test_stored_state_is_open_without_an_upstream_key(gateway_config: Any) -> None:
-    gateway_config(openai_api_key="")
-    item = await make_item()
-    assert (await get(f"/v1/test/items/{item.id}")).status_code == 200
-
-
-async def test_upstream_key_is_not_a_password_on_pass_through_routes(gateway_config: Any) -> None:
-    gateway_config(openai_api_key="upstream-secret")
-    response = await get(WHOAMI)
-    assert response.status_code == 200
-    assert response.json()["kind"] == "default"
-    response = await get(WHOAMI, bearer("upstream-secret"))
-    assert response.json()["kind"] == "upstream_key"
-    assert response.json()["owner"] == "default"
 
 
 def test_pass_through_injects_the_upstream_key_when_the_caller_sends_none(

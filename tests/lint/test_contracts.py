@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "responses_app", "messages_app", "passthrough_app", "conversations_app", "inference_app")
+PACKAGES = (
+    "gateway",
+    "responses_app",
+    "messages_app",
+    "passthrough_app",
+    "conversations_app",
+    "inference_app",
+)
 
 # One violation of each rule of the layers contract (DESIGN.md "Where code lives"), and of vLLM's.
 VIOLATIONS = {
@@ -115,9 +122,7 @@ def test_private_names_checker(tmp_path: Path) -> None:
     (pkg / "views.py").write_text(
         "from responses_app import executor\n\n\ndef f():\n    return executor._db(), executor.own()\n"
     )
-    (pkg / "ok.py").write_text(
-        "from responses_app.executor import own\nfrom os import __name__ as n\n"
-    )
+    (pkg / "ok.py").write_text("from responses_app.executor import own\nfrom os import __name__ as n\n")
     proc = check_private_names(tmp_path, pkg)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 1

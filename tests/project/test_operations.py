@@ -1,9 +1,9 @@
-"""Operations: safe migrations, structured logs, the WebSocket route and its size ceiling."""
+"""Operations: safe migrations, the WebSocket route and its size ceiling, the database settings, and
+``manage.py serve``'s workers (logs: ``tests/core/test_logging.py``; metrics: ``tests/core/test_metrics.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import subprocess
 import sys
@@ -63,29 +63,6 @@ def test_migrate_safely_waits_for_the_advisory_lock_on_postgres() -> None:
         assert proc.poll() is None  # still waiting, behind our lock
         cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK_KEY])
     assert proc.wait(timeout=60) == 0
-
-
-@pytest.mark.process
-def test_json_logs_carry_request_id_and_no_secrets(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    gw = GatewayProcess(
-        {"LOG_FORMAT": "json", "LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)}
-    )
-    try:
-        gw.wait()
-        r = httpx.post(
-            f"{gw.url}/v1/nope",
-            headers={"authorization": "Bearer sk-very-secret-token", "x-request-id": "trace-42"},
-            content=b'{"prompt": "private words"}',
-        )
-        assert r.status_code == 404
-    finally:
-        gw.stop()
-    out = gw.proc.stdout.read() if gw.proc.stdout else ""
-    lines = [orjson.loads(line) for line in out.splitlines() if line.startswith("{")]
-    access = [e for e in lines if e.get("logger") == "gateway.access"]
-    assert any(e["request_id"] == "trace-42" and e["status"] == 404 and e["route"] for e in access)
-    assert "sk-very-secret-token" not in out
-    assert "private words" not in out
 
 
 async def _ws_roundtrip(url: str, message: str) -> tuple[dict[str, object] | None, int | None]:
@@ -234,68 +211,6 @@ def test_prepared_statements_can_be_switched_off(monkeypatch) -> None:  # type: 
         options = gateway_settings._databases()["default"]["OPTIONS"]
         assert options["server_side_binding"] is True
         assert options["prepare_threshold"] == threshold
-
-
-@pytest.mark.process
-def test_text_access_log_line(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The default (text) access line: time, level, logger, request id, method, path, status, ms."""
-    gw = GatewayProcess({"LLM_API_BASE": upstream.url, "GATEWAY_SERVER_DATA_DIR": str(tmp_path)})
-    try:
-        gw.wait()
-        for rid in ("trace-a", "trace-b"):
-            assert httpx.get(f"{gw.url}/v1/nope", headers={"x-request-id": rid}).status_code == 404
-    finally:
-        gw.stop()
-    out = gw.proc.stdout.read() if gw.proc.stdout else ""
-    pattern = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gateway\.access \[trace-(a|b)\] GET /v1/nope 404 \d+\.\dms$"
-    assert len([line for line in out.splitlines() if re.match(pattern, line)]) == 2, out
-
-
-@pytest.mark.process
-def test_metrics_add_up_every_server_process(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """With `[server] workers = 2`, /metrics counts the requests every worker answered."""
-    gw = GatewayProcess(
-        {
-            "LLM_API_BASE": upstream.url,
-            "GATEWAY_SERVER_DATA_DIR": str(tmp_path),
-            "GATEWAY_SERVER_WORKERS": "2",
-        }
-    )
-    try:
-        gw.wait()
-        for _ in range(50):  # both workers answering: /ready needs no upstream work here
-            if httpx.get(f"{gw.url}/health").status_code == 200:
-                break
-            time.sleep(0.1)
-
-        async def hammer() -> None:
-            async def one_connection() -> None:
-                async with httpx.AsyncClient() as client:  # its own connection, so workers share them
-                    for _ in range(5):
-                        assert (await client.get(f"{gw.url}/v1/nope")).status_code == 404
-
-            await asyncio.gather(*(one_connection() for _ in range(8)))
-
-        asyncio.run(hammer())
-        text = httpx.get(f"{gw.url}/metrics").text
-    finally:
-        gw.stop()
-    counts = [
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("gateway_http_requests_total{") and 'status="404"' in line
-    ]
-    assert sum(counts) == 40, text
-    # Read through prometheus_client's multi-process collector (every worker's files), not from
-    # the one process that answered the scrape: that collector writes no `_created` samples.
-    assert "gateway_http_requests_created" not in text
-    # The prometheus internals were probed on the gateway's own metrics, not on probes of their own
-    # (which would land in every process's files).
-    assert "compat_probe" not in text, text
-    # The live sum over both processes: the scrape itself, every other request's begin and end
-    # written by the process that served it.
-    [in_flight] = [line for line in text.splitlines() if line.startswith("gateway_http_requests_in_flight ")]
-    assert float(in_flight.rsplit(" ", 1)[1]) == 1.0, text
 
 
 @pytest.mark.process

@@ -118,7 +118,7 @@ def test_stream_error_events() -> None:
     }
 
 
-@pytest.mark.urls("tests.gateway.urls_testing")
+@pytest.mark.urls("tests.core.urls_testing")
 async def test_malformed_json_wrong_type_wrong_method() -> None:
     client = AsyncClient()
     r = await client.post("/v1/test/echo", data=b"{not json", content_type="application/json")
@@ -137,7 +137,7 @@ async def test_malformed_json_wrong_type_wrong_method() -> None:
     assert r.status_code == 200 and orjson.loads(r.content) == {"echo": {"a": 1}}
 
 
-@pytest.mark.urls("tests.gateway.urls_testing")
+@pytest.mark.urls("tests.core.urls_testing")
 async def test_unhandled_exception_is_a_500_envelope_without_details() -> None:
     client = AsyncClient(raise_request_exception=False)
     r = await client.post("/v1/test/boom", data=b"{}", content_type="application/json")

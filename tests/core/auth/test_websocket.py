@@ -33,7 +33,7 @@ def ws_url(server: LiveServer, path: str) -> str:
 @pytest.fixture
 def probe_server(transactional_db: None) -> Iterator[LiveServer]:
     """The probe consumer behind the same WebSocket wiring as gateway/asgi.py (Channels touches the DB)."""
-    from tests.gateway.ws_auth_testing import application
+    from tests.core.auth.ws_auth_testing import application
 
     server = LiveServer(application).start()
     yield server
