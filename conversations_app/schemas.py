@@ -1,17 +1,9 @@
 """Wire models of the Conversations API and the validation of what clients send.
 
-Items are validated with pydantic models that follow the ``openai`` SDK's
-``ResponseInputItemParam`` union: the shapes a conversation stores and replays (messages, function
-calls and their outputs, reasoning, custom tool calls, item references) are checked field by
-field. The tool items of the union (web search, code interpreter, MCP, computer, shell, …) have
-their members typed (all optional) and are stored as sent once checked. ``check_input_item``
-applies the same models to a Responses input item. Unknown members are kept (``extra="allow"``) so
-newer SDK fields survive a round trip.
-
-Every refusal is an OpenAI-shaped 400: ``param`` names the offending field the way OpenAI does
-(``items[0].content[1].text``, ``metadata.key``) and ``code`` is OpenAI's
-(``missing_required_parameter``, ``invalid_type``, ``invalid_value``, ``string_above_max_length``,
-``object_above_max_properties``, ``property_name_above_max_length``).
+Items follow the ``openai`` SDK's ``ResponseInputItemParam`` union, checked field by field;
+``check_input_item`` applies the same models to a Responses input item. Unknown members are kept
+(``extra="allow"``) so newer SDK fields survive a round trip. Every refusal is an OpenAI-shaped
+400 whose ``param`` and ``code`` are OpenAI's (``items[0].content[1].text``, ``invalid_type``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """ASGI entry point: HTTP to Django, WebSocket to the Channels URL router.
 
-Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
-One Django handler serves everything; the site's middlewares (sessions, CSRF, messages:
-``gateway.site_middleware.SiteOnly``) skip the API. Each API request gets a thread of its own from
-:class:`RequestThreads` for Django's thread-sensitive work; the admin and its SSO also get static
-files.
-The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
+Everything goes through ``GatewayASGIMiddleware`` (request id, limits, metrics, access log); the
+site's middlewares skip the API (``gateway.site_middleware.SiteOnly``). The WebSocket upgrade is
+authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
 """
 
 import gc

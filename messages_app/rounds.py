@@ -1,11 +1,8 @@
-"""Anthropic Messages: one upstream round of the server-tool loop (``messages_app.server_tools``),
-parsed and validated before any tool of it runs.
+"""Anthropic Messages: one upstream round of the server-tool loop, validated before any tool runs.
 
-A JSON round must be a message whose blocks have types, and whose ``tool_use`` blocks have a
-non-empty id and name and an object input. A streamed round is checked event by event
-(:class:`StreamRound`): ``message_start`` first, every block opened once at a non-negative index
-and closed by ``content_block_stop``, ``message_stop`` last; an EOF, ``[DONE]`` or malformed JSON
-before ``message_stop`` breaks it (:func:`sse_events`). A broken round raises :class:`RoundError`.
+A JSON round must be a typed message whose ``tool_use`` blocks have an id, a name and an object
+input; a streamed one is checked event by event (:class:`StreamRound`) through ``message_stop``.
+A broken round raises :class:`RoundError`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The one typed, frozen configuration object: plain pydantic-settings.
 
-Read once, in this order of precedence: environment variables, then an optional TOML file (path in
-``GATEWAY_CONFIG``), then the defaults below; every key is documented in ``config.example.toml``.
-This is the only module that reads ``os.environ``.
-
-Sections are frozen, strict pydantic models: the file's values are taken as written (``debug =
-'yes'`` is refused, not guessed) while pydantic-settings parses the environment's text as the
-declared type. Environment names: pydantic-settings' own ``GATEWAY_<SECTION>__<KEY>`` (lists and
-tables as JSON), and the documented ``GATEWAY_<SECTION>_<KEY>`` and conventional names of
-:data:`ENV_NAMES` (lists comma-separated). Unknown keys, wrong types and inconsistent settings raise
-:class:`ConfigError` naming the setting.
+Precedence: environment, then the TOML file named by ``GATEWAY_CONFIG``, then the defaults; every key
+is in ``config.example.toml``. The only module that reads ``os.environ``. Sections are strict: file
+values are taken as written, environment text is parsed as the declared type; unknown keys, wrong
+types and inconsistent settings raise :class:`ConfigError` naming the setting.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Django REST framework for the resource endpoints, through DRF's documented extension points only.
 
-The resource endpoints (Conversations and their items; retrieve, delete, input items and cancel of
-stored responses) are DRF views built on :class:`ResourceView`:
-
-- :class:`PrincipalAuthentication` makes the principal the auth layer already set
-  (``gateway.core.auth``) DRF's ``request.user``; views read it as ``self.principal`` and every
-  selector and service they call filters by its owner (another owner's id is a 404).
-- :class:`StoredStateAccess` applies the ``OPENAI_API_KEY`` rule for stored state
-  (``gateway.core.auth.check_stored_state_access``) as a DRF permission.
-- :func:`exception_handler` renders every refusal through ``gateway.core.errors`` (the one module that
-  builds envelopes); DRF's own exceptions are mapped to the same errors the lean views raise.
-- :class:`OpenAIListPagination` is the one list shape (``object: "list"``, ``data``, ``first_id``,
-  ``last_id``, ``has_more``) with OpenAI's ``after`` / ``order`` / ``limit`` rules; the page itself
-  comes from the caller's keyset selector.
-- :func:`async_view` serves a DRF view from async Django: the whole synchronous view (parsing, ORM
-  work, rendering) is one :func:`gateway.core.db.run_orm` call, so DRF views follow the project's one
-  rule for ORM work from async code (the bounded ORM pool, stale connections closed before and
-  after) instead of asgiref's per-request threads, requests run side by side, and the event loop
-  never waits on the database. :func:`on_loop` runs the few things that belong to the event loop (cancelling a
-  local task) from inside such a view.
+:class:`ResourceView` views get the principal as ``request.user`` (:class:`PrincipalAuthentication`),
+the ``OPENAI_API_KEY`` rule as a permission (:class:`StoredStateAccess`), errors rendered through
+``gateway.core.errors`` (:func:`exception_handler`) and OpenAI's list shape
+(:class:`OpenAIListPagination`). :func:`async_view` runs the whole sync view as one
+:func:`gateway.core.db.run_orm` call, so the event loop never waits on the database.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""The server process's life: graceful shutdown (the drain) and its periodic jobs (the lease sweep).
+"""The server process's life: graceful shutdown (the drain) and its periodic jobs.
 
-Shutdown (``docs/operations.md``): SIGTERM first reaches :func:`drain_on_signal`'s handler, which
-begins the drain (:meth:`Drain.begin`) and hands the signal on to the server (uvicorn stops accepting
-and shuts its connections down) once every WebSocket has closed, or the grace and the flush margin
-are nearly over: uvicorn would cut an open WebSocket at once. Every running response runs inside
-:func:`interruptible`: it may finish until ``[server] shutdown_grace_s`` has passed; then it is
-interrupted and ends with a ``failed`` terminal event and a stored ``failed`` row, so every id a
-client saw is retrievable. WebSocket consumers close their connections themselves once their last
-terminal event is sent (:meth:`Drain.listen`); new HTTP requests are refused with a 503 meanwhile
-(``gateway.core.middleware``). uvicorn's own ``timeout_graceful_shutdown`` (the grace plus
-:data:`FLUSH_MARGIN_S`) is the backstop that cancels whatever is still running after that.
-
-The ASGI ``lifespan`` app (:func:`lifespan`) starts the periodic jobs registered with
-:func:`on_startup` (the background responses' lease sweep) and, at shutdown, waits for the work no
-connection is waiting for (in-process background responses) within the same bound, then runs the
-jobs registered with :func:`on_shutdown` (closing the upstream client).
+SIGTERM begins the drain (:func:`drain_on_signal`) and reaches uvicorn only once every WebSocket has
+closed or the grace is nearly over (uvicorn would cut them). Responses run inside
+:func:`interruptible`: past ``[server] shutdown_grace_s`` they end ``failed`` and are stored so, so
+every id a client saw is retrievable. The ``lifespan`` app runs :func:`on_startup` and
+:func:`on_shutdown` jobs (``docs/operations.md``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The one outbound HTTP client of our own code, on aiohttp.
 
-Two uses: :func:`pass_through` sends a request to the upstream model server and hands back its
-answer byte for byte (``inference_app.upstream.http.HttpUpstream``, one session per event loop); and
-:class:`Client` makes the bounded calls of OIDC discovery and JWKS (``gateway.core.auth``), the web
-search and the web fetch tools. aiohttp's timeout and error types are mapped to ours here: the
-upstream's to the gateway's 502/504 errors, the others to :class:`OutboundError` and its kinds.
-
-Not here: the clients that libraries bring and keep (mozilla-django-oidc's ``requests``, the MCP
-SDK's ``httpx``).
+:func:`pass_through` relays to the upstream model server byte for byte; :class:`Client` makes the
+bounded calls of OIDC, web search and web fetch. aiohttp's errors are mapped here: the upstream's to
+502/504, the others to :class:`OutboundError`. Libraries keep their own clients (mozilla-django-oidc,
+the MCP SDK).
 """
 
 from __future__ import annotations

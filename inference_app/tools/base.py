@@ -1,12 +1,9 @@
 """Gateway tools: classification, the function definitions the model sees, calls and results.
 
-The Responses executor classifies a request's ``tools`` once (:func:`classify_tools`), offers the
-model the client tools as declared plus one plain function per gateway tool
-(:meth:`ToolSet.model_functions`), turns every model call of a gateway function into a
-:class:`ToolCall` (:meth:`ToolSet.make_call`) and runs a round of them with
-:func:`run_gateway_calls`. Nothing here knows the public item types or stream events: a
-:class:`ToolResult` carries both the text fed back to the model and the structured data the executor
-puts into ``web_search_call`` / ``code_interpreter_call`` / ``mcp_call`` items.
+:func:`classify_tools` sorts a request's tools once; :meth:`ToolSet.model_functions` offers client
+tools as declared plus one function per gateway tool; :func:`run_gateway_calls` runs a round. A
+:class:`ToolResult` carries the model's text and the structured data of the public item; nothing
+here knows the public item types or stream events.
 """
 
 from __future__ import annotations

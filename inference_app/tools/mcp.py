@@ -1,17 +1,9 @@
 """The ``mcp`` gateway tool, with the official ``mcp`` SDK (streamable HTTP and SSE transports).
 
-* Declarations: a request names a server by ``server_url`` (allowed only for hosts in
-  ``[mcp] allowed_hosts`` / ``MCP_ALLOWED_HOSTS``) or an operator-configured one by
-  ``server_label`` (``[mcp_servers.<label>]``). :func:`resolve_mcp_declaration` checks the shape;
-  :func:`check_server_allowed` checks the host and what it resolves to, before any connection:
-  a loopback, private, link-local or otherwise non-public address is refused unless the host is
-  listed exactly (a gateway must not be a way into its own network).
-* Discovery: :func:`discover_mcp_tools` runs ``tools/list`` on every server at once, following
-  pagination, filtered by ``allowed_tools``; more than ``[mcp] max_tools`` tools is a 400.
-* Calls: :func:`call_mcp_tool` (run by the dispatcher, in-process or on a tools worker).
-* Credentials: request ``headers`` and ``authorization`` are sent to the server and nothing else;
-  :func:`strip_credentials` removes them from a declaration before it is stored or echoed.
-* Approvals: :func:`requires_approval` evaluates ``require_approval``.
+Servers are named by ``server_url`` (hosts in ``[mcp] allowed_hosts``, checked before any
+connection) or by an operator's ``server_label``. Discovery runs ``tools/list`` on every server at
+once; more than ``[mcp] max_tools`` is a 400. Request ``headers``/``authorization`` go to the server
+only and are stripped before a declaration is stored or echoed (:func:`strip_credentials`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The ``code_interpreter`` gateway tool: Python in a fresh bubblewrap sandbox per call.
 
-Isolation (each run):
-
-* ``bwrap --unshare-all``: new user, network, PID, IPC, UTS and cgroup namespaces. The network
-  namespace has only a downed loopback, so nothing can be reached; the PID namespace hides every
-  other process, and killing the sandbox's ``bwrap`` kills all that ran inside it.
-* Filesystem: ``/usr`` (and the interpreter's prefix, and ``extra_ro_binds``) mounted read-only, a
-  fresh ``/proc`` and minimal ``/dev``, and a private size-limited tmpfs at ``/tmp`` that is the
-  working directory. Nothing else of the host exists inside; no environment variable is inherited.
-* No capabilities (``--cap-drop ALL``), a non-zero uid inside, and no further user namespaces
-  (``--disable-userns``). When the worker runs as root, ``bwrap`` itself is started as
-  ``run_as_uid``/``run_as_gid`` so the sandbox never holds root's credentials outside either.
-* Resource limits set by a tiny launcher before the user's code runs (hard and soft, so the code
-  cannot raise them): ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_NPROC`` (processes; counted
-  per user namespace, so the cap is the sandbox's own), ``RLIMIT_FSIZE``, ``RLIMIT_CORE`` = 0.
-  The wall-clock limit and the output cap are enforced from outside: past either, the whole
-  sandbox is killed.
+``bwrap --unshare-all`` (no network, own PID namespace), read-only ``/usr``, a private size-limited
+tmpfs as ``/tmp``, no inherited environment, no capabilities, no nested user namespaces, and never
+root's credentials. A tiny launcher sets hard rlimits (CPU, memory, processes, file size, no core)
+before the user's code runs; wall-clock and output caps kill the whole sandbox from outside.
 """
 
 from __future__ import annotations

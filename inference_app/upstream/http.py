@@ -1,14 +1,9 @@
 """The one upstream interface every feature uses, and its HTTP implementation.
 
-``Upstream.send(method, path, body=…, headers=…, query=…)`` returns an :class:`UpstreamResponse`:
-status, headers (hop-by-hop removed) and an async iterator over the body bytes exactly as the
-upstream sent them (the interface and its types: :mod:`inference_app.upstream.types`; this module
-picks one in :func:`get_upstream`). Pass-through routes, the Responses executor and the Messages
-loop all call it; the HTTP and worker implementations behave the same, byte for byte.
-
-:class:`HttpUpstream` speaks HTTP/1.1 through aiohttp (one session per event loop). Failures map to
-gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no response headers within
-the read timeout, or a stream silent for longer than the stall timeout → :class:`UpstreamTimeout` (504).
+``Upstream.send(...)`` returns an :class:`UpstreamResponse` whose body is the upstream's bytes as
+sent (types in :mod:`inference_app.upstream.types`; :func:`get_upstream` picks one). The HTTP and
+worker implementations behave the same, byte for byte. :class:`HttpUpstream` uses aiohttp:
+connection failures are 502, no head within the read timeout or a stalled stream 504.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""``WorkerUpstream``: the gateway's upstream when a broker is configured and ``LLM_API_BASE`` is not.
+"""``WorkerUpstream``: the upstream when a broker is configured and ``LLM_API_BASE`` is not.
 
-Each request is enqueued as one Celery task (``inference.generate``) on the ``inference`` queue, or
-on ``inference.<served name>`` when the workers serve several models; the worker streams vLLM's
-answer back on a Redis Stream keyed by a fresh request id (see ``inference_app.upstream.streams``), which
-this class reads with ``XREAD BLOCK`` and relays unchanged. The client sees the bytes ``vllm serve``
-would have sent.
-
-Failure handling: no live worker → 503 at once; no worker picked the request up within
-``upstream.read_timeout_s`` → 504; the worker that runs the request stops heartbeating (killed,
-crashed) → the stream ends with a 502 within ``inference.worker_lost_after_s``; a stream silent for
-``upstream.stall_timeout_s`` → 504. Closing the response early (client disconnect) sets the cancel
-key; the worker aborts the request in the engine.
-
-``GET /v1/models`` and ``/ready`` answer from the workers' registry (what each live worker serves).
+Each request is one Celery task (``inference.generate``) whose worker streams vLLM's answer back on
+a Redis Stream (``inference_app.upstream.streams``), relayed unchanged. No live worker is a 503; no
+pickup within the read timeout, or a silent stream, 504; a lost worker 502. A client disconnect sets
+the cancel key. ``/v1/models`` and ``/ready`` answer from the workers' registry
+(``docs/inference.md``).
 """
 
 from __future__ import annotations

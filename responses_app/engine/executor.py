@@ -1,27 +1,11 @@
 """The executor: the round loop of one response against the upstream, and its storage.
 
-One response runs as rounds: send the whole history and the tools upstream (``/v1/responses`` or
-``/v1/chat/completions``, by ``upstream_api``), read the upstream stream, and emit our own events
-with our own item ids. When the model calls client tools (function, custom) the response ends
-with those calls for the client to run; gateway-executed tools (web search, code interpreter, MCP)
-run between rounds and the loop goes on, at most ``max_rounds`` times (``responses_app.engine.tool_loop``).
-
-The jobs around the loop live in their own modules, each with a public interface:
-
-* ``responses_app.engine.wire``: the request body of a round in either upstream format, sending it, the
-  upstream's error answer;
-* ``responses_app.engine.parsers``: the two upstream stream formats, read into emitter calls;
-* ``responses_app.engine.emitter``: our public output items and their events, under the retained budget;
-* ``responses_app.features.compaction`` (the hook before every round), ``responses_app.features.async_tools`` (the
-  stop rule), ``responses_app.features.steering`` (the safe boundaries);
-* ``responses_app.engine.domain``: the types they share (``Prepared``, ``Usage``, ``RoundState``, …);
-* ``responses_app.engine.lifecycle``: the base class, :class:`~responses_app.engine.lifecycle.Lifecycle`: the
-  response object and the events around the rounds, ending with exactly one terminal event.
-
-Extension seams (``responses_app.features.multi_agent.Coordinator`` uses them): :meth:`Executor.rounds` is
-the work between ``response.in_progress`` and the terminal event (it sets ``end_status``),
-``settle`` runs before the terminal snapshot, :meth:`Executor.store` writes the outcome, and
-:meth:`Executor.run_round` runs one inference round over :meth:`Executor.model_items`.
+Each round sends the history and tools upstream (``/v1/responses`` or ``/v1/chat/completions``),
+reads the stream and emits our own events and item ids. Client tool calls end the response; gateway
+tools run between rounds, at most ``max_rounds`` times (``tool_loop``). Its collaborators: ``wire``,
+``parsers``, ``emitter``, ``domain``, the features' hooks, and the base class ``lifecycle``. The
+seams :meth:`Executor.rounds`, ``settle``, :meth:`Executor.store` and :meth:`Executor.run_round`
+are what ``responses_app.features.multi_agent.Coordinator`` overrides.
 """
 
 from __future__ import annotations

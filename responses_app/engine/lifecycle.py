@@ -1,22 +1,10 @@
 """One response's lifecycle: its object and the events around its work, with exactly one end.
 
-:class:`Lifecycle` is the base of :class:`~responses_app.engine.executor.Executor` (and through it of
-:class:`~responses_app.features.multi_agent.Coordinator`). It owns the response object (:meth:`snapshot`),
-the event sink, the emitter of the output items, and the order of the stream: ``response.created``,
-``response.in_progress``, the work of :meth:`rounds`, then exactly one terminal event
-(``response.completed``, ``.incomplete`` or ``.failed``) or, when that cannot be sent, one
-``error`` event. :meth:`run` is the one outermost guard of every streaming path; :meth:`interrupt`
-ends a run from outside (the shutdown deadline).
-
-A subclass fills the seams: :meth:`prepare_tools` (before anything is sent; a refusal ends the run
-with an ``error`` event), :meth:`rounds` (the work; it sets :attr:`end_status` and raises
-:class:`~gateway.core.sse.StreamFailure` when the upstream fails), :meth:`settle` (after the
-work, before the terminal snapshot) and :meth:`store` (the outcome, when the request stores).
-
-Nothing fake is ever sent: a truncated or malformed upstream stream, an oversize SSE line or an
-upstream error ends the response ``failed`` (stored as failed when ``store``), and the terminal
-snapshot is written *before* the terminal event, so a write failure reaches the client as an
-``error`` event instead of ``response.completed``.
+:class:`Lifecycle` (base of the executor) owns the snapshot, the event sink, the emitter and the
+order: ``response.created``, ``response.in_progress``, :meth:`rounds`, then one terminal event, or one
+``error`` event when that cannot be sent. Subclasses fill :meth:`prepare_tools`, :meth:`rounds`,
+:meth:`settle` and :meth:`store`. Nothing fake is sent: an upstream failure ends ``failed``, and the
+terminal snapshot is written before the terminal event, so a failed write reaches the client.
 """
 
 from __future__ import annotations

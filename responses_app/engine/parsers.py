@@ -1,13 +1,8 @@
-"""The two upstream stream parsers: ``/v1/responses`` SSE events and ``/v1/chat/completions``
-chunks, each turned into emitter calls for one inference round.
+"""The two upstream stream parsers (``/v1/responses`` events and ``/v1/chat/completions`` chunks).
 
-A parser is made per round (:func:`for_round`); :meth:`feed` takes one SSE event (its name and
-data) and returns our events plus whether the upstream's stream has ended; :func:`read` feeds it
-the upstream's whole stream. What the round
-reports back (status, served tier, incomplete details) is written to its
-:class:`~responses_app.engine.domain.RoundState`; usage is added to the response's
-:class:`~responses_app.engine.domain.Usage`. An upstream error or failure raises
-:class:`~gateway.core.sse.StreamFailure`.
+One parser per round (:func:`for_round`) turns SSE events into emitter calls; :func:`read` feeds it
+the whole stream. Status, tier and incomplete details go to the round's ``RoundState``, usage to the
+response's ``Usage``; an upstream error raises :class:`~gateway.core.sse.StreamFailure`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Running an :class:`~responses_app.engine.executor.Executor` to its end, whatever the client does.
 
-Every transport (HTTP JSON and SSE, WebSocket, background) drives a response through :func:`drive`:
-the server's shutdown (``gateway.core.lifecycle``) may interrupt it once ``[server] shutdown_grace_s`` has
-passed, and then it still ends with a ``response.failed`` terminal event and a stored ``failed``
-row. :func:`detached` runs it in a task of its own for a streaming client: a client that disconnects
-from a stored response does not stop it; it is finished and stored, as OpenAI does, so the id it
-announced in ``response.created`` stays retrievable. An unstored one is cancelled (nobody could
-ever read it).
-
-A stored response whose id is announced before it ends (an SSE stream, every WebSocket response)
-holds a lease like background work (:class:`_StreamLease`): its row is written ``in_progress``
-under this process's lease before ``response.created`` reaches the client and renewed while it
-runs, so if the process dies the sweep stores it ``failed`` instead of the id answering 404. A
-stored JSON response announces nothing before it ends and writes only its final row.
-
-An SSE stream (:func:`detached`) does not wait for that row to start its work: the row is written
-while the upstream request goes out, and the client is sent nothing until the row is committed
-(the events made meanwhile wait in the queue). The id is announced no earlier than before; the
-first token comes sooner by the write's time. Nor does its final store wait for that row: it
-follows it on the same writer, or replaces it when no batch has taken it yet
-(``docs/operations.md``, ``docs/performance.md``).
+Every transport drives a response through :func:`drive`, which the shutdown may interrupt (the
+response still ends ``failed`` and is stored). :func:`detached` runs a stream in its own task: a
+stored response outlives its client, as on OpenAI, so its announced id stays retrievable; an
+unstored one is cancelled. A stored stream holds a lease (:class:`_StreamLease`): its ``in_progress``
+row is committed before ``response.created`` is sent, so a dead process leaves a ``failed`` row,
+not a 404 (``docs/operations.md``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The one items ↔ messages module.
+"""The one items ↔ messages module: ``normalize_input``, ``output_to_input`` and ``items_to_messages``.
 
-* ``normalize_input`` turns the request's ``input`` (a string or a list of items / easy messages)
-  into Responses input items;
-* ``output_to_input`` is the single conversion of an output item (what a response returned) into
-  the input item that continues the conversation;
-* ``items_to_messages`` renders Responses items as Chat Completions messages for upstreams that
-  only speak ``/v1/chat/completions``. System and developer text is merged into one leading system
-  message, because several chat templates refuse a second system message.
+System and developer text becomes one leading system message for Chat Completions upstreams,
+because several chat templates refuse a second system message.
 """
 
 from __future__ import annotations

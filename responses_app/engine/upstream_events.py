@@ -1,17 +1,9 @@
 """Typed parsing of what the upstream streams to the executor, on both wires.
 
-vLLM's ``/v1/responses`` SSE events and ``/v1/chat/completions`` chunks are checked here, member by
-member, before the executor reads them: every member the executor acts on has its JSON type
-(strict: ``"12"`` is not a token count, ``true`` is not an index). Anything that does not fit is an
-upstream error (:class:`StreamFailure`): the response ends ``failed`` with a message naming the
-event and the member, never a crash, a cut stream or silently zeroed usage.
-
-The parsers return plain dicts (``TypedDict`` validation), so the executor keeps its dict handling;
-an output item, its parts and usage keep every member as sent; an event itself and the terminal
-event's response object keep only the members declared here, the ones the executor reads (the check
-does not copy the rest: a delta event is the most frequent of all). One normalization: tool-call
-``arguments`` sent as a JSON object (or array) become its JSON text, as the Responses API carries
-them.
+Every member the executor acts on is checked strictly (``"12"`` is not a token count); anything
+else is a :class:`StreamFailure` naming the event and member, never a crash or zeroed usage. Events
+keep only the declared members (deltas are the most frequent event; nothing else is copied); tool
+arguments sent as JSON values become their JSON text.
 """
 
 from __future__ import annotations

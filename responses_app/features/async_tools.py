@@ -1,24 +1,9 @@
-"""Async client tools (``async: true`` on a ``function`` or ``custom`` tool), emulated in front of a
-model server that stops at every tool call and does not know async.
+"""Async client tools (``async: true``), emulated in front of a model server that stops at every call.
 
-The rules, each one function here, called by the request validation, the follow-up validation and
-the executor's round loop:
-
-* **Which tools are async** (:func:`declares_async`, :func:`async_upstream_names`): a ``function`` or
-  ``custom`` tool, or a function/custom member of a namespace, that says ``async: true``.
-* **Which calls are async** (:func:`call_is_async`): read from the call item itself (its own
-  ``async: true``), never from today's declarations, so re-declaring a tool without ``async`` does
-  not change a pending call.
-* **Request validation** (:func:`check_tool_declaration`, :func:`check_item`,
-  :func:`check_multi_agent`): ``async`` anywhere else is an unknown parameter.
-* **Follow-up validation** (:func:`check_tool_outputs`): OpenAI's pairing rules, except that a
-  pending async call may go unanswered and may be answered more than once.
-* **The two upstream hints** (:func:`hint_responses_tools`, :func:`hint_chat_tools`,
-  :func:`with_pending_notes`): the async tool's description says it runs in the background, and a
-  note follows each async call whose output has not arrived. They are built per round for the
-  request sent upstream; nothing stores or returns them.
-* **The round decision** (:class:`AsyncRounds`): a round whose only client calls are async goes on
-  with another round (the call pending); two such rounds in a row end the response.
+Which tools and calls are async (read from the call item itself, so a re-declaration does not change
+a pending call); request and follow-up validation (a pending async call may go unanswered or be
+answered more than once); the per-round upstream hints (never stored); and :class:`AsyncRounds`: a
+round whose only client calls are async goes on, two such rounds in a row end the response.
 """
 
 from __future__ import annotations

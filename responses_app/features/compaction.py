@@ -1,21 +1,10 @@
 """Compaction: a long item history becomes a window of the user's messages plus one summary.
 
-Three triggers share this module (docs/responses.md → Compaction):
-
-* ``POST /v1/responses/compact`` (:func:`summarize` once, answered as ``response.compaction``);
-* ``context_management: [{"type": "compaction", "compact_threshold": N}]``: before every
-  inference round the executor asks :func:`over_threshold` and compacts first when it says so;
-* a ``compaction_trigger`` input item (Codex V2): the response is one compaction item.
-
-The summary is one non-streaming inference round through the same ``Upstream`` and wire API as the
-executor (``upstream_api``): the history as the model sees it, followed by one user message asking
-for the summary (``[responses] compaction_prompt``, default :data:`DEFAULT_PROMPT`). The
-request-scoped cache fields and ``service_tier`` travel with it (spec).
-
-``encrypted_content`` is plain text: this gateway encrypts nothing. Upstream, the latest
-``compaction`` item is an assistant message holding that text (an OpenAI-encrypted blob a client
-sends is such text, too); earlier ``compaction`` items and every ``compaction_trigger`` are
-dropped from the model's input.
+Triggers: ``POST /v1/responses/compact``, ``context_management`` thresholds (:func:`over_threshold`
+before every round), and a ``compaction_trigger`` input item. The summary is one non-streaming round
+through the executor's upstream (``[responses] compaction_prompt``). ``encrypted_content`` is plain
+text; upstream, only the latest ``compaction`` item is kept, as an assistant message
+(``docs/responses.md``).
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """Multi-agent responses (beta): a coordinator that runs subagents for one response.
 
-With ``multi_agent: {"enabled": true}`` (validated in ``responses_app.protocol.multi_agent_config``) the root
-agent (``/root``) gets six collaboration tools the gateway executes itself: ``spawn_agent``,
-``send_message``, ``followup_task``, ``wait_agent``, ``interrupt_agent`` and ``list_agents``.
-
-The shape of a run:
-
-* :class:`Coordinator` is the response's executor. Its one task (the generator the transport
-  drives) owns every piece of mutable multi-agent state: the agent registry, the mailboxes, the
-  concurrency slots and the public output.
-* Each agent is an :class:`AgentExecutor`: its own history, tools (the request's client and gateway
-  tools; the root adds the collaboration tools), emitter and event sink, and its own round budget
-  (``max_rounds`` per turn). A *segment* of an agent's turn runs as its own asyncio task
-  (:func:`_segment`); it touches only that agent's executor and talks to the coordinator through a
-  queue. The coordinator touches an agent's executor only while no segment of it runs.
-* Agents' events are renumbered by the coordinator: one ``sequence_number`` and one
-  ``output_index`` space for the whole stream. Every item and event carries
-  ``agent: {"agent_name": "/root" | "/root/<task>"}``.
-* Mail (``agent_message`` items) is delivered into an agent's history between its segments.
-* A synchronous client tool call (function, custom, …) by any agent ends the response (an agent's
-  async-only round goes on, as in single-agent mode); the continuation
-  routes each output to the agent that made the call (by the stored attribution).
-* The tree (configuration and each agent's state) is stored with the response as a versioned
-  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it. Multi-agent items a
-  client gives back as input are stored and read by no agent (:func:`own_history`).
-* Each agent compacts itself automatically (:meth:`AgentExecutor.before_segment_round`, before
-  every round): at the request's ``context_management`` threshold, else at
-  :data:`COMPACT_AT_TOKENS` estimated tokens; its ``compaction`` item is attributed to it.
-* Assistant messages carry ``phase``: ``final_answer`` when the message ends its agent's turn,
-  ``commentary`` when the round goes on after it (the emitter decides when the message closes).
+The root agent gets six collaboration tools the gateway executes. :class:`Coordinator` is the
+response's executor and its one task owns all mutable state (registry, mailboxes, slots, output);
+each agent is an :class:`AgentExecutor` whose turn segments run as their own tasks and talk to the
+coordinator through a queue. Events are renumbered into one stream and carry ``agent``. The tree is
+stored with the response (``Response.agent_tree``) and restored by ``previous_response_id``
+(``docs/responses.md``).
 """
 
 from __future__ import annotations

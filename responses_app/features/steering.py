@@ -1,25 +1,9 @@
 """WebSocket steering: ``response.steer`` while a response on this connection is generating.
 
-Spec: the steering paragraphs under "WS /v1/responses" in gateway-api.txt; wire shapes: the
-``openai`` SDK's ``openai.types.beta`` steer events (``response.steer``,
-``response.steer.accepted`` / ``.pending`` / ``.failed``).
-
-This module owns the per-connection steering state and every rule that does not need the socket:
-
-* :func:`parse_steer` validates the client event (text, empty text included, or a non-empty array
-  of user messages with ``input_text`` / ``input_image`` parts; no files, no ``stream_id``, no
-  response settings) and turns it into the input items the successor will carry.
-* :class:`Steering` keeps one :class:`Target` per generating response the connection has seen
-  (registered at its ``response.created``), with the settings an automatic successor inherits, the
-  accepted steering in acceptance order, and the three connection budgets: accepted steering echoes,
-  retained settings and failure echoes awaiting delivery.
-* :func:`required_inputs` names the client-owned outputs a parent still needs
-  (``response.steer.pending``); :func:`missing_outputs` checks an explicit continuation supplies
-  them all.
-
-The consumer (``responses_app.api.consumers``) does the I/O: it sends the events this module builds,
-asks the running executor to stop at its next safe boundary, and runs successors on the target's
-lane. Nothing here survives the connection: a disconnect discards unapplied steering.
+Owns the per-connection state and every rule that needs no socket: :func:`parse_steer`,
+:class:`Steering` (one :class:`Target` per generating response, with its inherited settings,
+accepted steering and budgets), :func:`required_inputs` and :func:`missing_outputs`. The consumer
+does the I/O. Nothing survives the connection.
 """
 
 from __future__ import annotations

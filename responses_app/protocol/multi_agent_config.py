@@ -1,11 +1,8 @@
 """The ``multi_agent`` request field (beta): its validation and the refusals that go with it.
 
-``multi_agent: {"enabled": true, "max_concurrent_subagents": N}`` (N defaults to 3, a positive
-integer) asks the gateway to coordinate subagents for one response (``responses_app.features.multi_agent``).
-It requires ``store: true`` and refuses ``max_tool_calls`` and reasoning summaries, each with a 400
-naming its ``param`` (:func:`refuse_in_multi_agent_mode`, also applied to a continuation of a stored
-agent tree by ``services.response_prepare``). The WebSocket transport refuses it
-(``responses_app.api.consumers``).
+``{"enabled": true, "max_concurrent_subagents": N}`` (default 3) requires ``store: true`` and
+refuses ``max_tool_calls`` and reasoning summaries (:func:`refuse_in_multi_agent_mode`, also on a
+continuation); the WebSocket transport refuses it.
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """The one write path of a finished response, and the parent check of a continuation, in plain SQL.
 
-Every finished response — plain, background, conversation turn, stored over HTTP or WebSocket —
-is written by :func:`store_response`: its new items (existing ids are left alone) and its row.
-Through the ORM those statements cost more than the database work itself (query compilation,
-model instances, stdlib ``json`` for every JSON column), so the SQL is built once per backend from
-the models' metadata and the rows by one function, :func:`rows`, from the same metadata: the
-columns, the defaults and the value adaptation the ORM would apply (JSON columns with orjson).
-
-The response row is an upsert that only ever replaces an unfinished row (``queued`` or
-``in_progress``: a background response's placeholder); a cancelled or finished row stays as it is
-and the call answers False.
-
-One statement sequence per backend, always on Django's connection of the calling thread (ORM work
-from async code runs through ``gateway.core.db.run_orm``):
-
-- PostgreSQL: one statement for any number of responses and their items (:func:`store_responses`:
-  a group commit's batch, ``services.final_writes``, or a single response): the rows travel as two
-  JSON documents (one of responses, one of items) that ``jsonb_to_recordset`` unpacks, inserted by
-  data-modifying CTEs, atomic by itself; a caller's transaction (a conversation append) wraps it
-  when there is one. Two parameters instead of one per column and row (psycopg dumped each in Python),
-  and one round trip for a whole batch instead of ``BEGIN``, one statement per response and
-  ``COMMIT``: measured at a fifth of the CPU a stored response cost on the writer thread
-  (``docs/performance.md``). The statement text is the same for every batch, so from its fifth run
-  on a connection it runs prepared (``prepare_threshold`` in settings).
-- SQLite: one ``BEGIN IMMEDIATE`` transaction (``transaction_mode`` in settings) holding the items
-  and the response. Writers queue on a process-wide lock, then on an advisory file lock beside the
-  database (``flock``) shared by the server processes, before they ask SQLite for the write lock:
-  a burst of writers waits in order, woken by the kernel when the lock is free, instead of in
-  SQLite's busy handler, which polls with sleeps of 1 ms growing to 100 ms. Other writers (the ORM,
-  another program) still meet the busy timeout (settings). No write is dropped for lack of a lock.
+Through the ORM these statements cost more than the database work, so the SQL is built once per
+backend from the models' metadata, and rows by :func:`rows`. The response row upsert replaces only
+an unfinished row. PostgreSQL: one statement for a whole batch (``jsonb_to_recordset`` and CTEs);
+SQLite: one ``BEGIN IMMEDIATE`` transaction, writers queued on a lock and a ``flock`` beside the
+database instead of SQLite's polling busy handler (``docs/responses.md``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Inbound authentication: one framework-agnostic entry point used by every layer.
+"""Inbound authentication: one framework-agnostic entry point for HTTP, WebSocket and ASGI paths.
 
-``authenticate(path, headers)`` is called by the Django auth middleware for HTTP, by the WebSocket
-upgrade check, and by any ASGI fast path. It returns the caller's principal and whether the
-gateway consumed the caller's credential (then it is never forwarded upstream), or raises
-``errors.AuthenticationFailed`` (401) / ``errors.ServiceUnavailable`` (503, identity provider down).
-
-Modes, decided per request from the configuration and the API-key table:
-
-- **OIDC** (``OIDC_ISSUER`` and ``OIDC_AUDIENCE`` set): every protected path needs a valid bearer
-  token; the principal is ``oidc:<iss>#<sub>``; the token is consumed.
-- **API keys** (at least one active named key, or ``GATEWAY_REQUIRE_API_KEY``): every protected
-  path needs one of the keys (``Authorization: Bearer`` or ``x-api-key``); the principal is
-  ``key:<id>``; the key is consumed and the upstream credential is injected instead.
-- **Open**: every request belongs to the default principal and the caller's headers pass through.
-  When ``OPENAI_API_KEY`` is set, stored state (responses, input items, conversations) can only be
-  read or deleted by a caller presenting that key: see :func:`require_stored_state_access`.
-
-Helpers for the feature code: :func:`owned`, :func:`owner_filter`, :func:`owned_get` (every read and
-write of stored objects filters by owner; another owner's id is "not found"),
-:func:`require_stored_state_access` / :func:`stored_state_view`, and
-:func:`gateway.core.auth.websocket.ensure_not_expired` for WebSocket connections.
+``authenticate(path, headers)`` returns the principal and whether the credential was consumed
+(never forwarded upstream), or raises a 401 / 503. Modes, per request: OIDC bearer tokens
+(``oidc:<iss>#<sub>``), API keys (``key:<id>``), or open (the default principal; stored state
+guarded by ``OPENAI_API_KEY``, :func:`require_stored_state_access`). Every read and write of stored
+objects filters by owner (:func:`owned`, :func:`owner_filter`, :func:`owned_get`): another owner's
+id is "not found". Details: ``docs/auth.md``.
 """
 
 from __future__ import annotations
