@@ -442,9 +442,8 @@ class MessagesLoop:
         calls: list[ToolCall] = []
         refused: dict[str, ToolResult] = {}
         for use in uses:
-            # Anthropic's srvtoolu_ id, minted here, replaces the upstream's tool id in the round
-            # itself: the client's server_tool_use block, its result and the hidden turn sent upstream
-            # next all carry it, as the history the client sends back will.
+            # The srvtoolu_ id minted here replaces the upstream's id everywhere (client block, result, hidden
+            # turn), as in the history the client sends back.
             use["id"] = new_id("srvtoolu")
             server = self.plan.tools[use["name"]]
             call = ToolCall(
@@ -754,9 +753,8 @@ async def serve_count_tokens(
     extra_headers: RawHeaders,
     exchange: Exchange,
 ) -> None:
-    """``/v1/messages/count_tokens`` of a request that declares gateway tools: counted as the loop
-    sends its first round (the server tools as plain function tools, earlier server blocks as the
-    model's turns), since vLLM refuses the server-tool shapes; the answer is relayed as it is."""
+    """``count_tokens`` of a request that declares gateway tools, counted as the loop's first round sends
+    it (vLLM refuses the server-tool shapes); the answer is relayed as it is."""
     try:
         plan = plan_request(orjson.loads(body), get_config())
     except orjson.JSONDecodeError:

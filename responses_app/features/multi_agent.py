@@ -47,13 +47,8 @@ _TARGET = {"target": _STR}
 
 
 def _fn(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    """A collaboration function, declared ``strict``: every property required (an optional one is
-    nullable, ``null`` meaning its default) and no others, as strict function schemas must be.
-
-    ``strict`` is what makes a guided upstream write schema-valid arguments: vLLM (0.32, its
-    default ``--tool-strict-level auto``) constrains a forced or required call of a tool without
-    ``strict: true`` only to the call's envelope (the name, then *any* JSON as the arguments).
-    """
+    """A collaboration function, declared ``strict`` (every property required, optional ones nullable):
+    without ``strict``, vLLM's guided decoding constrains a forced call only to its envelope."""
     parameters = {
         "type": "object",
         "properties": properties,
@@ -101,10 +96,8 @@ def belongs_to(item: dict[str, Any], name: str) -> bool:
 
 
 def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    """Agent ``name``'s part of a stored history; after its latest compaction, the retained user
-    messages, the compaction item and what followed (what its model read when it compacted).
-    Agent items a client gave as input are not the tree's: no agent reads them; and an item the
-    history holds twice (a client gave a stored one back by id) is read once."""
+    """Agent ``name``'s part of a stored history, from its latest compaction on; items a client gave as
+    input belong to no agent, and an item held twice is read once."""
     own: list[dict[str, Any]] = []
     seen: set[str] = set()
     for item in items:
@@ -123,10 +116,8 @@ def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 def compaction_parts(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``POST /v1/responses/compact`` of a multi-agent chain compacts the root agent: its own
-    history (what is summarized, in its model's view, and what the window retains from) and the
-    other agents' items, which the window keeps as they are (each subagent keeps its history, and
-    the stored tree restores the agents)."""
+    """``POST /v1/responses/compact`` of a multi-agent chain: the root's history is summarized; the other
+    agents' items are kept as they are."""
     return own_history(items, ROOT), [item for item in items if not belongs_to(item, ROOT)]
 
 
@@ -165,9 +156,8 @@ def model_item(item: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 class CollabTools:
-    """An agent's gateway tools as the emitter and the wire see them: the request's gateway tools
-    (a :class:`ToolLoop`) plus, for the root, the collaboration tools, which are recorded for the
-    coordinator and shown as ``multi_agent_call`` items."""
+    """An agent's gateway tools: the request's (a :class:`ToolLoop`) plus, for the root, the
+    collaboration tools, shown as ``multi_agent_call`` items."""
 
     def __init__(self, loop: ToolLoop, collaborates: bool) -> None:
         self.loop = loop

@@ -62,10 +62,8 @@ def loads(value: Any) -> Any:
 def _sql(vendor: str) -> dict[str, Any]:
     """The statements for one database backend, built once from the models' metadata.
 
-    Their parameters are named (``%(r0)s``, passed as a mapping): Django's SQLite
-    backend turns positional ``%s`` into ``?`` with a regular expression that tries a match at
-    every character of the statement (a look-behind): 7 % of a stored SSE response's instructions
-    (the performance log, in git history); named ones it maps with one ``%`` formatting.
+    Parameters are named (``%(r0)s``): Django's SQLite backend rewrites positional ``%s`` with a costly
+    regular expression, named ones with one ``%`` formatting.
     """
     q = connection.ops.quote_name
     responses, items = q(Response._meta.db_table), q(Item._meta.db_table)
@@ -150,9 +148,8 @@ def _columns(model: type[models.Model]) -> tuple[tuple[str, str, Any], ...]:
 def _row(
     model: type[models.Model], values: dict[str, Any], adapt_datetime: Callable[[Any], Any]
 ) -> list[Any]:
-    """One row of ``model`` as the ORM would write it: every concrete column in order, missing
-    values from the field's default, JSON with orjson, dates adapted for the backend
-    (``adapt_datetime``: the connection's ``ops.adapt_datetimefield_value``)."""
+    """One row of ``model`` as the ORM would write it: concrete columns in order, defaults filled, JSON
+    with orjson, dates adapted for the backend."""
     row: list[Any] = []
     for name, kind, field in _columns(model):
         value = values[name] if name in values else field.get_default()
@@ -165,9 +162,8 @@ def _row(
 
 
 def _record(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
-    """One row of ``model`` for PostgreSQL's JSON payload: every concrete column by name, missing
-    values from the field's default; JSON columns stay values (the payload's own JSON), dates stay
-    aware datetimes (orjson writes them as RFC 3339, which ``timestamptz`` reads)."""
+    """One row of ``model`` for PostgreSQL's JSON payload: columns by name, defaults filled, JSON values
+    and aware datetimes left for orjson (RFC 3339, which ``timestamptz`` reads)."""
     record: dict[str, Any] = {}
     for name, _kind, field in _columns(model):
         record[field.column] = values[name] if name in values else field.get_default()
@@ -175,13 +171,8 @@ def _record(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]
 
 
 def rows(*, items: list[dict[str, Any]], owner: str, response: dict[str, Any]) -> tuple[list[Any], Any]:
-    """The item rows (one per stored item) and the response row, from the models' metadata, as
-    :func:`store_responses` takes them on this database: on PostgreSQL records for the JSON payload,
-    elsewhere the column values in order, adapted as the ORM would (``_row``).
-
-    ``response`` holds the row's values by attribute name (``previous_response_id``); everything
-    missing takes the field's default.
-    """
+    """The item rows and the response row in the form :func:`store_responses` takes on this database.
+    ``response`` holds values by attribute name; missing ones take the field's default."""
     now = timezone.now()
     item_values = [
         {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now}
@@ -230,17 +221,15 @@ def writing() -> Iterator[None]:
 def store_response(*, item_rows: list[Any], response_row: Any) -> bool:
     """Insert the items (existing ids left alone) and insert, or finish, the response row.
 
-    Atomic on its own; inside :func:`writing` it joins the caller's transaction. False when the
-    row exists and is no longer ``queued`` / ``in_progress`` (cancelled meanwhile): nothing of the
-    response changes then (its new items may stay stored: they are referenced by nothing).
+    Atomic, or part of the caller's transaction inside :func:`writing`. False when the row is already
+    past ``queued`` / ``in_progress`` (cancelled meanwhile): the response is left as it is.
     """
     return store_responses([(item_rows, response_row)])[0]
 
 
 def store_responses(writes: list[tuple[list[Any], Any]]) -> list[bool]:
-    """:func:`store_response` for each of ``writes`` (``(item rows, response row)`` from
-    :func:`rows`), all of them atomically: one statement on PostgreSQL, one transaction elsewhere.
-    One answer per write, in order."""
+    """:func:`store_response` for each of ``writes``, atomically (one statement on PostgreSQL, one
+    transaction elsewhere); one answer per write, in order."""
     vendor = _vendor()
     db = connections[DEFAULT_DB_ALIAS]  # the calling thread's connection, looked up once
     with db.cursor() as cursor:
