@@ -70,10 +70,8 @@ def to_gateway_error(exc: Exception) -> errors.GatewayError | None:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
-    """DRF's ``EXCEPTION_HANDLER``: the envelope ``gateway.core.errors`` renders for ``exc``.
-
-    ``None`` (DRF re-raises, Django's ``handler500`` answers) for anything that is not a client error.
-    """
+    """DRF's ``EXCEPTION_HANDLER``: ``gateway.core.errors``' envelope, or ``None`` (a 500) for anything
+    that is not a client error."""
     gerr = to_gateway_error(exc)
     if gerr is None:
         return None
@@ -85,11 +83,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse |
 
 
 class PrincipalAuthentication(BaseAuthentication):
-    """DRF's ``request.user`` is the caller's :class:`~gateway.core.principal.Principal`.
-
-    The gateway's auth layer (``gateway.core.auth``) authenticated the request before Django routed it
-    and refused bad credentials with a 401; this class only hands its principal to DRF.
-    """
+    """DRF's ``request.user`` is the principal the gateway's auth layer already set (it refused bad
+    credentials before routing)."""
 
     def authenticate(self, request: Request) -> tuple[Principal, None]:
         return request_principal(request), None
@@ -200,12 +195,8 @@ PageFetch = Callable[[ListParams], tuple[list[dict[str, Any]], bool]]
 
 
 class OpenAIListPagination(BasePagination):
-    """OpenAI's list: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``.
-
-    A keyset page, never an offset: the view passes the selector that reads one page after the
-    ``after`` anchor (the conversation's (conversation, position) index; a response's stored list
-    of input item ids), and this class owns the parameters, their errors and the shape.
-    """
+    """OpenAI's list shape with ``after`` / ``order`` / ``limit``; a keyset page read by the view's
+    selector, never an offset."""
 
     def paginate(self, request: Request, fetch: PageFetch) -> list[dict[str, Any]]:
         self.params = parse_list_params(request.query_params)
@@ -293,11 +284,8 @@ def _respond(view: Callable[..., HttpResponseBase], request: HttpRequest, *args:
 def async_view(
     view_class: type[APIView], **initkwargs: Any
 ) -> Callable[..., Coroutine[Any, Any, HttpResponseBase]]:
-    """``view_class.as_view(**initkwargs)`` served from async Django as one ``run_orm`` call.
-
-    The returned coroutine function carries the attributes ``as_view`` sets (``cls``,
-    ``initkwargs``), so URL inspection (drf-spectacular) still sees a DRF view.
-    """
+    """``view_class.as_view(**initkwargs)`` served from async Django as one ``run_orm`` call; keeps
+    ``cls`` / ``initkwargs`` so drf-spectacular still sees a DRF view."""
     view = view_class.as_view(**initkwargs)
 
     @functools.wraps(view)

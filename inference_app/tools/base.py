@@ -151,12 +151,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """The outcome of one gateway call.
-
-    ``output`` is the text fed back to the model (the function call output). The structured fields
-    fill the public item: ``action`` for ``web_search_call``, ``code`` + ``outputs`` for
-    ``code_interpreter_call``, ``mcp_output`` / ``error`` for ``mcp_call``.
-    """
+    """The outcome of one gateway call: ``output`` for the model, the other fields for the public item."""
 
     call_id: str
     kind: GatewayKind
@@ -173,9 +168,7 @@ class ToolResult:
     # MCP only: "tool_execution" when the tool itself reported the error (``isError``); otherwise
     # the call failed on the way (connection, protocol, timeout, policy).
     error_type: str | None = None
-    # What the Anthropic Messages blocks show: web_search ``results`` (title, url, snippet),
-    # web_fetch ``url`` / ``title`` / ``text`` / ``retrieved_at``, and on a failure ``error_code``
-    # (Anthropic's code for it).
+    # What the Anthropic Messages result blocks show, and ``error_code`` on a failure.
     details: dict[str, Any] | None = None
 
     @property
@@ -294,11 +287,8 @@ def code_interpreter_function(tool: Mapping[str, Any], index: int, config: Confi
 
 
 def mcp_function_name(label: str, tool_name: str) -> str:
-    """``mcp__<label>__<tool>``: an MCP tool can never shadow a built-in or a client function.
-
-    Characters outside ``[A-Za-z0-9_-]`` become ``_``; names past 64 characters keep a digest so
-    two long names stay distinct.
-    """
+    """``mcp__<label>__<tool>`` (never shadowing a built-in or client function), sanitized, and past 64
+    characters kept distinct by a digest."""
     raw = f"mcp__{label}__{tool_name}"
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", raw)
     if safe == raw and len(raw) <= 64:
@@ -334,13 +324,8 @@ class McpListing:
 
 @dataclass(frozen=True)
 class ToolSet:
-    """A request's tools, classified once.
-
-    ``client_tools`` are passed to the model as declared and their calls end the response;
-    ``functions`` maps each gateway function name the model may call to its definition.
-    A name claimed twice (``ambiguous``) and tools of an unknown type (``unknown``, by index) are
-    never executed.
-    """
+    """A request's tools, classified once: ``client_tools`` go to the model as declared; ``functions``
+    are the gateway functions it may call. ``ambiguous`` and ``unknown`` tools never run."""
 
     client_tools: tuple[dict[str, Any], ...] = ()
     client_names: frozenset[str] = frozenset()

@@ -99,11 +99,8 @@ class Lifecycle:
     async def run(self) -> AsyncIterator[Event]:
         """Every event of the response, in order, ending with exactly one terminal or error event.
 
-        The one outermost guard of every streaming path (SSE, WebSocket, background): an unexpected
-        exception is logged once, with the request id, and still ends the response ``failed``: a
-        ``response.failed`` event once the response has started (an ``error`` event before), and
-        the row stored as failed. (One generator, not a guard around another: every event of
-        every response passes through it.)
+        The outermost guard of every streaming path: an unexpected exception is logged once and still ends
+        the response ``failed`` (``response.failed``, or ``error`` before it started), stored as failed.
         """
         try:
             try:
@@ -117,9 +114,8 @@ class Lifecycle:
                 )
                 yield self.failure_event
                 return
-            # The response object as it starts: nothing changes it before the work begins, so the
-            # one snapshot is the stored in_progress row's and both opening events' (when they
-            # carry its status: not a background response's ``queued``).
+            # Nothing changes the object before the work begins: one snapshot serves the in_progress row and
+            # both opening events.
             started: dict[str, Any] | None = None
             if self.before_start is not None:
                 started = self.snapshot("in_progress")

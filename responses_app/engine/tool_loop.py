@@ -117,11 +117,8 @@ class ToolLoop:
 
     @classmethod
     async def prepare(cls, prepared: Prepared, config: Config, *, discover: bool = True) -> ToolLoop:
-        """Validate and classify the request's tools; discover MCP tools (400s before any byte).
-
-        ``discover=False`` only checks (background requests are checked before they are queued
-        and discover when they run).
-        """
+        """Validate and classify the tools; discover MCP tools (400s before any byte). ``discover=False``
+        only checks (a background request discovers when it runs)."""
         raw = prepared.raw
         budget = ToolCallBudget(validate_max_tool_calls(raw.get("max_tool_calls")))
         declared = raw.get("tools")

@@ -278,18 +278,11 @@ class ClientTool:
 class ToolMap:
     """The request's tools as the upstream model sees them, and the way back.
 
-    * ``namespace`` tools are flattened: each member becomes a function ``<namespace>__<name>``;
-      the model's call comes back as a ``function_call`` carrying ``namespace`` and the member name.
-    * ``custom`` (freeform) tools become functions taking one string ``input``; the call comes back
-      as a ``custom_tool_call`` with that string as its ``input``.
-    * names over 64 characters get a stable shortened form; two tools that would reach the model
-      under the same name are refused before inference.
-    * ``web_search`` is withheld from the model when no search provider is configured (the request
-      proceeds without it); other tool types are forwarded unchanged.
-    * the client-owned ``shell``, ``apply_patch``, ``local_shell`` and ``tool_search`` tools become
-      functions (see :data:`FIXED_FUNCTIONS` and :data:`WHOLE_CALLS`);
-      the tools a client-executed tool search loaded (its ``tool_search_output`` items) join the
-      map through :meth:`load`.
+    ``namespace`` members become functions ``<namespace>__<name>``; ``custom`` tools become functions
+    taking one string ``input``; the client-owned ``shell``, ``apply_patch``, ``local_shell`` and
+    ``tool_search`` become functions (:data:`FIXED_FUNCTIONS`). Names over 64 characters are shortened
+    stably, and two tools reaching the model under one name are refused. ``web_search`` is withheld
+    without a search provider. Tools loaded by a tool search join through :meth:`load`.
     """
 
     client: list[ClientTool] = field(default_factory=list)
@@ -360,9 +353,8 @@ class ToolMap:
         self.by_client[(namespace, name)] = tool
 
     def load(self, items: list[dict[str, Any]]) -> None:
-        """Add the function, custom and namespace tools loaded by the ``tool_search_output`` items
-        of ``items`` (history and new input): the model may call them from then on. A loaded tool
-        whose flat name is already taken (declared, or loaded before) is not added again."""
+        """Add the tools loaded by the ``tool_search_output`` items of ``items``; a flat name already taken
+        is not added again."""
         for item in items:
             if item.get("type") != "tool_search_output" or not isinstance(item.get("tools"), list):
                 continue
@@ -516,9 +508,8 @@ class ToolMap:
 
 # --- the client-owned shell tool ---------------------------------------------------------------
 
-# The model sees the shell tool as this function; its call comes back as a ``shell_call`` item and
-# the client's ``shell_call_output`` reaches the model as the function's output (JSON of its
-# ``output`` list).
+# The model sees the shell tool as this function; the client's ``shell_call_output`` comes back as
+# its output.
 SHELL_FUNCTION = "shell"
 SHELL_DECLARATION: dict[str, Any] = {
     "description": "Run shell commands on the user's machine and get their stdout, stderr and exit status.",
@@ -560,10 +551,8 @@ def shell_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any
 
 # --- the client-executed tool_search tool ------------------------------------------------------
 
-# ``{"type": "tool_search", "execution": "client"}`` reaches the model as this function (with the
-# client's own ``description`` / ``parameters`` when it declared them); its call comes back as a
-# ``tool_search_call`` item, and the client's ``tool_search_output`` reaches the model as the
-# function's output (JSON of its ``tools`` list). The tools it loaded join :class:`ToolMap`.
+# A client-executed ``tool_search`` reaches the model as this function; the tools its output loaded
+# join :class:`ToolMap`.
 TOOL_SEARCH_FUNCTION = "tool_search"
 TOOL_SEARCH_DECLARATION: dict[str, Any] = {
     "description": "Search for more tools to use. The tools found become callable in the next turns.",
@@ -593,9 +582,7 @@ def tool_search_call_item(item_id: str, call_id: str, arguments: str) -> dict[st
 
 # --- the client-owned apply_patch and local_shell tools ------------------------------------------
 
-# Both work like ``shell``: the model sees a function, its call comes back as the public call item
-# (``apply_patch_call`` with the ``operation``, ``local_shell_call`` with the ``action``), and the
-# client's output item reaches the model as the function's output.
+# Both work like ``shell``: a function for the model, the public call item for the client.
 APPLY_PATCH_FUNCTION = "apply_patch"
 APPLY_PATCH_DECLARATION: dict[str, Any] = {
     "description": "Create, update or delete one file of the user's workspace with a diff.",

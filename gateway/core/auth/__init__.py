@@ -47,10 +47,7 @@ def requires_auth(path: str) -> bool:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    """The caller's credential: ``Authorization: Bearer <t>``, else ``x-api-key`` (Anthropic SDKs).
-
-    ``None`` when neither header is present; ``""`` when one is present but malformed or empty.
-    """
+    """``Authorization: Bearer <t>``, else ``x-api-key``; ``None`` when absent, ``""`` when malformed."""
     authorization = headers.get("authorization")
     if authorization is not None:
         scheme, _, token = authorization.strip().partition(" ")
@@ -97,11 +94,8 @@ async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
 
 
 def authenticate_now(path: str, headers: Mapping[str, str]) -> AuthResult | None:
-    """:func:`authenticate` when it can decide without waiting for anything, else ``None``.
-
-    ``None`` (call :func:`authenticate`) with OIDC, when the API-key snapshot must be reloaded, and
-    when a key's last use is due to be written; every other case is decided here, by the same rules.
-    """
+    """:func:`authenticate` when it can decide without I/O, else ``None`` (OIDC, a key snapshot to
+    reload, a key's last use to write)."""
     if get_config().oidc_enabled:
         return None
     snap = apikeys.fresh_snapshot()
@@ -142,13 +136,8 @@ def reset_caches() -> None:
 
 
 def check_stored_state_access(principal: Principal, headers: Mapping[str, str]) -> None:
-    """Refuse (401) an open-gateway caller without ``OPENAI_API_KEY`` reading or deleting stored state.
-
-    OIDC and API-key callers were authenticated already (their principal is not the default one).
-    On an open gateway with ``OPENAI_API_KEY`` set, stored responses, input items and conversations
-    are only for callers presenting that key as their bearer token, so stored data is never open
-    while a key exists.
-    """
+    """Refuse (401) an open-gateway caller without ``OPENAI_API_KEY`` reading or deleting stored state,
+    so stored data is never open while a key exists."""
     if principal.kind != "default":
         return
     if not get_config().openai_api_key.get_secret_value():
@@ -194,11 +183,8 @@ def owned(queryset: QuerySet[M], principal: Principal) -> QuerySet[M]:
 def owned_get(
     queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
 ) -> M:
-    """The one object matching ``lookup`` that ``principal`` owns.
-
-    Another owner's object raises the same :class:`errors.NotFound` as a missing one, so ids of
-    other principals cannot even be probed for existence.
-    """
+    """The one object matching ``lookup`` that ``principal`` owns; another owner's is "not found" too,
+    so other principals' ids cannot be probed."""
     obj = owned(queryset, principal).filter(**lookup).first()
     if obj is None:
         raise errors.NotFound(not_found)
