@@ -658,10 +658,8 @@ def _refuse_reserved(raw: dict[str, Any], param: str) -> None:
 
 
 def check_input_item(raw: Any, param: str) -> None:
-    """One Responses input item against the same typed models (``param``: ``input[0]``).
-
-    Item types this service does not model pass unchanged, as they always have.
-    """
+    """One Responses input item against the same models (``param``: ``input[0]``); types not modelled
+    here pass unchanged."""
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
     tag = _item_tag(raw)

@@ -72,9 +72,7 @@ class Executor(Lifecycle):
         if not self.compactor.trigger:  # a compaction_trigger response is its one compaction item
             for event in tools.listing_events(self.emitter):
                 yield event
-        # The hooks below are async generators; each is entered only when it has work (most
-        # responses have no approvals, no gateway calls and no compaction to consider), which saves
-        # an async generator's set-up and tear-down per hook per round.
+        # Each hook (an async generator) is entered only when it has work, saving its set-up per round.
         if tools.has_boundary_work():
             async for event in tools.run_approvals(self.emitter):
                 yield event
@@ -147,9 +145,8 @@ class Executor(Lifecycle):
         )
 
     def model_items(self) -> list[dict[str, Any]]:
-        """The history as the model sees it: built-in tool items in their function-call form, client
-        tool calls under the names the model knows them by, a compaction as its summary, an earlier
-        multi-agent turn as the root's items only."""
+        """The history as the model sees it: built-in tools as function calls, client calls under their
+        model names, a compaction as its summary, a multi-agent turn as the root's items."""
         prior = single_agent_view([*self.p.history, *self.p.new_items])  # no multi-agent items raw
         if self.tools is None:
             items = [*prior, *self.output]
@@ -158,9 +155,8 @@ class Executor(Lifecycle):
         return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
     async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
-        """One inference round over :meth:`model_items`: the body in the configured wire format,
-        the upstream's stream (or, with :attr:`stream_rounds` off, its one answer) read into our
-        events. An upstream that streams anyway is read as a stream."""
+        """One inference round over :meth:`model_items`: the upstream's stream (or, with
+        :attr:`stream_rounds` off, its one answer) read into our events."""
         chat = self.config.upstream_api == "chat_completions"
         path, body = wire.round_request(
             chat, self.p, self.client_tools, self.tools, self.model_items(), self.stream_rounds
