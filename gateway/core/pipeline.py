@@ -151,13 +151,8 @@ def _cors_applies(pattern: str, path: str) -> bool:
 
 
 def cors_headers(method: str, path: str, headers: Mapping[str, str]) -> RawHeaders:
-    """The headers django-cors-headers' middleware adds to this (non-preflight) request's answer.
-
-    Computed by the library itself, through its public interface (the middleware called on a
-    request); only a path outside ``CORS_URLS_REGEX`` (which the settings set) or a request without
-    ``Origin`` is decided here, as the library decides it. The list returned is shared: callers
-    copy it, never change it.
-    """
+    """The headers django-cors-headers adds to this (non-preflight) request's answer, computed by the
+    library's own middleware; the returned list is shared and must not be changed."""
     if not _cors_applies(settings.CORS_URLS_REGEX, path):
         return _NO_HEADERS
     if "origin" not in headers:

@@ -181,12 +181,8 @@ class EngineHost:
         *,
         disconnect: asyncio.Event | None = None,
     ) -> Served:
-        """Call vLLM's application for one request; must run on the engine loop.
-
-        Returns once vLLM has sent the status line. Set ``disconnect`` (also ``Served.disconnect``),
-        at any time, to abort the request: vLLM sees an ASGI ``http.disconnect`` and aborts it in
-        the engine.
-        """
+        """Call vLLM's application for one request, on the engine loop; returns at the status line. Setting
+        ``disconnect`` at any time aborts the request in the engine."""
         loop = asyncio.get_running_loop()
         head: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
         queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()

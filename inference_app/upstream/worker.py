@@ -72,14 +72,9 @@ class WorkerUpstream:
 
     # -- the workers' registry -------------------------------------------------------------------
     async def workers(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """The live workers (cached for a second: routing reads it on every request).
-
-        Past the TTL a registry younger than ``_REGISTRY_STALE_S`` answers at once while one read
-        refreshes it behind the request; an older or empty one is read first. Concurrent callers
-        share one read. So a burst of requests is published together instead of each waiting for
-        its own Redis round trips: on a busy machine those spread the burst out, and the engine
-        never sees its requests together.
-        """
+        """The live workers, cached for a second. Past that a registry still young answers at once and is
+        refreshed behind the request (concurrent callers share one read), so a burst of requests reaches
+        the engine together instead of each waiting for its own Redis round trips."""
         now = time.monotonic()
         stamp, cached = self._registry
         if not fresh and now - stamp < _REGISTRY_TTL_S:

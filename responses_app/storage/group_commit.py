@@ -70,15 +70,12 @@ class _Write:
 
 
 class GroupWriter:
-    """Group commit (module docstring): ``await writer.run(fn, ...)`` runs ``fn`` on an ORM
-    thread together with the other writes waiting at that moment, all inside one ``transaction()``.
+    """``await writer.run(fn, ...)`` runs ``fn`` on the writer's thread with the other writes waiting
+    then, in one ``transaction()``; one batch at a time, the first after a pause at the end of the
+    current loop turn so that turn's writes join it.
 
-    One batch is written at a time; the writes that arrive meanwhile form the next one, and the first
-    write after a pause starts at the end of the current turn of its event loop, so the writes that
-    turn produces are written with it (larger batches, docs/performance.md). ``fn`` must be atomic on its own (a write alone, or
-    retried alone, runs without the batch's transaction), join a surrounding transaction, and do
-    its side effects outside the database with ``transaction.on_commit`` (a rolled-back batch runs
-    it again).
+    ``fn`` must be atomic alone, join a surrounding transaction, and defer side effects with
+    ``transaction.on_commit`` (a rolled-back batch runs it again).
     """
 
     def __init__(
@@ -145,9 +142,7 @@ class GroupWriter:
             start = not self.writing
             self.writing = True
         if start:
-            # At the end of this turn of the event loop: the writes that the callbacks already due
-            # produce (responses that finished on the same upstream read) join the batch. Not a
-            # timer: nothing waits for anything that is not already running.
+            # At the end of this loop turn, not on a timer: responses finished by the same upstream read join.
             write.loop.call_soon(self._submit, self._drain)
 
     def _submit(self, job: Callable[[], None]) -> None:
@@ -174,9 +169,8 @@ class GroupWriter:
                 log.exception("ORM writer job failed")
 
     def release(self, timeout: float = 10.0) -> None:
-        """Give back the connection the writer's thread keeps (module docstring) and end the thread
-        once the writes queued before are done (a later write starts another); waits for it.
-        Nothing to do in a process whose writer has no thread."""
+        """Give back the connection the writer's thread keeps and end the thread once queued writes are
+        done; waits for it."""
         with self.lock:
             if self.thread_pid != os.getpid():
                 return
