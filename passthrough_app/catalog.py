@@ -1,10 +1,8 @@
 """Models: ``GET /v1/models`` and ``GET /v1/models/{model}``.
 
-The list is the upstream's, unchanged. Codex asks for its own catalog shape (it sends
-``client_version``): each upstream model becomes a Codex ``ModelInfo`` (codex-rs
-``protocol/src/openai_models.rs``), with ``context_window`` taken from vLLM's ``max_model_len``.
-vLLM serves no per-model route, so ``/v1/models/{model}`` answers from the list; ids that contain
-``/`` work encoded or not (the server decodes ``%2F`` before routing).
+The list is the upstream's. Codex (it sends ``client_version``) gets its own catalog shape, one
+``ModelInfo`` per model with ``context_window`` from vLLM's ``max_model_len``. vLLM has no
+per-model route, so ``/v1/models/{model}`` answers from the list (``/`` in ids, encoded or not).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Stored responses: the terminal snapshot, status, usage and the ordered checkpoint of items.
 
-Items themselves live once in ``conversations_app.Item``; a response holds the ordered ids of every
-item its successor continues from (``history_item_ids``), so continuing a chain reads one row and
-one batch of items, never the chain.
+Items live once in ``conversations_app.Item``; ``history_item_ids`` lists what a successor continues
+from, so a continuation reads one row and one batch of items, never the chain.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Public ids minted by the gateway: ``resp_…``, ``msg_…``, ``fc_…``, ``conv_…``, ``req_…``.
 
-Ids start with a millisecond timestamp so they sort by creation time (good index locality), then
-carry enough randomness to be unguessable: bytes of the operating system's CSPRNG (``os.urandom``),
-drawn 4 KiB at a time and handed out in slices, each once (:class:`_RandomBytes`). ``os.urandom``
-releases the GIL around its system call; once per id (three a stored response) that handed the
-GIL to the ORM thread and back three times a response.
+A millisecond timestamp first (creation order, index locality), then unguessable CSPRNG bytes,
+drawn 4 KiB at a time (:class:`_RandomBytes`) so minting does not give up the GIL for a system
+call per id.
 """
 
 from __future__ import annotations

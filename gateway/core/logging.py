@@ -1,9 +1,7 @@
 """Structured logging: JSON lines when configured, always tagged with the request id.
 
-Request bodies and credentials are never logged; the access log records method, route, status and
-duration only. The console handler runs on a ``QueueListener``'s thread behind a ``QueueHandler``
-(:class:`QueuedConsoleHandler`): the serving thread only queues the record, formatting and writing
-happen off the event loop.
+Bodies and credentials are never logged. The console handler sits behind a ``QueueHandler``
+(:class:`QueuedConsoleHandler`), so formatting and writing happen off the event loop.
 """
 
 from __future__ import annotations

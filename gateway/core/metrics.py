@@ -1,10 +1,7 @@
-"""Prometheus metrics of the gateway.
+"""Prometheus metrics of the gateway, through prometheus_client's public API.
 
-With one server process the metrics live in this process. With several (``[server] workers``),
-``manage.py serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before it starts them,
-every process records into its own files there, and ``/metrics`` (answered by any one of them) adds
-them all up: counters and histograms summed over the workers, gauges summed over the live ones.
-Only prometheus_client's public API; the labelled children are cached per label tuple.
+With several server processes ``manage.py serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics``
+adds every process's files up. Labelled children are cached per label tuple.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Sorting a request's ``tools`` into client tools and the gateway's own (web search, code
-interpreter, MCP servers): :func:`classify_tools`.
-
-Its own module so that the tool types (:mod:`inference_app.tools.base`) import none of the tools
-that use them: ``base`` <- ``mcp`` <- ``classify``, and ``base`` <- ``dispatch``, without a cycle.
-"""
+"""Sorting a request's ``tools`` into client tools and the gateway's own: :func:`classify_tools`.
+Its own module so that ``base`` imports none of the tools that use it (no import cycle)."""
 
 from __future__ import annotations
 

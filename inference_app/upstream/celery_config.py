@@ -1,9 +1,5 @@
-"""The Celery configuration every app of ours shares: broker, queues and their routing.
-
-The gateway's own app (:mod:`gateway.celery`) and the clients inference_app builds to send work
-(``WorkerUpstream``, the tools dispatcher) are configured here, so inference_app never imports the
-gateway's app module (which imports the apps' tasks).
-"""
+"""The Celery configuration every app of ours shares: broker, queues and their routing, here so that
+``inference_app`` never imports the gateway's app module (which imports the apps' tasks)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The upstream wire: the request body of one inference round in either upstream format
-(``/v1/responses`` or ``/v1/chat/completions``), sending it (:func:`round_request`, :func:`send`),
-and reading what an upstream answers besides a stream (an error status, the bytes after the
-terminal event).
-
-The body builders are pure: the prepared request, the client tool map, the gateway tools (or
-``None``) and the history as the model sees it in, a JSON-ready dict out.
-"""
+"""The upstream wire: one round's request body in either format (``/v1/responses`` or
+``/v1/chat/completions``), sending it, and reading what an upstream answers besides a stream.
+The body builders are pure: prepared request, tool maps and history in, a JSON-ready dict out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Wire models of the Responses API: the ``responses.create`` request body.
-
-Fields follow the order of the official SDK (``openai.types.responses.response_create_params``);
-unknown fields are preserved (``extra="allow"``) so vLLM's extras (``cache_salt``, ``top_k`` …)
-reach the upstream. Validation errors become OpenAI-style 400s with ``param`` and ``code``.
-"""
+"""Wire models of the Responses API: the ``responses.create`` request body, in the SDK's field order.
+Unknown fields are kept (``extra="allow"``) so vLLM's extras reach the upstream."""
 
 from __future__ import annotations
 

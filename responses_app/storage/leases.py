@@ -1,9 +1,5 @@
-"""Leases: which process owns a running response, and its heartbeat.
-
-A running stored response is leased by the process working on it (``host/pid/token``), renewed
-every ``[responses] heartbeat_s``; the sweep fails responses whose lease expired or whose owner
-process of this host is gone. Background work (``tasks``) and stored streams (``runs``) share this.
-"""
+"""Leases: which process (``host/pid/token``) owns a running stored response, renewed every
+``[responses] heartbeat_s``; the sweep fails responses whose lease expired or whose process is gone."""
 
 from __future__ import annotations
 
