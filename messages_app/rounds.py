@@ -57,11 +57,8 @@ def parse_json_round(raw: bytes) -> Round:
 
 
 class StreamRound:
-    """Validates and assembles one streamed upstream round, event by event.
-
-    :meth:`feed` takes one parsed event and returns what the client may see of it now (``None``:
-    nothing); hidden blocks (gateway tool calls) are assembled but never shown.
-    """
+    """Validates and assembles one streamed round: :meth:`feed` returns what the client may see of an
+    event now; hidden blocks (gateway tool calls) are never shown."""
 
     def __init__(self, hidden: Callable[[Mapping[str, Any]], bool], next_index: Callable[[], int]) -> None:
         self.hidden = hidden

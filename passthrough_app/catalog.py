@@ -63,11 +63,8 @@ def _model_list(body: bytes) -> list[dict[str, Any]] | None:
 
 
 def codex_model_info(entry: dict[str, Any], priority: int) -> dict[str, Any]:
-    """One Codex ``ModelInfo`` for an upstream model entry.
-
-    Every field codex-rs requires (no serde default) is present, with the types it parses; the
-    optional ones Codex 0.171.0 reads are given explicit neutral values.
-    """
+    """One Codex ``ModelInfo`` for an upstream model: every field codex-rs requires, the optional ones it
+    reads given neutral values."""
     slug = entry["id"]
     info: dict[str, Any] = {
         "slug": slug,

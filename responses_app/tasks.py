@@ -53,11 +53,8 @@ async def sweep_forever() -> None:
 
 
 async def create_background(prepared: Prepared, config: Config) -> dict[str, Any]:
-    """Store a queued background response and start its work; its snapshot.
-
-    With a broker, the task is sent after the row is committed; a broker that refuses it refuses
-    the request (503) and the row is removed again: no row is left that nobody will run.
-    """
+    """Store a queued background response and start its work. The task is sent after commit; a broker
+    that refuses it is a 503 and the row is removed, so nothing is left that nobody will run."""
     from responses_app.storage import services
 
     if not config.broker_enabled:

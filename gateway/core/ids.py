@@ -50,11 +50,7 @@ def new_id(prefix: str, random_bytes: int = 18) -> str:
 
 
 def new_request_id() -> str:
-    """A time-ordered request id with Anthropic's ``req_`` prefix.
-
-    Request ids only correlate log lines, so their random part comes from the (much cheaper)
-    non-cryptographic generator; stored objects' ids use :func:`new_id`.
-    """
+    """A time-ordered ``req_`` id; it only correlates log lines, so its random part is not cryptographic."""
     return f"req_{int(time.time() * 1000):012x}{random.getrandbits(80):020x}"
 
 

@@ -50,11 +50,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def use_multiprocess_dir() -> None:
-    """Before starting several server processes: give them a fresh directory to record into.
-
-    Set in the environment the workers inherit, so their ``prometheus_client`` sees it at import;
-    removed when this (the supervising) process exits. A directory already configured is kept.
-    """
+    """Give the server processes about to start a fresh metrics directory (in the environment they
+    inherit; removed when this process exits). A directory already configured is kept."""
     if environ_get(MULTIPROC_ENV):
         return
     directory = tempfile.mkdtemp(prefix="gateway-metrics-")
@@ -71,9 +68,8 @@ def exposition() -> bytes:
     return bytes(generate_latest(REGISTRY))
 
 
-# The children of each (route, method, status): labels() takes a lock and checks the labels on every
-# call. Routes are bounded (``route_label``), so this stays small. A child made before a fork is
-# still right in the child process: prometheus_client's multi-process values notice the fork.
+# Cached children per (route, method, status): labels() locks and checks on every call. Routes are
+# bounded, and a child made before a fork stays right in the child.
 _children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
 

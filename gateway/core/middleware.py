@@ -51,9 +51,8 @@ class _HttpState:
         self.refused = False  # answered here (body ceiling, read timeout): the app is ignored
         self.received = 0
         self.body_read = False  # the request's last body message has arrived
-        # The body's read deadline: one timer, armed at the first receive(); past it the request is
-        # late, and a receive() waiting for the body is interrupted. (An asyncio.timeout around
-        # each receive() would cost a timer and a context manager per call.)
+        # The body's read deadline: one timer armed at the first receive() (cheaper than an
+        # ``asyncio.timeout`` per receive); past it, a waiting receive() is interrupted.
         self.timer: asyncio.TimerHandle | None = None
         self.late = False
         self.reader: asyncio.Task[Any] | None = None  # the task waiting in receive(), if any

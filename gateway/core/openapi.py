@@ -341,10 +341,8 @@ UNREPORTED_COUNTERS = ("openai_InputTokensDetails", "openai_OutputTokensDetails"
 
 
 def _add_links(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
-    """OpenAPI links: a ``POST`` that creates something (a path not ending in a parameter) links to
-    the other operations on its path and on the paths below it whose new parameter is the created
-    id (``$response.body#/id``, or the first listed one's). Clients, and schemathesis' stateful
-    phase, follow them."""
+    """OpenAPI links from a creating ``POST`` to the operations on its path and below whose new parameter
+    is the created id; clients and schemathesis' stateful phase follow them."""
     for path, operations in paths.items():
         ok = operations.get("post", {}).get("responses", {}).get("200")
         if ok is None or path.endswith("}"):

@@ -295,11 +295,8 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
             "the inference worker needs `-P threads` (or solo): vLLM cannot start its engine in a "
             "prefork child. Start it with: celery -A gateway worker -Q inference -P threads -c 32"
         )
-    # With acks_late a finished task's delivery counts against the prefetch limit until its ack is
-    # sent from Celery's event loop; headroom in the prefetch keeps new requests flowing into the
-    # engine's batch meanwhile. (kombu 5.7 wakes that loop for the ack at once, and the QoS credit was
-    # never used up in the batching test. What did delay tasks there was CPU starvation by a CPU
-    # engine: the loop then sends its next BRPOP only every ~0.7 s; docs/performance.md.)
+    # With acks_late a finished task counts against the prefetch limit until its ack is sent; headroom
+    # keeps new requests flowing into the engine's batch meanwhile.
     sender.prefetch_multiplier = max(int(sender.prefetch_multiplier or 1), PREFETCH_MULTIPLIER)
     config = get_config()
     own_queue = streams.model_queue(get_engine_host(config).served_name)

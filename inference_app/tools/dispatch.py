@@ -165,11 +165,8 @@ class CeleryDispatcher:
 async def run_gateway_calls(
     calls: Sequence[ToolCall], *, config: Config | None = None, celery_app: Any = None
 ) -> list[ToolResult]:
-    """Run one round of gateway calls; results in call order, failures as failed results.
-
-    ``config.broker_enabled`` (``REDIS_URL``) -> each call is a Celery task on the ``tools`` queue
-    of ``celery_app`` (default: the gateway's app); otherwise calls run in-process.
-    """
+    """Run one round of gateway calls (Celery ``tools`` tasks with a broker, else in-process); results in
+    call order, failures as failed results."""
     config = config or get_config()
     if not calls:
         return []

@@ -41,10 +41,7 @@ exec(code, {{"__name__": "__main__", "__builtins__": __builtins__}})
 
 
 def _exit_reason(exit_code: int, output: bytes, config: CodeInterpreterConfig) -> str | None:
-    """Why the run ended abnormally, or ``None`` when the program itself exited.
-
-    bwrap exits with the program's status, or 128 + N when a signal N ended it.
-    """
+    """Why the run ended abnormally, or ``None`` when the program exited (bwrap exits 128 + N for signal N)."""
     if exit_code == 1 and output.startswith(b"bwrap: "):
         return "the sandbox could not start: " + output.decode("utf-8", "replace").strip()[7:]
     if exit_code < 0:
@@ -183,9 +180,8 @@ async def run_python(code: str, config: CodeInterpreterConfig) -> SandboxRun:
         return SandboxRun("", None, f"the program is larger than {config.max_code_bytes} bytes", 0.0)
     command = build_command(config)
     if os.geteuid() == 0:
-        # Drop root before bwrap starts. setpriv (util-linux) rather than Popen(user=…) or a
-        # preexec_fn: uvloop's subprocess support has neither user= nor group=, and preexec_fn is
-        # unsafe in a threaded process.
+        # Drop root before bwrap starts with setpriv: uvloop's subprocess support has no user=/group=, and
+        # preexec_fn is unsafe in a threaded process.
         setpriv = shutil.which("setpriv")
         if setpriv is None:
             return SandboxRun("", None, "the sandbox is unavailable: running as root needs setpriv", 0.0)

@@ -49,12 +49,8 @@ def forward_headers(
     *,
     caller_credential_consumed: bool = False,
 ) -> dict[str, str]:
-    """Headers to send upstream for a client request.
-
-    Hop-by-hop headers are dropped. The configured upstream credential (``OPENAI_API_KEY``) is
-    injected only when the caller supplies none; a credential the gateway consumed (an OIDC token or
-    a gateway API key) is removed first, so it never reaches the upstream.
-    """
+    """Headers to send upstream: hop-by-hop dropped, a credential the gateway consumed removed, and the
+    configured ``OPENAI_API_KEY`` injected only when the caller sent none."""
     items = incoming.items() if isinstance(incoming, dict | Mapping) else incoming
     out: dict[str, str] = {}
     for key, value in items:

@@ -90,10 +90,8 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
         return
     start = {"type": "http.response.start", "status": outcome.status, "headers": raw}
     started = False
-    # The head goes out with the first events (one write: a stored stream's first event waits for
-    # its row, and a head sent alone costs the client a read of its own); events produced together
-    # (one upstream chunk carries many) go out in one write. The coalescer is closed first on
-    # every exit, so it unwinds a source it left waiting.
+    # The head goes out with the first events in one write, and events produced together share a write.
+    # The coalescer is closed first on every exit, unwinding a source it left waiting.
     try:
         async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
             async for frame in frames:

@@ -166,13 +166,9 @@ def for_round(chat: bool, emitter: Emitter, state: RoundState, usage: Usage) -> 
 async def read(
     parser: Parser, response: Any, max_line_bytes: int, steer_waiting: Callable[[], bool]
 ) -> AsyncIterator[Event]:
-    """Our events from one round's upstream stream (``response``, status 200), up to its terminal
-    event; the rest is drained for the connection's reuse. An oversize line, a read failure or a
-    stream that ends early is a :class:`StreamFailure`.
-
-    Steering: after an upstream event that leaves no work half-done (``RoundState.settled``), the
-    round stops (``RoundState.steered``) when ``steer_waiting()``; its remaining output is dropped.
-    """
+    """Our events from one round's upstream stream, up to its terminal event (the rest drained for reuse);
+    a failure or early end is a :class:`StreamFailure`. With ``steer_waiting()`` the round stops at its
+    next settled event and drops the rest."""
     state = parser.state
     terminal_seen = False
     try:

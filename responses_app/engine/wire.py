@@ -179,10 +179,8 @@ async def status_error(response: Any) -> errors.GatewayError:
 
 
 async def drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) -> None:
-    """Read what follows the terminal event (``[DONE]``, the chunked end) so the pooled upstream
-    connection is handed back for reuse instead of being closed; bounded in bytes and time. Not
-    called when the body has already arrived whole (the usual case: an upstream sends its last
-    event and the chunked end together), where closing it hands the connection back at once."""
+    """Read what follows the terminal event so the pooled connection is reused rather than closed; bounded
+    in bytes and time, and skipped when the body already arrived whole."""
     seen = 0
     try:
         async with asyncio.timeout(timeout):

@@ -16,9 +16,7 @@ from responses_app.features import async_tools
 
 DEFAULT_MAX_CONCURRENT = 3
 ROOT = "/root"
-# The public items of multi-agent mode. As input they are accepted and never reach a model: the
-# agents' state is the stored tree and its own output items (agentic-reference: "multi-agent public
-# items are dropped from the model's input").
+# Multi-agent public items: accepted as input, never shown to a model (the stored tree is the state).
 AGENT_ITEM_TYPES = frozenset({"multi_agent_call", "multi_agent_call_output", "agent_message"})
 # Marks (under tool_loop.PRIVATE_KEY, stripped from every public view) an agent item a client gave
 # as input, so a later multi-agent turn does not take it for the tree's own.

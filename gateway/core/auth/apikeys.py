@@ -107,12 +107,8 @@ def fresh_snapshot() -> Snapshot | None:
 
 
 async def snapshot() -> Snapshot:
-    """The active keys, at most ``SNAPSHOT_TTL_S`` old.
-
-    When the database cannot be read, the last snapshot stays in use; without one, requests are
-    refused with 503 rather than let through (the gateway fails closed). Concurrent requests that
-    find the snapshot stale share one reload instead of each querying the table.
-    """
+    """The active keys, at most ``SNAPSHOT_TTL_S`` old, one shared reload when stale. When the database
+    cannot be read the last snapshot stays; without one, a 503 (fail closed)."""
     current = _snapshot
     fresh = fresh_snapshot()
     if fresh is not None:

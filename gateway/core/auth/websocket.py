@@ -75,11 +75,8 @@ async def refuse(scope: Scope, receive: Receive, send: Send, exc: errors.Gateway
 
 
 def ensure_not_expired(scope: Scope, now: float | None = None) -> None:
-    """Raise ``AuthenticationFailed`` (``invalid_token``) once the connection's token has expired.
-
-    The expiry is the token's ``exp`` itself: the clock leeway only forgives skew at validation.
-    Connections without an expiring credential (API keys, open gateway) never expire.
-    """
+    """Raise ``AuthenticationFailed`` (``invalid_token``) once the connection's token is past its
+    ``exp`` (no leeway here); credentials without expiry never expire."""
     expires_at = scope_principal(scope).expires_at
     if expires_at is None:
         return
