@@ -43,8 +43,7 @@ INCLUDABLE = (
     "message.output_text.logprobs",
 )
 
-# The id prefix OpenAI mints (and checks) per item type; we mint the same. Types missing here
-# (outputs of calls, …) accept any well-formed id.
+# OpenAI's id prefix per item type, which we mint too; other types accept any well-formed id.
 ITEM_ID_PREFIXES: dict[str, str] = {
     "message": "msg",
     "function_call": "fc",
@@ -214,8 +213,7 @@ class CustomToolCallOutputItem(_Item):
     output: str | list[ContentPart]
 
 
-# Built-in tool items a client replays: the members the gateway reads are typed (SDK shapes), the
-# rest are kept as sent.
+# Built-in tool items a client replays: the members the gateway reads typed, the rest kept as sent.
 class WebSearchSource(_Open):
     url: str
 
@@ -637,8 +635,7 @@ def validate_item(raw: Any, param: str) -> NewItem:
     # Tool items of the union beyond the core ones are checked, then stored as sent.
     data = dict(raw) if tag == "generic" else model.model_dump(mode="json", exclude_none=False)
     kind = data["type"]
-    # Keep optional members the client did not send out of the stored item (OpenAI's output shape
-    # has no nulls for them), but keep the defaults the API always returns.
+    # Unsent optional members stay out (OpenAI's output has no nulls for them); API defaults stay in.
     for key in [k for k, v in data.items() if v is None and k not in raw]:
         del data[key]
     if kind == "message":
@@ -765,8 +762,7 @@ def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str
     ):
         data = {k: v for k, v in data.items() if k != "encrypted_content"}
     if data.get("type") == "message" and isinstance(data.get("content"), list):
-        # An assistant's output_text part always carries ``logprobs`` (OpenAI sends [] unless
-        # ``include`` asks for them); other parts never do.
+        # An assistant's output_text always carries ``logprobs`` (OpenAI sends []); other parts never do.
         keep = "message.output_text.logprobs" in include
         data = dict(data)
         data["content"] = [_logprobs(part, keep) for part in data["content"]]

@@ -55,9 +55,8 @@ INSTALLED_APPS = [
     "messages_app",
 ]
 
-# Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
-# The Site* middlewares (gateway.site_middleware.SiteOnly) run for the admin, its SSO and static files
-# only: the bearer-authenticated API skips them.
+# Every middleware is async-capable (streams stay unbuffered under ASGI); the Site* ones run for the
+# admin, its SSO and static files only.
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
     "gateway.site_middleware.SiteSecurityMiddleware",
@@ -107,16 +106,15 @@ def _databases() -> dict[str, Any]:
                     # (synchronous=NORMAL stays crash-safe in WAL mode).
                     "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
                 },
-                # Tests use a file too: on Django's shared-cache memory database concurrent writers fail at once
-                # instead of waiting.
+                # Tests use a file too: on Django's shared-cache memory database concurrent
+                # writers fail at once instead of waiting.
                 "TEST": {"NAME": str(DATA_DIR / "test_gateway.sqlite3")},
             }
         }
     db = dj_database_url.parse(url)
     if db["ENGINE"] == "django.db.backends.postgresql":
         db["CONN_MAX_AGE"] = 0  # the pool owns connection lifetime
-        # With a pool every connection is checked before it is handed out, so a database restart costs no
-        # request a dead connection.
+        # With a pool each connection is checked before it is handed out: no dead one after a restart.
         db["CONN_HEALTH_CHECKS"] = True
         db["OPTIONS"] = {
             "pool": {

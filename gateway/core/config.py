@@ -77,8 +77,7 @@ ENV_NAMES = {
     "MCP_ALLOWED_HOSTS": "mcp.allowed_hosts",
 }
 
-# Per web-search provider: the key variable when [web_search] api_key_env is empty, the public base
-# URL when base_url is empty, and the search API's path under the base URL.
+# Per web-search provider: the default key variable, public base URL and search path.
 WEB_SEARCH_KEY_ENV = {"searxng": "", "brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}
 WEB_SEARCH_DEFAULT_BASE = {
     "searxng": "",
@@ -110,9 +109,8 @@ class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_size_bytes: PositiveInt = 10 * MiB
-    # Request line and headers together (431, or 414 for a request line, beyond it), the number of
-    # header fields (431), and how long a request's body may take to arrive after its head (408).
-    # A head's own read timeout is the ingress's (docs/operations.md).
+    # Head size (431, or 414 for the request line), header count (431), and the body's read time after
+    # the head (408); a head's own read timeout is the ingress's (docs/operations.md).
     max_request_head_size_bytes: PositiveInt = 64 * 1024
     max_request_headers: PositiveInt = 100
     request_read_timeout_s: PositiveFloat = 30.0

@@ -34,7 +34,6 @@ GATEWAY_TOOL_TYPES = WEB_SEARCH_TYPES | {"code_interpreter", "mcp"}
 WEB_SEARCH_FUNCTION = "web_search"
 CODE_INTERPRETER_FUNCTION = "code_interpreter"
 
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -335,10 +334,6 @@ class ToolSet:
     ambiguous: frozenset[str] = frozenset()
     declarations: tuple[dict[str, Any], ...] = ()
 
-    @property
-    def has_gateway_tools(self) -> bool:
-        return bool(self.functions) or bool(self.mcp_servers)
-
     def owner(self, name: str) -> Owner:
         """Who runs a call of ``name``: the client, the gateway, or nobody (unknown/ambiguous)."""
         if name in self.ambiguous:
@@ -401,10 +396,6 @@ class ToolSet:
                     ambiguous.add(fn.name)
                 functions[fn.name] = fn
         return dataclasses.replace(self, functions=functions, ambiguous=frozenset(ambiguous))
-
-
-def is_valid_function_name(name: str) -> bool:
-    return bool(_FUNCTION_NAME.match(name))
 
 
 def is_valid_label(label: str) -> bool:

@@ -41,7 +41,7 @@ exec(code, {{"__name__": "__main__", "__builtins__": __builtins__}})
 
 
 def _exit_reason(exit_code: int, output: bytes, config: CodeInterpreterConfig) -> str | None:
-    """Why the run ended abnormally, or ``None`` when the program exited (bwrap exits 128 + N for signal N)."""
+    """Why the run ended abnormally, or ``None`` when the program exited (bwrap: 128 + N for signal N)."""
     if exit_code == 1 and output.startswith(b"bwrap: "):
         return "the sandbox could not start: " + output.decode("utf-8", "replace").strip()[7:]
     if exit_code < 0:

@@ -107,9 +107,8 @@ class Emitter:
     def ensure(
         self, key: Any, kind: str, *, call_id: Any = None, name: Any = None, hold: bool = True
     ) -> list[Event]:
-        """Open the item ``key`` of ``kind`` (closing the open one), unless it is open already.
-        An async call that follows a gateway call of the round is held (``hold``) until
-        :meth:`flush_deferred`."""
+        """Open the item ``key`` of ``kind`` (closing the open one) unless it is open; an async call after a
+        gateway call of the round is held until :meth:`flush_deferred`."""
         if self.open is not None and self.open.key == key:
             return []
         self.following = kind

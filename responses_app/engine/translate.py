@@ -244,8 +244,7 @@ def text_to_response_format(text: dict[str, Any] | None) -> dict[str, Any] | Non
 
 # --- client tool declarations as the upstream sees them -----------------------------------------
 
-# Longest function name the OpenAI tool schema allows (``^[a-zA-Z0-9_-]{1,64}$``); vLLM's tool
-# parsers and chat templates are written against it.
+# Longest function name the OpenAI tool schema allows, which vLLM's parsers and templates assume.
 MAX_TOOL_NAME = 64
 _SHORT_HASH = 8
 # A namespace member ``ns`` / ``fn`` reaches the model as one flat function ``ns__fn``.
@@ -690,8 +689,7 @@ FIXED_CALLS: dict[str, tuple[str, str]] = {
     "local_shell_call": ("local_shell", "action"),
 }
 
-# Client tools whose call is buffered whole and streamed as one public item: the kind of the
-# client tool → (the public item type, its builder).
+# Client tool kind → (public item type, builder) for calls buffered whole and streamed as one item.
 WHOLE_CALLS = {
     "shell": ("shell_call", shell_call_item),
     "apply_patch": ("apply_patch_call", apply_patch_call_item),
