@@ -116,9 +116,8 @@ def conversation_item_data_list(
     limit: int = 20,
     order: str = "desc",
 ) -> ItemDataPage:
-    """The page :func:`conversation_items_list` reads, as each item's stored ``data`` (the list
-    endpoint renders nothing else): the same queries, the last one reading two columns instead of
-    building a model instance per item. Another owner's conversation is a 404."""
+    """:func:`conversation_items_list`'s page as each item's stored ``data`` (two columns, no model
+    instances); another owner's conversation is a 404."""
     check_conversation_id(conversation_id)
     if not Conversation.objects.filter(id=conversation_id, owner=owner).exists():
         raise conversation_not_found(conversation_id)

@@ -25,9 +25,8 @@ SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
 
 
 class SiteOnly:
-    """Put first in a Django middleware's subclass: the middleware runs for the site's paths only.
-    The bearer-authenticated API needs no sessions, CSRF, messages or clickjacking header, and each
-    of these sync middlewares costs thread hops under ASGI."""
+    """Put first in a Django middleware's subclass: it then runs for the site's paths only, sparing the
+    API sessions, CSRF, messages and clickjacking (thread hops under ASGI)."""
 
     get_response: Callable[[HttpRequest], Any]
 

@@ -172,9 +172,8 @@ class StreamRound:
 
 
 async def sse_events(response: UpstreamResponse, max_line: int) -> Any:
-    """``(event name, parsed data)`` for each event of an upstream SSE body (the executor's SSE
-    reader, ``gateway.core.sse.read_sse``); ``[DONE]``, malformed JSON and an over-long line
-    raise :class:`RoundError`."""
+    """``(event name, parsed data)`` for each event of an upstream SSE body; ``[DONE]``, malformed JSON and
+    an over-long line raise :class:`RoundError`."""
     try:
         async for name, payload in read_sse(response, max_line):
             if payload.strip() == b"[DONE]":

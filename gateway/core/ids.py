@@ -17,9 +17,8 @@ _VALID_INCOMING_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class _RandomBytes:
-    """``os.urandom`` bytes drawn ``size`` at a time; each slice is handed out once. A forked child
-    starts with an empty buffer (it must not hand out its parent's bytes again) and a new lock (one
-    that another thread of the parent held at the fork would never be released in the child)."""
+    """``os.urandom`` bytes drawn ``size`` at a time, each slice handed out once. A forked child starts
+    with an empty buffer (never its parent's bytes) and a new lock."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size

@@ -58,9 +58,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class QueuedConsoleHandler(QueueHandler):
-    """The console handler (stderr, :class:`TextFormatter` or :class:`JsonFormatter` by ``format``)
-    on a ``QueueListener``'s thread. Filters (the request id) run on the caller's thread, before
-    the record is queued. Closing it (``logging.shutdown`` at exit) writes what is queued."""
+    """The console handler on a ``QueueListener``'s thread; filters (the request id) run before the
+    record is queued, and closing it writes what is queued."""
 
     def __init__(self, format: str = "text") -> None:
         super().__init__(queue.SimpleQueue())

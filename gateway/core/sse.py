@@ -97,9 +97,8 @@ def _line_too_long(limit: int) -> StreamFailure:
 
 
 class Event:
-    """One outbound event: its type, its members and its SSE frame
-    (``event: <type>\ndata: <json>\n\n``). An event nobody reads (:attr:`EventSink.unread`) is
-    made without its frame; asking for it serializes the members as they are then."""
+    """One outbound event: type, members and SSE frame; an unread event (:attr:`EventSink.unread`) gets its
+    frame only when asked, from its members as they are then."""
 
     __slots__ = ("_frame", "data", "type")
 

@@ -52,9 +52,8 @@ def timeout_result(call: ToolCall, timeout_s: float) -> ToolResult:
 
 
 def carries_credentials(call: ToolCall) -> bool:
-    """Whether ``call`` holds credentials (an MCP server's headers: the request's ``authorization``
-    or the operator's configured headers). Such a call runs in the gateway process: a task message
-    would leave them in the broker (Redis) in clear until a worker took it."""
+    """Whether ``call`` holds MCP header credentials; such a call runs in the gateway process, since a
+    task message would leave them in the broker in clear."""
     return call.kind == "mcp" and bool(call.tool.get("headers"))
 
 

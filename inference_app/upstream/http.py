@@ -67,9 +67,8 @@ def forward_headers(
 
 
 class HttpUpstream:
-    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server), through
-    the one outbound client (:func:`gateway.core.outbound.pass_through`): one keep-alive session
-    per event loop, made on first use and closed by :func:`close_upstreams`."""
+    """An OpenAI-compatible server at ``LLM_API_BASE`` through :func:`gateway.core.outbound.pass_through`:
+    one keep-alive session per event loop, closed by :func:`close_upstreams`."""
 
     def __init__(self, config: Config) -> None:
         from gateway.core import outbound  # aiohttp is loaded only where an HTTP upstream is used

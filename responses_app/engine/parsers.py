@@ -192,7 +192,6 @@ async def read(
 
 
 async def read_whole(parser: Parser, response: Any, max_bytes: int) -> list[Event]:
-    """Our events from one round's non-streamed answer (``response``, status 200), read whole
-    (:func:`upstream_events.read_answer`, at most ``max_bytes``) as the stream's terminal event or chunk. A read
-    failure, a body over the limit or a malformed answer is a :class:`StreamFailure`."""
+    """Our events from one round's non-streamed answer, read whole (at most ``max_bytes``) as the stream's
+    terminal event or chunk; any failure is a :class:`StreamFailure`."""
     return parser.whole(await upstream_events.read_answer(response, max_bytes))

@@ -156,8 +156,7 @@ def round_request(
 
 
 async def send(upstream: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    """POST one round's body (for a stream, or one answer when its ``stream`` is false), with the
-    request's forwarded ``headers``; an upstream that cannot be reached is a
+    """POST one round's body with the request's forwarded ``headers``; an unreachable upstream is a
     :class:`~gateway.core.sse.StreamFailure`."""
     accept = "text/event-stream" if body.get("stream") else "application/json"
     headers = {**headers, "content-type": "application/json", "accept": accept}
