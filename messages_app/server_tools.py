@@ -1,11 +1,10 @@
 """Anthropic Messages: the gateway's server-tool loop (Claude Code's web search and web fetch).
 
 A request declaring ``web_search_*`` / ``web_fetch_*`` (or a ``[messages] tool_aliases`` function)
-is served here; every other request stays a byte-for-byte pass-through. Hidden rounds send the
-server tools upstream as plain functions, run the calls on the Responses tool framework, and loop
-at most ``[responses] max_rounds`` times (then ``pause_turn``). The client sees Anthropic's
-``server_tool_use`` and ``web_*_tool_result`` blocks, usage summed over rounds, and upstream errors
-unmodified. Nothing is stored (``docs/claude-code.md``).
+is served here in hidden rounds: the server tools go upstream as plain functions, their calls run on
+the Responses tool framework, at most ``[responses] max_rounds`` times (then ``pause_turn``). The
+client sees Anthropic's ``server_tool_use`` and result blocks and upstream errors unmodified.
+Nothing is stored (``docs/claude-code.md``).
 """
 
 from __future__ import annotations

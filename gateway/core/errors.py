@@ -1,10 +1,8 @@
 """Every error the gateway answers, and every way of rendering one.
 
-Views and services raise a :class:`GatewayError` subclass; they never build error bodies. This
-module turns an error into the OpenAI envelope ``{"error": {message, type, param, code}}``, the
-Anthropic envelope on ``/v1/messages*`` (``{"type":"error","error":{type,message},"request_id"}`` plus
-a ``request-id`` header), a Responses SSE ``error`` event, an Anthropic SSE ``error`` event, or a
-WebSocket error event.
+Views and services raise a :class:`GatewayError`; only this module builds the bodies: the OpenAI
+envelope, the Anthropic one on ``/v1/messages*`` (with ``request-id``), and the SSE and WebSocket
+error events.
 """
 
 from __future__ import annotations

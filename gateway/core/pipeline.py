@@ -1,11 +1,9 @@
 """The one rule pipeline: every serving path admits a request with :func:`admitted` and ends it with
 :func:`finish`, so no path carries a copy of a rule.
 
-:class:`Passage` starts a request (request id, log context, in-flight gauge, clock, body ceiling on
-a declared length); :func:`admit` applies CORS, authentication and the route's methods, in that
-order, raising a :class:`~gateway.core.errors.GatewayError`; :func:`finish` records metrics, the
-access log and 499 for an unfinished answer. ``GatewayASGIMiddleware`` opens the passage for every
-request and keeps it in the scope (:data:`PASSAGE`).
+:class:`Passage` starts a request (request id, log context, gauge, clock, body ceiling);
+:func:`admit` applies CORS, authentication and the route's methods, in that order;
+:func:`finish` records metrics, the access log and 499 for an unfinished answer.
 """
 
 from __future__ import annotations

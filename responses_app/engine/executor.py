@@ -1,11 +1,10 @@
 """The executor: the round loop of one response against the upstream, and its storage.
 
-Each round sends the history and tools upstream (``/v1/responses`` or ``/v1/chat/completions``),
-reads the stream and emits our own events and item ids. Client tool calls end the response; gateway
-tools run between rounds, at most ``max_rounds`` times (``tool_loop``). Its collaborators: ``wire``,
-``parsers``, ``emitter``, ``domain``, the features' hooks, and the base class ``lifecycle``. The
-seams :meth:`Executor.rounds`, ``settle``, :meth:`Executor.store` and :meth:`Executor.run_round`
-are what ``responses_app.features.multi_agent.Coordinator`` overrides.
+Each round sends the history and tools upstream, reads the stream and emits our own events and
+item ids. Client tool calls end the response; gateway tools run between rounds, at most
+``max_rounds`` times (``tool_loop``). The seams :meth:`Executor.rounds`, ``settle``,
+:meth:`Executor.store` and :meth:`Executor.run_round` are what the multi-agent ``Coordinator``
+overrides.
 """
 
 from __future__ import annotations

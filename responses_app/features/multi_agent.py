@@ -1,11 +1,9 @@
 """Multi-agent responses (beta): a coordinator that runs subagents for one response.
 
-The root agent gets six collaboration tools the gateway executes. :class:`Coordinator` is the
-response's executor and its one task owns all mutable state (registry, mailboxes, slots, output);
-each agent is an :class:`AgentExecutor` whose turn segments run as their own tasks and talk to the
-coordinator through a queue. Events are renumbered into one stream and carry ``agent``. The tree is
-stored with the response (``Response.agent_tree``) and restored by ``previous_response_id``
-(``docs/responses.md``).
+:class:`Coordinator` is the response's executor; its one task owns all mutable state (registry,
+mailboxes, slots, output). Each agent is an :class:`AgentExecutor` whose turn segments run as their
+own tasks and talk to the coordinator through a queue. Events are renumbered into one stream; the
+tree is stored with the response and restored by ``previous_response_id`` (``docs/responses.md``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The group commit of the stored-response writes (``services.final_writes``); kept because it saves
 much of the CPU a stored response costs on SQLite and PostgreSQL (``docs/performance.md``).
 
-:class:`GroupWriter` runs writes that wait together in one transaction on its own thread, which
-keeps its connection between batches (one fewer for :func:`gateway.core.db.run_orm`). A failed batch
-is retried once on a fresh connection if the connection died, else one write at a time, so a bad
-write fails alone. Combined writes (:meth:`GroupWriter.put`) are values merged into one statement
-and can be withdrawn until a batch takes them. Nothing queued is dropped.
+:class:`GroupWriter` runs writes that wait together in one transaction on its own thread, which keeps
+its connection between batches. A failed batch is retried on a fresh connection if the connection
+died, else one write at a time, so a bad write fails alone. Nothing queued is dropped.
 """
 
 from __future__ import annotations

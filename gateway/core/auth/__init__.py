@@ -1,11 +1,9 @@
 """Inbound authentication: one framework-agnostic entry point for HTTP, WebSocket and ASGI paths.
 
 ``authenticate(path, headers)`` returns the principal and whether the credential was consumed
-(never forwarded upstream), or raises a 401 / 503. Modes, per request: OIDC bearer tokens
-(``oidc:<iss>#<sub>``), API keys (``key:<id>``), or open (the default principal; stored state
-guarded by ``OPENAI_API_KEY``, :func:`require_stored_state_access`). Every read and write of stored
-objects filters by owner (:func:`owned`, :func:`owner_filter`, :func:`owned_get`): another owner's
-id is "not found". Details: ``docs/auth.md``.
+(never forwarded upstream), or raises a 401 / 503. Modes: OIDC, API keys, or open (stored state
+then guarded by ``OPENAI_API_KEY``). Every stored object is filtered by owner (:func:`owned_get`
+and friends): another owner's id is "not found" (``docs/auth.md``).
 """
 
 from __future__ import annotations
