@@ -104,8 +104,8 @@ class GroupWriter:
         return await self._queue(_Write(functools.partial(fn, *args, **kwargs)))  # type: ignore[no-any-return]
 
     async def put(self, value: Any) -> Any:
-        """A combined write (module docstring): ``value`` joins the batch's one ``combine`` call;
-        its result."""
+        """A combined write: ``value`` joins the batch's one ``combine`` call (one statement for all
+        values where the backend allows); its result."""
         return await self.submit(value)
 
     def submit(self, value: Any) -> asyncio.Future[Any]:
