@@ -1,8 +1,7 @@
 """Admin for ops teams: find conversations, read them as transcripts, delete them.
 
-Read-only by default (no add, no change); deleting needs the delete permission and goes through
-``services.conversation_delete`` like the API, so stored items outlive the conversation. Items
-themselves are never changed or deleted here (stored checkpoints and conversations share them).
+Read-only; a delete goes through ``services.conversation_delete`` like the API, and items are never
+changed or deleted here (checkpoints and conversations share them).
 """
 
 from __future__ import annotations

@@ -6,11 +6,8 @@ from django.db import models
 
 
 class Item(models.Model):
-    """One Responses item (message, function_call, function_call_output, reasoning, …).
-
-    Stored once with our public id; a response's checkpoint and a conversation each hold ordered
-    references to items, so continuing a chain never copies or walks history.
-    """
+    """One Responses item, stored once under our public id; checkpoints and conversations hold ordered
+    references to it, so continuing a chain never copies history."""
 
     id = models.CharField(primary_key=True, max_length=128)
     owner = models.CharField(max_length=512)  # read by id and owner: the primary key serves it
@@ -28,11 +25,9 @@ class Item(models.Model):
 class Conversation(models.Model):
     """An ordered list of references to items, owned by one principal.
 
-    ``revision`` counts every change of the item list (append, detach): writers that computed
-    something from the history at revision ``r`` append only while the revision is still ``r``
-    (optimistic locking, see ``services.conversation_append_items``). ``item_count`` and
-    ``next_position`` are kept by the same writes so that neither appending nor the admin list
-    ever counts or scans the conversation's items.
+    ``revision`` counts every change of the list, for optimistic locking
+    (``services.conversation_append_items``); ``item_count`` and ``next_position`` are kept by the
+    same writes, so nothing ever counts or scans the items.
     """
 
     id = models.CharField(primary_key=True, max_length=128)

@@ -1,17 +1,9 @@
 """Wire models of the Conversations API and the validation of what clients send.
 
-Items are validated with pydantic models that follow the ``openai`` SDK's
-``ResponseInputItemParam`` union: the shapes a conversation stores and replays (messages, function
-calls and their outputs, reasoning, custom tool calls, item references) are checked field by
-field. The tool items of the union (web search, code interpreter, MCP, computer, shell, …) have
-their members typed (all optional) and are stored as sent once checked. ``check_input_item``
-applies the same models to a Responses input item. Unknown members are kept (``extra="allow"``) so
-newer SDK fields survive a round trip.
-
-Every refusal is an OpenAI-shaped 400: ``param`` names the offending field the way OpenAI does
-(``items[0].content[1].text``, ``metadata.key``) and ``code`` is OpenAI's
-(``missing_required_parameter``, ``invalid_type``, ``invalid_value``, ``string_above_max_length``,
-``object_above_max_properties``, ``property_name_above_max_length``).
+Items follow the ``openai`` SDK's ``ResponseInputItemParam`` union, checked field by field;
+``check_input_item`` applies the same models to a Responses input item. Unknown members are kept
+(``extra="allow"``) so newer SDK fields survive a round trip. Every refusal is an OpenAI-shaped
+400 whose ``param`` and ``code`` are OpenAI's (``items[0].content[1].text``, ``invalid_type``).
 """
 
 from __future__ import annotations
@@ -51,8 +43,7 @@ INCLUDABLE = (
     "message.output_text.logprobs",
 )
 
-# The id prefix OpenAI mints (and checks) per item type; we mint the same. Types missing here
-# (outputs of calls, …) accept any well-formed id.
+# OpenAI's id prefix per item type, which we mint too; other types accept any well-formed id.
 ITEM_ID_PREFIXES: dict[str, str] = {
     "message": "msg",
     "function_call": "fc",
@@ -222,8 +213,7 @@ class CustomToolCallOutputItem(_Item):
     output: str | list[ContentPart]
 
 
-# Built-in tool items a client replays: the members the gateway reads are typed (SDK shapes), the
-# rest are kept as sent.
+# Built-in tool items a client replays: the members the gateway reads typed, the rest kept as sent.
 class WebSearchSource(_Open):
     url: str
 
@@ -645,8 +635,7 @@ def validate_item(raw: Any, param: str) -> NewItem:
     # Tool items of the union beyond the core ones are checked, then stored as sent.
     data = dict(raw) if tag == "generic" else model.model_dump(mode="json", exclude_none=False)
     kind = data["type"]
-    # Keep optional members the client did not send out of the stored item (OpenAI's output shape
-    # has no nulls for them), but keep the defaults the API always returns.
+    # Unsent optional members stay out (OpenAI's output has no nulls for them); API defaults stay in.
     for key in [k for k, v in data.items() if v is None and k not in raw]:
         del data[key]
     if kind == "message":
@@ -666,10 +655,8 @@ def _refuse_reserved(raw: dict[str, Any], param: str) -> None:
 
 
 def check_input_item(raw: Any, param: str) -> None:
-    """One Responses input item against the same typed models (``param``: ``input[0]``).
-
-    Item types this service does not model pass unchanged, as they always have.
-    """
+    """One Responses input item against the same models (``param``: ``input[0]``); types not modelled
+    here pass unchanged."""
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
     tag = _item_tag(raw)
@@ -775,8 +762,7 @@ def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str
     ):
         data = {k: v for k, v in data.items() if k != "encrypted_content"}
     if data.get("type") == "message" and isinstance(data.get("content"), list):
-        # An assistant's output_text part always carries ``logprobs`` (OpenAI sends [] unless
-        # ``include`` asks for them); other parts never do.
+        # An assistant's output_text always carries ``logprobs`` (OpenAI sends []); other parts never do.
         keep = "message.output_text.logprobs" in include
         data = dict(data)
         data["content"] = [_logprobs(part, keep) for part in data["content"]]

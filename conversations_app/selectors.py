@@ -77,10 +77,8 @@ class ItemDataPage:
 
 
 def _page_ids(conversation_id: str, *, after: str | None, limit: int, order: str) -> tuple[list[str], bool]:
-    """One page of item ids by keyset on (conversation, position): no OFFSET, no count, no scan.
-
-    ``after`` is an item id in this conversation; the page continues past its position.
-    """
+    """One page of item ids by keyset on (conversation, position), after the item ``after``: no OFFSET,
+    no count, no scan."""
     entries = ConversationItem.objects.filter(conversation_id=conversation_id)
     if after is not None:
         check_item_id(after, param="after")
@@ -91,10 +89,8 @@ def _page_ids(conversation_id: str, *, after: str | None, limit: int, order: str
             entries.filter(position__gt=anchor) if order == "asc" else entries.filter(position__lt=anchor)
         )
     ordering = "position" if order == "asc" else "-position"
-    # Two statements on purpose: the page of (position, item id) is one index range on
-    # (conversation, position) whatever the planner's row estimates, and only the page's items
-    # are then fetched by primary key. A join here lets a planner with stale statistics join all
-    # of a long conversation's items before it sorts and cuts the page.
+    # Two statements on purpose: the page is one index range whatever the planner estimates; a join lets
+    # a planner with stale statistics join a long conversation's items before cutting the page.
     rows = list(entries.order_by(ordering).values_list("item_id", flat=True)[: limit + 1])
     return rows[:limit], len(rows) > limit
 
@@ -120,9 +116,8 @@ def conversation_item_data_list(
     limit: int = 20,
     order: str = "desc",
 ) -> ItemDataPage:
-    """The page :func:`conversation_items_list` reads, as each item's stored ``data`` (the list
-    endpoint renders nothing else): the same queries, the last one reading two columns instead of
-    building a model instance per item. Another owner's conversation is a 404."""
+    """:func:`conversation_items_list`'s page as each item's stored ``data`` (two columns, no model
+    instances); another owner's conversation is a 404."""
     check_conversation_id(conversation_id)
     if not Conversation.objects.filter(id=conversation_id, owner=owner).exists():
         raise conversation_not_found(conversation_id)
@@ -144,16 +139,11 @@ def conversation_item_get(*, conversation: Conversation, item_id: str) -> Item:
 
 
 def conversation_history(*, conversation_id: str, owner: str) -> tuple[list[Item], int]:
-    """The conversation's items in order and the revision they were read at (one snapshot).
-
-    The Responses executor passes the revision back to ``conversation_append_items`` as
-    ``expected_revision``; raises ``NotFound`` for an unknown id or another owner's.
-    """
+    """The conversation's items in order and the revision they were read at, for
+    ``conversation_append_items``'s ``expected_revision``; ``NotFound`` for another owner's id."""
     check_conversation_id(conversation_id, param="conversation")
-    # One transaction so the items and the revision are one snapshot on PostgreSQL (REPEATABLE
-    # READ is not needed: a writer bumps the revision in the same transaction as its rows, and
-    # under READ COMMITTED we read the revision first, so a concurrent append makes our revision
-    # stale — and the later append a 409 — rather than hiding items behind a newer revision).
+    # One transaction, the revision read first: under READ COMMITTED a concurrent append makes our
+    # revision stale (a later 409) rather than hiding items behind a newer revision.
     with transaction.atomic():
         revision = (
             Conversation.objects.filter(id=conversation_id, owner=owner)

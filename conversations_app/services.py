@@ -41,13 +41,9 @@ def _locked_conversation(*, id: str, owner: str) -> Conversation:
 
 
 def _store_items(*, owner: str, conversation: Conversation, new_items: list[NewItem]) -> list[Item]:
-    """Create (or, for references and re-sent stored items, look up) the items of one request.
-
-    An item is stored once: an id the owner already stored is referenced, not copied. The same id
-    twice in one request is stored once and listed at both positions under the same public id (as
-    OpenAI answers); an id already in the conversation is refused. Raises before anything is
-    written when an item is refused; the caller's transaction undoes the rest.
-    """
+    """Create, or look up, the items of one request: an id the owner already stored is referenced; the
+    same id twice is stored once and listed twice (as OpenAI does); an id already in the conversation
+    is refused, before anything is written."""
     ids = list(dict.fromkeys(new.id for new in new_items))
     in_conversation = set(
         ConversationItem.objects.filter(conversation=conversation, item_id__in=ids).values_list(
@@ -172,12 +168,11 @@ def conversation_locked(conversation_id: str) -> errors.Conflict:
 def conversation_append_items(
     *, conversation_id: str, owner: str, item_ids: list[str], expected_revision: int
 ) -> int:
-    """Append stored items at the end if the conversation is still at ``expected_revision``.
+    """Append stored items if the conversation is still at ``expected_revision``; returns the new one.
 
-    The optimistic check and the claim of positions are one statement (``UPDATE … WHERE revision
-    = expected``): of two racing writers with the same expected revision, the second waits for
-    the first's row lock, re-reads the row, matches nothing, and gets 409 ``conversation_locked``
-    — it never waits its turn and appends onto a history it did not see. Returns the new revision.
+    The check and the claim of positions are one ``UPDATE … WHERE revision = expected``: of two racing
+    writers the second matches nothing and gets 409 ``conversation_locked``, never appending onto a
+    history it did not see.
     """
     check_conversation_id(conversation_id, param="conversation")
     count = len(item_ids)

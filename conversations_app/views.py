@@ -1,11 +1,8 @@
-"""The Conversations API (OpenAI-compatible): DRF views over services and selectors.
+"""The Conversations API (OpenAI-compatible): thin DRF views over services and selectors.
 
-Each view is thin: DRF authenticates (the caller's principal, ``gateway.core.drf``) → the body's pydantic
-model (``schemas``) checks it with our rules → a service or selector (filtered by the principal's
-owner: another owner's id is a 404) → the answer in its model's shape. The models are what the
-OpenAPI document shows (drf-spectacular's pydantic extension). ``gateway.core.drf.async_view`` serves
-each view as one :func:`gateway.core.db.run_orm` call, so requests run side by side, never queued on one
-thread.
+Principal (``gateway.core.drf``) → pydantic body (``schemas``) → service or selector filtered by
+owner (another owner's id is a 404) → the answer in its model's shape. Each view runs as one
+:func:`gateway.core.db.run_orm` call (``gateway.core.drf.async_view``).
 """
 
 from __future__ import annotations

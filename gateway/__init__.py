@@ -1,8 +1,7 @@
-"""The Django project package: config, ASGI app, errors, middleware, auth, pass-through views.
+"""The Django project: settings, URLs, ASGI entry point, Celery app and management commands.
 
-The Celery app is loaded with the package (Celery's Django guide), so every process that sends a
-task (the gateway's background responses, tool calls) sends it through this app and its broker,
-never through Celery's default app (AMQP on localhost).
+The Celery app is loaded with the package (Celery's Django guide), so every task is sent through
+it and its broker, never through Celery's default app.
 """
 
 from gateway.celery import app as celery_app

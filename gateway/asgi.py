@@ -1,11 +1,8 @@
 """ASGI entry point: HTTP to Django, WebSocket to the Channels URL router.
 
-Everything goes through ``GatewayASGIMiddleware`` (request id, body ceiling, metrics, access log).
-One Django handler serves everything; the site's middlewares (sessions, CSRF, messages:
-``gateway.site_middleware.SiteOnly``) skip the API. Each API request gets a thread of its own from
-:class:`RequestThreads` for Django's thread-sensitive work; the admin and its SSO also get static
-files.
-The WebSocket upgrade is authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
+Everything goes through ``GatewayASGIMiddleware`` (request id, limits, metrics, access log); the
+site's middlewares skip the API (``gateway.site_middleware.SiteOnly``). The WebSocket upgrade is
+authenticated by ``WebSocketAuthMiddleware`` before any consumer runs.
 """
 
 import gc
@@ -38,31 +35,20 @@ STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
 
 
 def static_path_escapes(path: str) -> bool:
-    """Whether a ``/static/`` path names something outside the static directories.
-
-    Django's static finders refuse such a path with ``SuspiciousFileOperation``, which
-    ``ASGIStaticFilesHandler`` does not turn into a 404: a 500 with a traceback per request.
-    """
+    """Whether a ``/static/`` path escapes the static directories (Django's finders raise, which
+    ``ASGIStaticFilesHandler`` would answer with a 500)."""
     relative = posixpath.normpath(path[len(STATIC_PREFIX) :]).lstrip("/")
     return relative == ".." or relative.startswith("../") or "\x00" in relative
 
 
 class RequestThreads:
-    """Each request's own thread for Django's thread-sensitive work, reused from request to request.
+    """Each API request's own thread for Django's thread-sensitive work, from a pool of one-thread
+    executors.
 
-    Django's ASGI handler runs every request in a ``ThreadSensitiveContext`` of its own, so that its
-    thread-sensitive ``sync_to_async`` calls (the ``request_started`` and ``request_finished``
-    receivers, ``response.close()``, a sync view or middleware) never queue behind another request's
-    on asgiref's one shared thread. Left to itself such a context starts a thread for its first call
-    and, when it ends, one more to join that one: two thread starts per request, measured at about
-    half of the CPU time of a conversation retrieve (``docs/performance.md``, issue 20).
-
-    asgiref's documented ``ThreadSensitiveContext(executor=...)`` leaves the executor to its caller
-    "for a later block, for example in a pool": a request takes an idle one-thread executor (a new
-    one when none is idle) and gives it back when it has ended, so each request still has a thread
-    to itself, and no request starts a thread once the pool holds as many as run at once. Django's
-    own context inside this one is then a no-op (only the outermost sets the thread). An executor
-    whose request did not end normally (cancelled: its thread may still be busy) is not reused.
+    Django gives every request a ``ThreadSensitiveContext``, which alone starts and joins a thread per
+    request; asgiref's documented ``executor=`` argument lets a pool reuse them, so no request queues
+    behind another's and none starts a thread once the pool is warm (``docs/performance.md``). An
+    executor whose request was cancelled is not reused.
     """
 
     def __init__(self, keep: int = 64) -> None:
@@ -122,15 +108,9 @@ application = GatewayASGIMiddleware(
 # Everything imported so far (Django, the apps, the URLconf) lives as long as the process: move it
 # out of the garbage collector's reach, so full collections stay cheap under load.
 gc.freeze()
-# A request keeps many containers alive while it runs (events, snapshots, rows): at the default
-# threshold (700) a stored response cost 54-59 µs of collections under load, nearly all of it gen 0/1
-# passes over objects still in use, plus a full collection every ~850 responses. GC_GEN0_THRESHOLD
-# lets young objects die by reference count first (docs/performance.md, "Garbage collection"). The
-# oldest generation keeps CPython's default (10): Django and DRF leave reference cycles behind every
-# request (view <-> request, serializer <-> fields, response <-> renderer context), and some of them
-# outlive a young collection; at 100 they piled up for hundreds of thousands of requests before a
-# full collection freed them (Conversations under load: +0.6 KB of memory a request, unbounded for
-# as long as a soak ran; at 10 it levels off).
+# Young objects die by reference count before a collection (GC_GEN0_THRESHOLD); the oldest generation
+# keeps CPython's default, since Django and DRF leave cycles behind each request that would otherwise
+# pile up (docs/performance.md, "Garbage collection").
 GC_GEN0_THRESHOLD = 10_000
 GC_OLDEST_THRESHOLD = 10
 gc.set_threshold(GC_GEN0_THRESHOLD, 20, GC_OLDEST_THRESHOLD)

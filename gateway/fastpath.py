@@ -1,16 +1,9 @@
 """The ASGI fast path: the routes of :mod:`gateway.core.fastroutes`, served below Django.
 
-Chat Completions, Completions, Embeddings, Audio and Anthropic Messages are relayed byte for byte;
-going through Django's request/response machinery for them costs more CPU than the relay itself
-(measured in ``docs/performance.md``). This app sits directly under ``GatewayASGIMiddleware``
-(which opened the request's :class:`gateway.core.pipeline.Passage`: request id, log context, body
-ceiling) and serves those paths itself, admitting each request through :func:`gateway.core.pipeline.admitted`
-(CORS, authentication, method); ``GatewayASGIMiddleware`` finishes it. Paths an app registered a
-handler for (``POST /v1/responses``) go to that handler; every other request, and every CORS
-preflight, goes on to Django.
-
-Each pass-through route has exactly one implementation on the ASGI path
-(:func:`inference_app.upstream.forward.relay`).
+Pass-through routes are relayed byte for byte (:func:`inference_app.upstream.forward.relay`), since
+Django's request cycle costs more than the relay (``docs/performance.md``). Requests are admitted by
+:func:`gateway.core.pipeline.admitted`; registered handlers (``POST /v1/responses``) get their
+path; everything else, and every CORS preflight, goes on to Django.
 """
 
 from __future__ import annotations

@@ -55,9 +55,8 @@ INSTALLED_APPS = [
     "messages_app",
 ]
 
-# Every middleware here is async-capable, so streaming responses stay unbuffered under ASGI.
-# The Site* middlewares (gateway.site_middleware.SiteOnly) run for the admin, its SSO and static files
-# only: the bearer-authenticated API skips them.
+# Every middleware is async-capable (streams stay unbuffered under ASGI); the Site* ones run for the
+# admin, its SSO and static files only.
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
     "gateway.site_middleware.SiteSecurityMiddleware",
@@ -107,18 +106,15 @@ def _databases() -> dict[str, Any]:
                     # (synchronous=NORMAL stays crash-safe in WAL mode).
                     "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
                 },
-                # Tests get a file too, not Django's shared-cache memory database: there, two
-                # threads writing at once fail at once ("database table is locked") instead of
-                # waiting as they do on a file, and the event-loop paths for a file are not taken.
+                # Tests use a file too: on Django's shared-cache memory database concurrent
+                # writers fail at once instead of waiting.
                 "TEST": {"NAME": str(DATA_DIR / "test_gateway.sqlite3")},
             }
         }
     db = dj_database_url.parse(url)
     if db["ENGINE"] == "django.db.backends.postgresql":
         db["CONN_MAX_AGE"] = 0  # the pool owns connection lifetime
-        # With a pool, Django passes check=ConnectionPool.check_connection: every connection is
-        # checked before it is handed out, so after a database restart a request gets a fresh one
-        # instead of a dead pooled one (OperationalError).
+        # With a pool each connection is checked before it is handed out: no dead one after a restart.
         db["CONN_HEALTH_CHECKS"] = True
         db["OPTIONS"] = {
             "pool": {
@@ -127,10 +123,8 @@ def _databases() -> dict[str, Any]:
                 "timeout": 10,
             },
             "options": f"-c statement_timeout={CONFIG.database.statement_timeout_ms}",
-            # Parameters travel apart from the statement (no client-side quoting of each JSON
-            # column), and a statement a connection runs a fifth time is prepared from then on
-            # (psycopg's prepare_threshold; Django's default is never): together about a third
-            # less PostgreSQL CPU a stored response.
+            # Server-side binding, and statements prepared from their fifth run on (psycopg's
+            # prepare_threshold; Django's default is never): less PostgreSQL CPU (docs/performance.md).
             "server_side_binding": True,
             "prepare_threshold": 5 if CONFIG.database.prepared_statements else None,
         }

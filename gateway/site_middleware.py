@@ -1,9 +1,8 @@
-"""The site's middleware (the admin, its SSO, static files): Django's own, for those paths only.
+"""The site's middleware (admin, SSO, static files): Django's own, for those paths only.
 
-Each is a subclass of Django's middleware with :class:`SiteOnly` first, so one stock handler
-serves everything and the bearer-authenticated API skips sessions, CSRF, messages and the
-clickjacking header (each a thread hop under ASGI). Apart from ``gateway.core.middleware`` because
-importing Django's auth middleware needs the app registry ready.
+Each subclasses Django's middleware with :class:`SiteOnly` first, so the API skips sessions, CSRF,
+messages and clickjacking (a thread hop each under ASGI). Separate from ``gateway.core.middleware``
+because Django's auth middleware needs the app registry at import.
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ SITE_PREFIXES = ("/admin", "/oidc/", "/static/")
 
 
 class SiteOnly:
-    """Put first in a Django middleware's subclass: the middleware runs for the site's paths only.
-    The bearer-authenticated API needs no sessions, CSRF, messages or clickjacking header, and each
-    of these sync middlewares costs thread hops under ASGI."""
+    """Put first in a Django middleware's subclass: it then runs for the site's paths only, sparing the
+    API sessions, CSRF, messages and clickjacking (thread hops under ASGI)."""
 
     get_response: Callable[[HttpRequest], Any]
 

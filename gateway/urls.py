@@ -24,9 +24,7 @@ urlpatterns = [
     path("v1/models", models_catalog.models_list),
     # ``path`` matches ids with a slash (``meta-llama/Llama-3.1-8B-Instruct``), encoded or not.
     path("v1/models/<path:model>", models_catalog.model_retrieve),
-    # The pass-through routes (chat/completions, completions, embeddings, audio, messages, vLLM's
-    # own routes, [passthrough] extra_routes) are served below Django by gateway.fastpath; their
-    # CORS preflights still arrive here.
+    # The pass-through routes are served below Django (gateway.fastpath); their CORS preflights arrive here.
     re_path(r"^v1/.*$", views.unknown_route),
 ]
 

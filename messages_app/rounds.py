@@ -1,11 +1,8 @@
-"""Anthropic Messages: one upstream round of the server-tool loop (``messages_app.server_tools``),
-parsed and validated before any tool of it runs.
+"""Anthropic Messages: one upstream round of the server-tool loop, validated before any tool runs.
 
-A JSON round must be a message whose blocks have types, and whose ``tool_use`` blocks have a
-non-empty id and name and an object input. A streamed round is checked event by event
-(:class:`StreamRound`): ``message_start`` first, every block opened once at a non-negative index
-and closed by ``content_block_stop``, ``message_stop`` last; an EOF, ``[DONE]`` or malformed JSON
-before ``message_stop`` breaks it (:func:`sse_events`). A broken round raises :class:`RoundError`.
+A JSON round must be a typed message whose ``tool_use`` blocks have an id, a name and an object
+input; a streamed one is checked event by event (:class:`StreamRound`) through ``message_stop``.
+A broken round raises :class:`RoundError`.
 """
 
 from __future__ import annotations
@@ -60,11 +57,8 @@ def parse_json_round(raw: bytes) -> Round:
 
 
 class StreamRound:
-    """Validates and assembles one streamed upstream round, event by event.
-
-    :meth:`feed` takes one parsed event and returns what the client may see of it now (``None``:
-    nothing); hidden blocks (gateway tool calls) are assembled but never shown.
-    """
+    """Validates and assembles one streamed round: :meth:`feed` returns what the client may see of an
+    event now; hidden blocks (gateway tool calls) are never shown."""
 
     def __init__(self, hidden: Callable[[Mapping[str, Any]], bool], next_index: Callable[[], int]) -> None:
         self.hidden = hidden
@@ -178,9 +172,8 @@ class StreamRound:
 
 
 async def sse_events(response: UpstreamResponse, max_line: int) -> Any:
-    """``(event name, parsed data)`` for each event of an upstream SSE body (the executor's SSE
-    reader, ``gateway.core.sse.read_sse``); ``[DONE]``, malformed JSON and an over-long line
-    raise :class:`RoundError`."""
+    """``(event name, parsed data)`` for each event of an upstream SSE body; ``[DONE]``, malformed JSON and
+    an over-long line raise :class:`RoundError`."""
     try:
         async for name, payload in read_sse(response, max_line):
             if payload.strip() == b"[DONE]":

@@ -1,41 +1,10 @@
 """Anthropic Messages: the gateway's server-tool loop (Claude Code's web search and web fetch).
 
-A ``/v1/messages`` request that declares ``web_search_20250305`` or ``web_fetch_20250910`` (or a
-later version of either whose ``allowed_callers`` includes ``"direct"``), or a plain function named
-in ``[messages] tool_aliases``, is served here instead of being relayed; :func:`declares_gateway_tools`
-is the one decision (``messages_app.routes`` makes it the route's ``divert``). Every other request
-stays a byte-for-byte pass-through.
-
-The rounds (hidden from the client):
-
-* the server tools go upstream as plain function tools (client tools pass unchanged); history
-  blocks this gateway returned earlier (``server_tool_use`` + ``web_*_tool_result``) go upstream as
-  the ``tool_use`` / ``tool_result`` pair they stand for;
-* when a round asks for a gateway tool, the calls run on the tool framework the Responses loop uses
-  (:func:`inference_app.tools.run_gateway_calls`: the ``tools`` Celery queue when a broker is
-  configured, in process otherwise), each tool's ``max_uses`` counted across the whole request;
-  the assistant turn and a user turn with the ``tool_result`` blocks are appended and another round
-  runs, at most ``[responses] max_rounds`` (a loop cut off there ends with ``pause_turn``, as
-  Anthropic's own loop does); a forced ``tool_choice`` (``any``, ``tool``) becomes ``auto`` after
-  the first round;
-* every upstream round is validated before any tool runs (``messages_app.rounds``): JSON that
-  parses, a stream that ends with ``message_stop`` (an EOF, ``[DONE]`` or a malformed event before
-  it, or a 200 answer that is not an event stream, ends the client's stream with an ``api_error``
-  event), blocks closed by
-  ``content_block_stop``, unique non-negative indexes, non-empty and unique tool ids, non-empty
-  names.
-
-What the client gets: its own content blocks as the model produced them, each gateway call as
-Anthropic's public ``server_tool_use`` block (a ``srvtoolu_`` id minted here, which the hidden turns
-sent upstream carry too) followed by its ``web_search_tool_result`` /
-``web_fetch_tool_result`` block, never the hidden function call; ``stop_reason`` ``tool_use`` when
-the last round ends with a client tool call (vLLM says ``end_turn`` there); usage summed over the
-rounds (saturating) with ``server_tool_use.web_search_requests`` / ``web_fetch_requests``. An
-upstream error answer is forwarded unmodified (Claude Code's retries match on its wording): as the
-response before anything was sent, else as the stream's ``error`` event. Nothing is stored.
-
-``/v1/messages/count_tokens`` of a request that declares gateway tools is diverted too
-(:func:`serve_count_tokens`): counted with the tools and history the first round would send.
+A request declaring ``web_search_*`` / ``web_fetch_*`` (or a ``[messages] tool_aliases`` function)
+is served here in hidden rounds: the server tools go upstream as plain functions, their calls run on
+the Responses tool framework, at most ``[responses] max_rounds`` times (then ``pause_turn``). The
+client sees Anthropic's ``server_tool_use`` and result blocks and upstream errors unmodified.
+Nothing is stored (``docs/claude-code.md``).
 """
 
 from __future__ import annotations
@@ -472,9 +441,8 @@ class MessagesLoop:
         calls: list[ToolCall] = []
         refused: dict[str, ToolResult] = {}
         for use in uses:
-            # Anthropic's srvtoolu_ id, minted here, replaces the upstream's tool id in the round
-            # itself: the client's server_tool_use block, its result and the hidden turn sent upstream
-            # next all carry it, as the history the client sends back will.
+            # The srvtoolu_ id minted here replaces the upstream's id everywhere (client block, result, hidden
+            # turn), as in the history the client sends back.
             use["id"] = new_id("srvtoolu")
             server = self.plan.tools[use["name"]]
             call = ToolCall(
@@ -784,9 +752,8 @@ async def serve_count_tokens(
     extra_headers: RawHeaders,
     exchange: Exchange,
 ) -> None:
-    """``/v1/messages/count_tokens`` of a request that declares gateway tools: counted as the loop
-    sends its first round (the server tools as plain function tools, earlier server blocks as the
-    model's turns), since vLLM refuses the server-tool shapes; the answer is relayed as it is."""
+    """``count_tokens`` of a request that declares gateway tools, counted as the loop's first round sends
+    it (vLLM refuses the server-tool shapes); the answer is relayed as it is."""
     try:
         plan = plan_request(orjson.loads(body), get_config())
     except orjson.JSONDecodeError:

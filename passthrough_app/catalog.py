@@ -1,10 +1,8 @@
 """Models: ``GET /v1/models`` and ``GET /v1/models/{model}``.
 
-The list is the upstream's, unchanged. Codex asks for its own catalog shape (it sends
-``client_version``): each upstream model becomes a Codex ``ModelInfo`` (codex-rs
-``protocol/src/openai_models.rs``), with ``context_window`` taken from vLLM's ``max_model_len``.
-vLLM serves no per-model route, so ``/v1/models/{model}`` answers from the list; ids that contain
-``/`` work encoded or not (the server decodes ``%2F`` before routing).
+The list is the upstream's. Codex (it sends ``client_version``) gets its own catalog shape, one
+``ModelInfo`` per model with ``context_window`` from vLLM's ``max_model_len``. vLLM has no
+per-model route, so ``/v1/models/{model}`` answers from the list (``/`` in ids, encoded or not).
 """
 
 from __future__ import annotations
@@ -65,11 +63,8 @@ def _model_list(body: bytes) -> list[dict[str, Any]] | None:
 
 
 def codex_model_info(entry: dict[str, Any], priority: int) -> dict[str, Any]:
-    """One Codex ``ModelInfo`` for an upstream model entry.
-
-    Every field codex-rs requires (no serde default) is present, with the types it parses; the
-    optional ones Codex 0.171.0 reads are given explicit neutral values.
-    """
+    """One Codex ``ModelInfo`` for an upstream model: every field codex-rs requires, the optional ones it
+    reads given neutral values."""
     slug = entry["id"]
     info: dict[str, Any] = {
         "slug": slug,

@@ -1,8 +1,7 @@
 """Stored responses: the terminal snapshot, status, usage and the ordered checkpoint of items.
 
-Items themselves live once in ``conversations_app.Item``; a response holds the ordered ids of every
-item its successor continues from (``history_item_ids``), so continuing a chain reads one row and
-one batch of items, never the chain.
+Items live once in ``conversations_app.Item``; ``history_item_ids`` lists what a successor continues
+from, so a continuation reads one row and one batch of items, never the chain.
 """
 
 from __future__ import annotations
@@ -63,10 +62,7 @@ class Response(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        # Every index is written by every stored response, so there are only those a query needs
-        # (docs/operations.md → Indexes): the primary key (reads are by id and owner), created_at
-        # (the admin's order and date drill-down), previous_response (a deleted response's
-        # successors are unlinked), and the unfinished rows' leases (the sweep, the shutdown).
+        # Only the indexes a query needs (docs/operations.md → Indexes): every stored response writes each.
         indexes = [
             models.Index(fields=["previous_response"], name="response_previous_idx"),
             models.Index(

@@ -1,17 +1,9 @@
 """Background responses: the work runs detached from the HTTP request that created it.
 
-With a broker (``REDIS_URL``) the work is the Celery task ``responses.run_background`` on the
-``responses`` queue (run a worker with ``-Q responses``). Without one, Celery would run the task
-eagerly inside the request, blocking it, so the gateway instead starts an asyncio task on the
-server's own event loop: the request returns at once, and ``cancel`` cancels that task. Either
-way every event is persisted (``ResponseEvent``) so clients can poll or stream it, and a cancel
-is seen by the runner at its next flush (the database row is the source of truth).
-
-Nothing is left running forever (``docs/operations.md``): a running response holds a lease
-(:func:`runner_id`, renewed every ``[responses] heartbeat_s``); the sweep every gateway process runs
-(:func:`sweep_forever`) fails a row whose lease expired, and at start it fails the rows of this
-host's processes that are gone. A broker that cannot take the task refuses the request (503) and
-stores nothing.
+With a broker it is the Celery task ``responses.run_background`` (queue ``responses``); without one,
+an asyncio task on the server's loop (eager Celery would block the request). Every event is stored
+for polling and streaming. A running response holds a lease; :func:`sweep_forever` fails rows whose
+lease expired (``docs/operations.md``). A broker that refuses the task is a 503, nothing stored.
 """
 
 from __future__ import annotations
@@ -61,11 +53,8 @@ async def sweep_forever() -> None:
 
 
 async def create_background(prepared: Prepared, config: Config) -> dict[str, Any]:
-    """Store a queued background response and start its work; its snapshot.
-
-    With a broker, the task is sent after the row is committed; a broker that refuses it refuses
-    the request (503) and the row is removed again: no row is left that nobody will run.
-    """
+    """Store a queued background response and start its work. The task is sent after commit; a broker
+    that refuses it is a 503 and the row is removed, so nothing is left that nobody will run."""
     from responses_app.storage import services
 
     if not config.broker_enabled:

@@ -1,9 +1,6 @@
-"""Routes of the Responses API (included by ``gateway/urls.py`` before the ``/v1`` catch-all).
-
-``POST /v1/responses``, ``input_tokens`` and ``compact`` are lean async views (``views``); the
-stored-response resources are DRF views (``resources``). django-stubs' ``path`` signature does not
-model async views; hence the ignores.
-"""
+"""Routes of the Responses API (included before the ``/v1`` catch-all): lean async views
+(``views``) and the DRF resources (``resources``). django-stubs' ``path`` does not model async views,
+hence the ignores."""
 
 from django.urls import path
 

@@ -93,13 +93,11 @@ async def client_left(receive: Receive, exchange: Exchange) -> None:
 
 
 class DisconnectWatch:
-    """Cancel the current task (and so its upstream work) the moment the client disconnects.
+    """Cancel the current task (and its upstream work) the moment the client disconnects.
 
-    ``with DisconnectWatch(left, finished):`` — ``left()`` returns once the client has gone, and
-    ``finished()`` says whether the answer was already complete then (nothing left to cancel). Most
-    requests finish well under ``WATCH_AFTER_S``, so the watcher (a task) is only started for the
-    ones still running then, which keeps it off the hot path. A cancellation the watch caused ends
-    the block quietly; any other propagates. The relay below and the Responses fast path use it.
+    ``left()`` returns once the client has gone; ``finished()`` says whether the answer was complete
+    then. The watcher task starts only for requests still running after ``WATCH_AFTER_S``. A
+    cancellation the watch caused ends the block quietly.
     """
 
     def __init__(self, left: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> None:

@@ -1,15 +1,9 @@
 """The one typed, frozen configuration object: plain pydantic-settings.
 
-Read once, in this order of precedence: environment variables, then an optional TOML file (path in
-``GATEWAY_CONFIG``), then the defaults below; every key is documented in ``config.example.toml``.
-This is the only module that reads ``os.environ``.
-
-Sections are frozen, strict pydantic models: the file's values are taken as written (``debug =
-'yes'`` is refused, not guessed) while pydantic-settings parses the environment's text as the
-declared type. Environment names: pydantic-settings' own ``GATEWAY_<SECTION>__<KEY>`` (lists and
-tables as JSON), and the documented ``GATEWAY_<SECTION>_<KEY>`` and conventional names of
-:data:`ENV_NAMES` (lists comma-separated). Unknown keys, wrong types and inconsistent settings raise
-:class:`ConfigError` naming the setting.
+Precedence: environment, then the TOML file named by ``GATEWAY_CONFIG``, then the defaults; every key
+is in ``config.example.toml``. The only module that reads ``os.environ``. Sections are strict: file
+values are taken as written, environment text is parsed as the declared type; unknown keys, wrong
+types and inconsistent settings raise :class:`ConfigError` naming the setting.
 """
 
 from __future__ import annotations
@@ -83,8 +77,7 @@ ENV_NAMES = {
     "MCP_ALLOWED_HOSTS": "mcp.allowed_hosts",
 }
 
-# Per web-search provider: the key variable when [web_search] api_key_env is empty, the public base
-# URL when base_url is empty, and the search API's path under the base URL.
+# Per web-search provider: the default key variable, public base URL and search path.
 WEB_SEARCH_KEY_ENV = {"searxng": "", "brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}
 WEB_SEARCH_DEFAULT_BASE = {
     "searxng": "",
@@ -116,9 +109,8 @@ class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_size_bytes: PositiveInt = 10 * MiB
-    # Request line and headers together (431, or 414 for a request line, beyond it), the number of
-    # header fields (431), and how long a request's body may take to arrive after its head (408).
-    # A head's own read timeout is the ingress's (docs/operations.md).
+    # Head size (431, or 414 for the request line), header count (431), and the body's read time after
+    # the head (408); a head's own read timeout is the ingress's (docs/operations.md).
     max_request_head_size_bytes: PositiveInt = 64 * 1024
     max_request_headers: PositiveInt = 100
     request_read_timeout_s: PositiveFloat = 30.0

@@ -1,11 +1,8 @@
 """The one way async code runs ORM work: :func:`run_orm`.
 
-Channels' ``database_sync_to_async`` (stale or broken connections closed before and after the
-call) with ``thread_sensitive=False``, so unrelated requests never queue on one shared thread. The
-calls run on a thread pool of ``[database] pool_max_size`` threads less one (``orm_N``), the one
-connection left for a writer that keeps its own (Responses storage's group commit): no more
-threads than the PostgreSQL pool has connections to give them. A cancelled caller stops waiting at
-once; work already started finishes on its thread (a write is never cut in half).
+Channels' ``database_sync_to_async`` with ``thread_sensitive=False`` on a pool of ``[database]
+pool_max_size`` threads less one (left for the group-commit writer), so unrelated requests never
+queue on one thread. A cancelled caller stops waiting; started work finishes (a write is never cut).
 """
 
 from __future__ import annotations

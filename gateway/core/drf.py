@@ -1,24 +1,10 @@
 """Django REST framework for the resource endpoints, through DRF's documented extension points only.
 
-The resource endpoints (Conversations and their items; retrieve, delete, input items and cancel of
-stored responses) are DRF views built on :class:`ResourceView`:
-
-- :class:`PrincipalAuthentication` makes the principal the auth layer already set
-  (``gateway.core.auth``) DRF's ``request.user``; views read it as ``self.principal`` and every
-  selector and service they call filters by its owner (another owner's id is a 404).
-- :class:`StoredStateAccess` applies the ``OPENAI_API_KEY`` rule for stored state
-  (``gateway.core.auth.check_stored_state_access``) as a DRF permission.
-- :func:`exception_handler` renders every refusal through ``gateway.core.errors`` (the one module that
-  builds envelopes); DRF's own exceptions are mapped to the same errors the lean views raise.
-- :class:`OpenAIListPagination` is the one list shape (``object: "list"``, ``data``, ``first_id``,
-  ``last_id``, ``has_more``) with OpenAI's ``after`` / ``order`` / ``limit`` rules; the page itself
-  comes from the caller's keyset selector.
-- :func:`async_view` serves a DRF view from async Django: the whole synchronous view (parsing, ORM
-  work, rendering) is one :func:`gateway.core.db.run_orm` call, so DRF views follow the project's one
-  rule for ORM work from async code (the bounded ORM pool, stale connections closed before and
-  after) instead of asgiref's per-request threads, requests run side by side, and the event loop
-  never waits on the database. :func:`on_loop` runs the few things that belong to the event loop (cancelling a
-  local task) from inside such a view.
+:class:`ResourceView` views get the principal as ``request.user`` (:class:`PrincipalAuthentication`),
+the ``OPENAI_API_KEY`` rule as a permission (:class:`StoredStateAccess`), errors rendered through
+``gateway.core.errors`` (:func:`exception_handler`) and OpenAI's list shape
+(:class:`OpenAIListPagination`). :func:`async_view` runs the whole sync view as one
+:func:`gateway.core.db.run_orm` call, so the event loop never waits on the database.
 """
 
 from __future__ import annotations
@@ -84,10 +70,8 @@ def to_gateway_error(exc: Exception) -> errors.GatewayError | None:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
-    """DRF's ``EXCEPTION_HANDLER``: the envelope ``gateway.core.errors`` renders for ``exc``.
-
-    ``None`` (DRF re-raises, Django's ``handler500`` answers) for anything that is not a client error.
-    """
+    """DRF's ``EXCEPTION_HANDLER``: ``gateway.core.errors``' envelope, or ``None`` (a 500) for anything
+    that is not a client error."""
     gerr = to_gateway_error(exc)
     if gerr is None:
         return None
@@ -99,11 +83,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse |
 
 
 class PrincipalAuthentication(BaseAuthentication):
-    """DRF's ``request.user`` is the caller's :class:`~gateway.core.principal.Principal`.
-
-    The gateway's auth layer (``gateway.core.auth``) authenticated the request before Django routed it
-    and refused bad credentials with a 401; this class only hands its principal to DRF.
-    """
+    """DRF's ``request.user`` is the principal the gateway's auth layer already set (it refused bad
+    credentials before routing)."""
 
     def authenticate(self, request: Request) -> tuple[Principal, None]:
         return request_principal(request), None
@@ -214,12 +195,8 @@ PageFetch = Callable[[ListParams], tuple[list[dict[str, Any]], bool]]
 
 
 class OpenAIListPagination(BasePagination):
-    """OpenAI's list: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``.
-
-    A keyset page, never an offset: the view passes the selector that reads one page after the
-    ``after`` anchor (the conversation's (conversation, position) index; a response's stored list
-    of input item ids), and this class owns the parameters, their errors and the shape.
-    """
+    """OpenAI's list shape with ``after`` / ``order`` / ``limit``; a keyset page read by the view's
+    selector, never an offset."""
 
     def paginate(self, request: Request, fetch: PageFetch) -> list[dict[str, Any]]:
         self.params = parse_list_params(request.query_params)
@@ -307,11 +284,8 @@ def _respond(view: Callable[..., HttpResponseBase], request: HttpRequest, *args:
 def async_view(
     view_class: type[APIView], **initkwargs: Any
 ) -> Callable[..., Coroutine[Any, Any, HttpResponseBase]]:
-    """``view_class.as_view(**initkwargs)`` served from async Django as one ``run_orm`` call.
-
-    The returned coroutine function carries the attributes ``as_view`` sets (``cls``,
-    ``initkwargs``), so URL inspection (drf-spectacular) still sees a DRF view.
-    """
+    """``view_class.as_view(**initkwargs)`` served from async Django as one ``run_orm`` call; keeps
+    ``cls`` / ``initkwargs`` so drf-spectacular still sees a DRF view."""
     view = view_class.as_view(**initkwargs)
 
     @functools.wraps(view)

@@ -1,10 +1,8 @@
 """Every error the gateway answers, and every way of rendering one.
 
-Views and services raise a :class:`GatewayError` subclass; they never build error bodies. This
-module turns an error into the OpenAI envelope ``{"error": {message, type, param, code}}``, the
-Anthropic envelope on ``/v1/messages*`` (``{"type":"error","error":{type,message},"request_id"}`` plus
-a ``request-id`` header), a Responses SSE ``error`` event, an Anthropic SSE ``error`` event, or a
-WebSocket error event.
+Views and services raise a :class:`GatewayError`; only this module builds the bodies: the OpenAI
+envelope, the Anthropic one on ``/v1/messages*`` (with ``request-id``), and the SSE and WebSocket
+error events.
 """
 
 from __future__ import annotations
@@ -229,10 +227,8 @@ def _nul_path(value: Any, param: str) -> str | None:
 
 
 def refuse_nul(value: Any, param: str) -> None:
-    """The one rule for U+0000: no stored string or id may hold it (PostgreSQL cannot store it).
-
-    Raises a 400 whose ``param`` is the path of the first offending string inside ``value``.
-    """
+    """No stored string or id may hold U+0000 (PostgreSQL cannot store it): a 400 whose ``param`` is
+    the path of the first offending string in ``value``."""
     found = _nul_path(value, param)
     if found is not None:
         where = f"'{found}'" if found else "request body"
@@ -298,11 +294,8 @@ def invalid_value(param: str, value: Any, supported: Sequence[str]) -> BadReques
 
 
 def _json_path(prefix: str, loc: tuple[Any, ...], data: Any, *, missing: bool) -> tuple[str, Any]:
-    """``input[0].content[1].text`` for a pydantic ``loc``, and the value found there.
-
-    Union branches and discriminator tags appear in ``loc`` but not in the data; walking the data
-    alongside drops them (a segment that is neither a key nor an index of the value at hand).
-    """
+    """``input[0].content[1].text`` for a pydantic ``loc``, and the value there; union branches and
+    discriminator tags (in ``loc``, not in the data) are dropped by walking the data alongside."""
     path = prefix
     value = data
     for i, segment in enumerate(loc):
@@ -324,10 +317,8 @@ def validation_error(
 ) -> BadRequest:
     """The one mapping of a pydantic :class:`ValidationError` to the OpenAI 400.
 
-    ``data`` is what was validated and ``param`` its JSON path in the request (``input[0]``; empty
-    for the whole body); ``tags``: the supported ``type`` values when a tagged union's tag is wrong
-    (default: the tags the union declares). A ``str | list`` field reports a failure per branch; the
-    one that got deepest into the data is about the branch the client chose.
+    ``param`` is ``data``'s JSON path in the request; ``tags`` the supported ``type`` values of a
+    tagged union. Of a union's per-branch failures, the deepest is the branch the client chose.
     """
     located = [
         (_json_path(param, tuple(f["loc"]), data, missing=f["type"] in ("missing", "missing_argument")), f)

@@ -1,16 +1,8 @@
-"""The fast-route registry: the paths served below Django, filled in by the apps in ``AppConfig.ready()``.
+"""The fast-route registry: paths served below Django, filled in by the apps in ``AppConfig.ready()``.
 
-Two kinds:
-
-- :data:`RELAYED`: pass-through routes (a :class:`inference_app.upstream.forward.Route` each), relayed byte for
-  byte by :func:`inference_app.upstream.forward.relay`. The gateway app registers Chat Completions,
-  Completions, Embeddings, Audio, vLLM's own routes (``passthrough.VLLM_ROUTES``), the operator's
-  ``[passthrough] extra_routes`` and the Anthropic Messages routes.
-- :data:`HANDLERS`: paths an app serves with its own ASGI handler (``responses_app`` registers
-  ``POST /v1/responses``), which admits the request through ``gateway.core.pipeline`` itself.
-
-The serving code reads the registry and imports no app: the apps depend on the gateway, never the
-other way round.
+:data:`RELAYED` holds the pass-through routes (relayed by :func:`inference_app.upstream.forward.relay`);
+:data:`HANDLERS` the paths an app serves with its own ASGI handler (``POST /v1/responses``). The
+serving code reads the registry and imports no app.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Public ids minted by the gateway: ``resp_…``, ``msg_…``, ``fc_…``, ``conv_…``, ``req_…``.
 
-Ids start with a millisecond timestamp so they sort by creation time (good index locality), then
-carry enough randomness to be unguessable: bytes of the operating system's CSPRNG (``os.urandom``),
-drawn 4 KiB at a time and handed out in slices, each once (:class:`_RandomBytes`). ``os.urandom``
-releases the GIL around its system call; once per id (three a stored response) that handed the
-GIL to the ORM thread and back three times a response.
+A millisecond timestamp first (creation order, index locality), then unguessable CSPRNG bytes,
+drawn 4 KiB at a time (:class:`_RandomBytes`) so minting does not give up the GIL for a system
+call per id.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ _VALID_INCOMING_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class _RandomBytes:
-    """``os.urandom`` bytes drawn ``size`` at a time; each slice is handed out once. A forked child
-    starts with an empty buffer (it must not hand out its parent's bytes again) and a new lock (one
-    that another thread of the parent held at the fork would never be released in the child)."""
+    """``os.urandom`` bytes drawn ``size`` at a time, each slice handed out once. A forked child starts
+    with an empty buffer (never its parent's bytes) and a new lock."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
@@ -52,11 +49,7 @@ def new_id(prefix: str, random_bytes: int = 18) -> str:
 
 
 def new_request_id() -> str:
-    """A time-ordered request id with Anthropic's ``req_`` prefix.
-
-    Request ids only correlate log lines, so their random part comes from the (much cheaper)
-    non-cryptographic generator; stored objects' ids use :func:`new_id`.
-    """
+    """A time-ordered ``req_`` id; it only correlates log lines, so its random part is not cryptographic."""
     return f"req_{int(time.time() * 1000):012x}{random.getrandbits(80):020x}"
 
 

@@ -1,20 +1,10 @@
-"""The server process's life: graceful shutdown (the drain) and its periodic jobs (the lease sweep).
+"""The server process's life: graceful shutdown (the drain) and its periodic jobs.
 
-Shutdown (``docs/operations.md``): SIGTERM first reaches :func:`drain_on_signal`'s handler, which
-begins the drain (:meth:`Drain.begin`) and hands the signal on to the server (uvicorn stops accepting
-and shuts its connections down) once every WebSocket has closed, or the grace and the flush margin
-are nearly over: uvicorn would cut an open WebSocket at once. Every running response runs inside
-:func:`interruptible`: it may finish until ``[server] shutdown_grace_s`` has passed; then it is
-interrupted and ends with a ``failed`` terminal event and a stored ``failed`` row, so every id a
-client saw is retrievable. WebSocket consumers close their connections themselves once their last
-terminal event is sent (:meth:`Drain.listen`); new HTTP requests are refused with a 503 meanwhile
-(``gateway.core.middleware``). uvicorn's own ``timeout_graceful_shutdown`` (the grace plus
-:data:`FLUSH_MARGIN_S`) is the backstop that cancels whatever is still running after that.
-
-The ASGI ``lifespan`` app (:func:`lifespan`) starts the periodic jobs registered with
-:func:`on_startup` (the background responses' lease sweep) and, at shutdown, waits for the work no
-connection is waiting for (in-process background responses) within the same bound, then runs the
-jobs registered with :func:`on_shutdown` (closing the upstream client).
+SIGTERM begins the drain (:func:`drain_on_signal`) and reaches uvicorn only once every WebSocket has
+closed or the grace is nearly over (uvicorn would cut them). Responses run inside
+:func:`interruptible`: past ``[server] shutdown_grace_s`` they end ``failed`` and are stored so, so
+every id a client saw is retrievable. The ``lifespan`` app runs :func:`on_startup` and
+:func:`on_shutdown` jobs (``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -99,10 +89,8 @@ class Drain:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """The shutdown waits for this block (within the flush margin), also once its run was
-        interrupted: an interrupted run leaves :data:`runs` at once, and stores its failure after.
-        Without the hold the lifespan could see no run left and let the process exit while that
-        write still waits for the database (work no connection waits for: a background response)."""
+        """The shutdown waits for this block (within the flush margin) even after its run was interrupted,
+        so the process cannot exit while the run's failure is still being stored."""
         self.holds += 1
         try:
             yield
@@ -135,19 +123,15 @@ drain = Drain()
 
 
 def interruptible() -> contextlib.AbstractAsyncContextManager[Interruptible]:
-    """Run the body until it ends, or until the drain's deadline interrupts it.
-
-    An interrupted body is cancelled at the ``await`` it was at; the exception stops here and
-    ``handle.interrupted`` is True, so the caller ends the response (stores it failed, sends the
-    terminal event). The body must run in the task that entered this block.
-    """
+    """Run the body until it ends or the drain's deadline interrupts it (then it is cancelled at its
+    ``await`` and ``handle.interrupted`` is True, so the caller ends the response). The body must run
+    in the task that entered the block."""
     return _InterruptibleBlock()
 
 
 class _InterruptibleBlock:
-    """:func:`interruptible`'s block: an ``asyncio.timeout`` with no deadline, which the drain
-    reschedules to interrupt the body. A class rather than an ``asynccontextmanager``: every
-    response enters one, and a generator-based one costs an async generator's set-up and tear-down."""
+    """:func:`interruptible`'s block: an ``asyncio.timeout`` with no deadline, which the drain reschedules.
+    A class because every response enters one and an async generator costs more."""
 
     __slots__ = ("handle", "timeout")
 
@@ -231,12 +215,8 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def drain_on_signal(loop: asyncio.AbstractEventLoop) -> None:
-    """Put the drain in front of the server's SIGTERM handler (uvicorn's, installed by then).
-
-    uvicorn's shutdown cuts every open WebSocket with 1012 at once; here SIGTERM begins the drain
-    and reaches the server's handler only once the WebSockets have closed themselves (bounded by
-    the grace and the flush margin). A second SIGTERM goes straight to the server.
-    """
+    """Put the drain in front of uvicorn's SIGTERM handler, which would cut every open WebSocket at once:
+    the signal reaches it once the WebSockets closed themselves (bounded), or at a second SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         return  # a server in a thread (tests): signals are the main thread's
     server_handler = signal.getsignal(signal.SIGTERM)

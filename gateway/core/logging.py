@@ -1,9 +1,7 @@
 """Structured logging: JSON lines when configured, always tagged with the request id.
 
-Request bodies and credentials are never logged; the access log records method, route, status and
-duration only. The console handler runs on a ``QueueListener``'s thread behind a ``QueueHandler``
-(:class:`QueuedConsoleHandler`): the serving thread only queues the record, formatting and writing
-happen off the event loop.
+Bodies and credentials are never logged. The console handler sits behind a ``QueueHandler``
+(:class:`QueuedConsoleHandler`), so formatting and writing happen off the event loop.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class QueuedConsoleHandler(QueueHandler):
-    """The console handler (stderr, :class:`TextFormatter` or :class:`JsonFormatter` by ``format``)
-    on a ``QueueListener``'s thread. Filters (the request id) run on the caller's thread, before
-    the record is queued. Closing it (``logging.shutdown`` at exit) writes what is queued."""
+    """The console handler on a ``QueueListener``'s thread; filters (the request id) run before the
+    record is queued, and closing it writes what is queued."""
 
     def __init__(self, format: str = "text") -> None:
         super().__init__(queue.SimpleQueue())

@@ -1,21 +1,9 @@
 """Give back what closed connections held: their reference cycles, then the C heap's free pages.
 
-A closed WebSocket connection leaves reference cycles (the upgraded HTTP protocol and its parser,
-cancelled tasks and their tracebacks, the consumer's contexts) that only the garbage collector
-frees. With the collector tuned for request throughput (``gateway.asgi``: young objects die by
-reference count, full collections are rare) an idle connection allocates too little to trigger
-one, so thousands of closed connections stayed in memory (issue 62, ``docs/websocket.md``).
-
-What is freed then goes back to glibc, which returns pages to the system only from the top of its
-heap; its ``malloc_trim(0)`` (glibc 2.8 and newer, public API) hands back every free page. Without
-it the process stays at its high-water mark and creeps above it as the heap fragments.
-
-:func:`connection_closed` asks for both: :data:`RELEASE_DELAY_S` after the first close that asked,
-one full collection on the event loop's thread, then the trim on a thread of the loop's default
-executor (the loop never waits for it). The closes in between share them and ask for one more
-release after it, since what they held may still be in use when it runs. A connection's stored
-response that outlives it asks again when it ends. On a C library without ``malloc_trim`` (musl)
-only the collection runs.
+Closed WebSocket connections leave cycles that only a full collection frees, and an idle server
+rarely triggers one; glibc returns freed pages only from the top of its heap. So
+:func:`connection_closed` runs, :data:`RELEASE_DELAY_S` later and once per burst of closes, a full
+collection and then ``malloc_trim(0)`` off the loop (skipped where libc lacks it, e.g. musl).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Prometheus metrics of the gateway.
+"""Prometheus metrics of the gateway, through prometheus_client's public API.
 
-With one server process the metrics live in this process. With several (``[server] workers``),
-``manage.py serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before it starts them,
-every process records into its own files there, and ``/metrics`` (answered by any one of them) adds
-them all up: counters and histograms summed over the workers, gauges summed over the live ones.
-Only prometheus_client's public API; the labelled children are cached per label tuple.
+With several server processes ``manage.py serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics``
+adds every process's files up. Labelled children are cached per label tuple.
 """
 
 from __future__ import annotations
@@ -53,11 +50,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def use_multiprocess_dir() -> None:
-    """Before starting several server processes: give them a fresh directory to record into.
-
-    Set in the environment the workers inherit, so their ``prometheus_client`` sees it at import;
-    removed when this (the supervising) process exits. A directory already configured is kept.
-    """
+    """Give the server processes about to start a fresh metrics directory (in the environment they
+    inherit; removed when this process exits). A directory already configured is kept."""
     if environ_get(MULTIPROC_ENV):
         return
     directory = tempfile.mkdtemp(prefix="gateway-metrics-")
@@ -74,9 +68,8 @@ def exposition() -> bytes:
     return bytes(generate_latest(REGISTRY))
 
 
-# The children of each (route, method, status): labels() takes a lock and checks the labels on every
-# call. Routes are bounded (``route_label``), so this stays small. A child made before a fork is
-# still right in the child process: prometheus_client's multi-process values notice the fork.
+# Cached children per (route, method, status): labels() locks and checks on every call. Routes are
+# bounded, and a child made before a fork stays right in the child.
 _children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
 

@@ -1,14 +1,9 @@
-"""Middleware.
+"""``GatewayASGIMiddleware`` (below Django, sees every request unbuffered) and ``GatewayErrorMiddleware``.
 
-``GatewayASGIMiddleware`` sits below Django at the ASGI layer, so it sees every HTTP request and
-WebSocket connection without buffering anything: it assigns the request id, enforces the
-``[server]`` request limits the ASGI server has no setting for (the head's size and header count,
-read from the scope; the body's read timeout, while the app reads it; the body ceiling: a declared
-``Content-Length`` over the limit is refused before the body is read, a chunked body is cut off
-once it passes the limit, the same limit for each WebSocket message), refuses new requests while
-the server drains (``gateway.core.lifecycle``), counts metrics and writes the access log.
-
-``GatewayErrorMiddleware`` is the Django middleware that renders a raised :class:`GatewayError`.
+The ASGI middleware assigns the request id, enforces the ``[server]`` limits the ASGI server has no
+setting for (head size and header count, body read timeout, body ceiling, the same ceiling per
+WebSocket message), refuses new requests while draining, counts metrics and writes the access log.
+The Django middleware renders a raised :class:`GatewayError`.
 """
 
 from __future__ import annotations
@@ -56,9 +51,8 @@ class _HttpState:
         self.refused = False  # answered here (body ceiling, read timeout): the app is ignored
         self.received = 0
         self.body_read = False  # the request's last body message has arrived
-        # The body's read deadline: one timer, armed at the first receive(); past it the request is
-        # late, and a receive() waiting for the body is interrupted. (An asyncio.timeout around
-        # each receive() would cost a timer and a context manager per call.)
+        # The body's read deadline: one timer armed at the first receive() (cheaper than an
+        # ``asyncio.timeout`` per receive); past it, a waiting receive() is interrupted.
         self.timer: asyncio.TimerHandle | None = None
         self.late = False
         self.reader: asyncio.Task[Any] | None = None  # the task waiting in receive(), if any

@@ -6,11 +6,8 @@ from django.db import models
 
 
 class ApiKey(models.Model):
-    """A named inbound API key; only a SHA-256 digest of the secret is stored.
-
-    The secret is 256 random bits, so a fast digest is enough (no password-style KDF needed): it
-    cannot be guessed, and the digest alone does not let anyone call the gateway.
-    """
+    """A named inbound API key; only a SHA-256 digest of its 256-bit random secret is stored (no KDF
+    needed for a secret that cannot be guessed)."""
 
     name = models.CharField(max_length=100, unique=True)
     prefix = models.CharField(

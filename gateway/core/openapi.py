@@ -1,17 +1,9 @@
-"""The OpenAPI 3.1 document of the whole ``/v1`` API, generated from pydantic types.
+"""The OpenAPI 3.1 document of the ``/v1`` API, generated from pydantic types (none written by hand).
 
-Every body in the document is the JSON schema of a pydantic type: ours (``responses_app.protocol.schemas``,
-``conversations_app.schemas``, the envelopes below) or the ``openai`` / ``anthropic`` SDKs'; no
-schema is written by hand. The DRF resource views name their models in ``extend_schema``, which
-drf-spectacular's pydantic extension renders. The lean routes, which are not DRF views, are added
-by :func:`add_lean_routes` (a post-processing hook): :data:`LEAN_ROUTES` gives the types of the
-routes we describe, and every other pass-through route of ``gateway.core.fastroutes`` (vLLM's own,
-``[passthrough] extra_routes``) is documented as the upstream's JSON object, relayed as it is.
-
-``GET /v1/openapi.json`` serves the document and ``/docs/`` a Swagger UI whose assets come from
-``drf-spectacular-sidecar`` (no CDN); both are public like ``/health`` (``gateway.core.auth.requires_auth``):
-the document describes the API's shape, never stored data, and client generators and ops tools
-fetch it without credentials.
+DRF views name their models in ``extend_schema``; the lean routes are added by
+:func:`add_lean_routes` from :data:`LEAN_ROUTES`, other pass-through routes as the upstream's JSON.
+``/v1/openapi.json`` and the Swagger UI at ``/docs/`` (assets from ``drf-spectacular-sidecar``) are
+public: they describe the API's shape, never stored data.
 """
 
 from __future__ import annotations
@@ -349,10 +341,8 @@ UNREPORTED_COUNTERS = ("openai_InputTokensDetails", "openai_OutputTokensDetails"
 
 
 def _add_links(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
-    """OpenAPI links: a ``POST`` that creates something (a path not ending in a parameter) links to
-    the other operations on its path and on the paths below it whose new parameter is the created
-    id (``$response.body#/id``, or the first listed one's). Clients, and schemathesis' stateful
-    phase, follow them."""
+    """OpenAPI links from a creating ``POST`` to the operations on its path and below whose new parameter
+    is the created id; clients and schemathesis' stateful phase follow them."""
     for path, operations in paths.items():
         ok = operations.get("post", {}).get("responses", {}).get("200")
         if ok is None or path.endswith("}"):

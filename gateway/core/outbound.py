@@ -1,13 +1,9 @@
 """The one outbound HTTP client of our own code, on aiohttp.
 
-Two uses: :func:`pass_through` sends a request to the upstream model server and hands back its
-answer byte for byte (``inference_app.upstream.http.HttpUpstream``, one session per event loop); and
-:class:`Client` makes the bounded calls of OIDC discovery and JWKS (``gateway.core.auth``), the web
-search and the web fetch tools. aiohttp's timeout and error types are mapped to ours here: the
-upstream's to the gateway's 502/504 errors, the others to :class:`OutboundError` and its kinds.
-
-Not here: the clients that libraries bring and keep (mozilla-django-oidc's ``requests``, the MCP
-SDK's ``httpx``).
+:func:`pass_through` relays to the upstream model server byte for byte; :class:`Client` makes the
+bounded calls of OIDC, web search and web fetch. aiohttp's errors are mapped here: the upstream's to
+502/504, the others to :class:`OutboundError`. Libraries keep their own clients (mozilla-django-oidc,
+the MCP SDK).
 """
 
 from __future__ import annotations
@@ -319,9 +315,8 @@ MID_RESPONSE = "The upstream connection failed mid-response."
 # An idle connection older than this is closed, not reused: vLLM's server (uvicorn) closes idle
 # keep-alive connections after 5 s, and a request sent as it does so fails.
 IDLE_REUSE_S = 4.0
-# Unread answer bytes buffered per connection before its socket stops being read (aiohttp pauses
-# at twice this). Bodies are read with ``readany``, so no line length limit applies here: the
-# 16 MiB SSE line limit is the SSE parser's.
+# Unread answer bytes buffered per connection before its socket stops being read. Bodies are read
+# with ``readany``: the SSE line limit is the SSE parser's.
 READ_BUFSIZE = 256 * 1024
 
 Session = aiohttp.ClientSession
@@ -351,10 +346,8 @@ async def pass_through(
     read_timeout_s: float,
     stall_timeout_s: float,
 ) -> tuple[int, list[tuple[str, str]], Chunks]:
-    """Send one request; status, headers (lower-cased, ``drop_headers`` left out) and the body once
-    the headers arrived, within ``read_timeout_s``. ``url`` is sent as given (not re-quoted); a
-    streamed ``body`` goes out chunked unless ``headers`` give its length. Failures are
-    :class:`errors.UpstreamError` (502) or :class:`errors.UpstreamTimeout` (504)."""
+    """Send one request; status, lower-cased headers and the body once the head arrived within
+    ``read_timeout_s``. ``url`` is sent as given; failures are a 502 or 504."""
     replayable = not isinstance(body, AsyncIterable)
     if replayable and ("content-length" in headers or "transfer-encoding" in headers):
         headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
@@ -402,12 +395,10 @@ async def pass_through(
 
 
 class Chunks:
-    """An answer's body as it arrives, each chunk handed on as soon as it is read.
+    """An answer's body, each chunk handed on as soon as it is read.
 
-    A wait for the next chunk that lasts ``stall_s`` fails as :class:`errors.UpstreamTimeout` (a
-    slow reader is not a stalled upstream); one timer per answer, re-armed only when it fires.
-    Read to its end, or closed once it arrived whole, the connection goes back to the pool;
-    closed earlier, it is closed.
+    A wait of ``stall_s`` for the next chunk is an :class:`errors.UpstreamTimeout`. Read whole, the
+    connection goes back to the pool; closed earlier, it is closed.
     """
 
     __slots__ = ("_loop", "_read", "_resp", "_stall", "_stalled", "_timer", "_waiting")

@@ -1,26 +1,9 @@
-"""The one rule pipeline: every serving path admits a request with :func:`admitted` and ends it
-with :func:`finish`.
+"""The one rule pipeline: every serving path admits a request with :func:`admitted` and ends it with
+:func:`finish`, so no path carries a copy of a rule.
 
-The paths are the ASGI stack (``GatewayASGIMiddleware`` for every HTTP request, then
-``gateway.fastpath`` for the pass-through routes or the Responses fast path) and, where a rule
-applies to it, the WebSocket side. None of them carries a copy of a rule; each calls these
-functions:
-
-- :class:`Passage` (its constructor) is the start of a request: its request id (the caller's sane
-  ``X-Request-Id`` or a new one), the log context (``gateway.core.logging.request_id_var``), the
-  in-flight gauge, the clock, and the body ceiling on a declared ``Content-Length``
-  (:attr:`Passage.refusal`; a body without a declared length is counted by whoever reads it).
-- :func:`admit`: CORS (the headers django-cors-headers adds, kept on the passage for every answer),
-  authentication, the route's methods, in that order. It raises the refusal, a
-  :class:`~gateway.core.errors.GatewayError` (the one exception set every path answers); it returns None
-  when authentication has to wait for I/O (OIDC, a key snapshot to load). :func:`admitted` awaits
-  that too.
-- :func:`finish`: metrics, the in-flight gauge, the access log, 499 for a request that was never
-  answered in full, the timing, and the log context reset.
-
-The ASGI stack opens the passage in ``GatewayASGIMiddleware`` (for every request, Django's views
-too: the request id and the body ceiling apply everywhere) and keeps it in the scope
-(:data:`PASSAGE`); the fast paths admit it.
+:class:`Passage` starts a request (request id, log context, gauge, clock, body ceiling);
+:func:`admit` applies CORS, authentication and the route's methods, in that order;
+:func:`finish` records metrics, the access log and 499 for an unfinished answer.
 """
 
 from __future__ import annotations
@@ -166,13 +149,8 @@ def _cors_applies(pattern: str, path: str) -> bool:
 
 
 def cors_headers(method: str, path: str, headers: Mapping[str, str]) -> RawHeaders:
-    """The headers django-cors-headers' middleware adds to this (non-preflight) request's answer.
-
-    Computed by the library itself, through its public interface (the middleware called on a
-    request); only a path outside ``CORS_URLS_REGEX`` (which the settings set) or a request without
-    ``Origin`` is decided here, as the library decides it. The list returned is shared: callers
-    copy it, never change it.
-    """
+    """The headers django-cors-headers adds to this (non-preflight) request's answer, computed by the
+    library's own middleware; the returned list is shared and must not be changed."""
     if not _cors_applies(settings.CORS_URLS_REGEX, path):
         return _NO_HEADERS
     if "origin" not in headers:

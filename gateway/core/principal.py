@@ -1,9 +1,6 @@
-"""Who is calling: the principal every authenticated request carries.
-
-The auth layer sets ``request.principal`` (HTTP) and ``scope["principal"]`` (WebSocket) and marks
-whether it consumed the caller's credential (then the credential is never forwarded upstream).
-Stored objects record ``principal.owner`` and every read and write filters by it.
-"""
+"""Who is calling: the principal every authenticated request carries (``request.principal``,
+``scope["principal"]``), and whether its credential was consumed (then never forwarded upstream).
+Stored objects record ``principal.owner``; every read and write filters by it."""
 
 from __future__ import annotations
 

@@ -15,14 +15,9 @@ FEATURE_NOT_SUPPORTED = "0A000"
 
 
 def without_pattern_indexes(*columns: tuple[str, str]) -> migrations.RunPython:
-    """Drop the ``LIKE`` index PostgreSQL gets beside the index of each ``(table, column)``.
-
-    Django adds a second index (``varchar_pattern_ops``, named ``…_like``) to every indexed or unique
-    ``CharField`` on PostgreSQL, for ``LIKE 'prefix%'`` lookups. An id column is only ever looked up
-    by equality (the admin's search is ``icontains``, which no b-tree serves), so that index is
-    written by every insert and read by nothing. Other backends have no such index: nothing to do.
-    The reverse creates them again.
-    """
+    """Drop the ``varchar_pattern_ops`` (``…_like``) index Django adds on PostgreSQL beside each
+    ``(table, column)``'s index: ids are looked up by equality only (``docs/operations.md``). The reverse
+    creates them again; other backends have none."""
 
     def forward(apps: Any, schema_editor: Any) -> None:
         connection = schema_editor.connection
@@ -52,19 +47,12 @@ def without_pattern_indexes(*columns: tuple[str, str]) -> migrations.RunPython:
 
 
 def compressed_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
-    """Compress each ``(table, column)`` with LZ4 instead of PostgreSQL's default, pglz.
+    """Compress each ``(table, column)`` with LZ4 instead of PostgreSQL's slower default, pglz
+    (``docs/operations.md``), for values written from then on.
 
-    A stored response's row holds its whole response object (``snapshot``) and request: past about
-    2 KB a row is compressed as it is written, and pglz is the slow one of the two methods
-    PostgreSQL has (measured: 45 µs against 27 µs to insert a typical stored response, for a stored
-    size within 10 %), and reads decompress faster too (5,000 snapshots read back as text: 43 ms
-    against 52 to 60). The method applies to values written from then on; values already stored
-    keep theirs, and both read back the same. A server built without LZ4
-    support (PostgreSQL's ``--with-lz4``, which the Debian, Red Hat and Docker builds have) refuses
-    the method as a feature it does not support (SQLSTATE 0A000): it keeps pglz, the migration says
-    so and goes on. Any other failure (a lock or statement timeout, a missing column) fails the
-    migration, which is then not recorded as applied. Other backends compress nothing: nothing to
-    do. The reverse goes back to the server's default (``default_toast_compression``).
+    A server built without LZ4 refuses it (SQLSTATE 0A000): it keeps pglz and the migration says so;
+    any other failure fails the migration. Other backends: nothing to do. The reverse restores the
+    server's default.
     """
 
     def alter(schema_editor: Any, method: str) -> None:

@@ -97,9 +97,8 @@ def _line_too_long(limit: int) -> StreamFailure:
 
 
 class Event:
-    """One outbound event: its type, its members and its SSE frame
-    (``event: <type>\ndata: <json>\n\n``). An event nobody reads (:attr:`EventSink.unread`) is
-    made without its frame; asking for it serializes the members as they are then."""
+    """One outbound event: type, members and SSE frame; an unread event (:attr:`EventSink.unread`) gets its
+    frame only when asked, from its members as they are then."""
 
     __slots__ = ("_frame", "data", "type")
 
@@ -127,11 +126,8 @@ def _frame(type_: str, body: bytes) -> bytes:
 
 
 class EventSink:
-    """Numbers, serializes and size-checks outbound events.
-
-    ``unread``: nobody reads these events as they are made (a JSON client's response: its answer is
-    the final object); they are numbered but neither serialized nor size-checked
-    (``max_stream_event_bytes`` bounds what is sent as an event)."""
+    """Numbers, serializes and size-checks outbound events; with ``unread`` (a JSON client's response)
+    they are only numbered."""
 
     def __init__(self, max_event_bytes: int, start: int = 0, extra: dict[str, Any] | None = None) -> None:
         self.sequence_number = start
@@ -165,9 +161,8 @@ def error_frame(*, code: str | None, message: str, param: str | None, sequence_n
 
 
 class _Resume:
-    """Await the rest of ``step``, a coroutine that already ran up to its first suspension (where it
-    yielded ``pending`` for the task to wait on). Cancellation and other exceptions thrown into the
-    waiting task are forwarded into ``step``, exactly as if the task had awaited it from the start."""
+    """Await the rest of ``step``, a coroutine already run up to its first suspension; cancellation and
+    exceptions are forwarded into it as if the task had awaited it from the start."""
 
     __slots__ = ("pending", "step")
 
@@ -201,13 +196,8 @@ def _abandon(step: Any, exc: BaseException) -> None:
 
 
 async def coalesce(frames: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """``frames`` joined into as few writes as possible without delaying any of them.
-
-    Frames the source produces without waiting (one upstream chunk usually carries many events)
-    go out as one write; the buffer is flushed whenever the source would wait. Each step of the
-    source starts synchronously: if it completes, its frame is buffered; if it suspends, what is
-    buffered is sent first and then the step is awaited to its end (:class:`_Resume`).
-    """
+    """``frames`` joined into as few writes as possible without delaying any: what the source produces
+    without waiting goes out as one write, flushed whenever the source would wait."""
     iterator = frames.__aiter__()
     buffer: list[bytes] = []
     try:

@@ -1,9 +1,7 @@
 """``EmbeddedUpstream``: the engine host inside the gateway process (no ``LLM_API_BASE``, no broker).
 
-The same engine host a Celery inference worker runs (``inference_app.engine.host``), started lazily on
-the first request (or the first ``/ready`` probe). The engine lives on its own event loop thread;
-each request's chunks cross to the caller's loop as they are produced, and closing the response
-early aborts the request in the engine.
+The worker's engine host, started on the first request or ``/ready`` probe, on its own loop
+thread; chunks cross to the caller's loop as produced, and closing early aborts in the engine.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The engine host: one vLLM engine per process, on a private event loop, serving many requests at once.
 
-The same host runs inside each Celery inference worker (``inference_app.engine.tasks``) and inside the
-gateway in embedded mode (``inference_app.engine.embedded``). It owns:
-
-- one event-loop thread (``inference-engine``) on which the ``AsyncLLM`` and vLLM's OpenAI app live;
-  every request is a coroutine on that loop, so concurrent requests reach the engine together and
-  vLLM's continuous batching works (a Celery thread only waits for its request's coroutine);
-- :meth:`EngineHost.serve`: ``(method, path, query, headers, body) -> (status, headers, body chunks)``
-  by calling vLLM's application in-process (see ``vllm_compat``), so the bytes are ``vllm serve``'s.
-
-``vllm`` is imported only when the engine starts.
+Runs in each Celery inference worker and in embedded mode. Every request is a coroutine on the
+``inference-engine`` loop thread, so concurrent requests reach the engine together and continuous
+batching works. :meth:`EngineHost.serve` calls vLLM's own OpenAI app in-process (``vllm_compat``),
+so the bytes are ``vllm serve``'s. ``vllm`` is imported only when the engine starts.
 """
 
 from __future__ import annotations
@@ -187,12 +181,8 @@ class EngineHost:
         *,
         disconnect: asyncio.Event | None = None,
     ) -> Served:
-        """Call vLLM's application for one request; must run on the engine loop.
-
-        Returns once vLLM has sent the status line. Set ``disconnect`` (also ``Served.disconnect``),
-        at any time, to abort the request: vLLM sees an ASGI ``http.disconnect`` and aborts it in
-        the engine.
-        """
+        """Call vLLM's application for one request, on the engine loop; returns at the status line. Setting
+        ``disconnect`` at any time aborts the request in the engine."""
         loop = asyncio.get_running_loop()
         head: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
         queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()

@@ -1,16 +1,9 @@
 """The inference worker: a Celery task on the ``inference`` queue, served by the process's one engine.
 
-Start: ``celery -A gateway worker -Q inference -P threads -c 32`` (one worker per GPU). The pool must
-be ``threads`` (or ``solo``): vLLM starts its engine-core process with ``spawn``, which a daemonic
-prefork child may not do. Each Celery thread hands its request to the engine's event loop and waits;
-all requests in flight run as coroutines on that one loop, so the engine batches them.
-
-When the worker consumes an ``inference`` queue it loads the engine once, before taking tasks
-(``worker_init``), also consumes ``inference.<served name>`` (the per-model queue), and starts three
-loops on the engine's event loop: the stream writer (batches ``XADD``s of all requests into one
-pipeline), the heartbeat (registers the worker and what it serves) and the cancel watcher.
-Delivery: ``acks_late``; a redelivered message whose request already started is dropped (``claim``
-key), so a request is never run twice and output is never sent twice.
+Run ``celery -A gateway worker -Q inference -P threads -c 32``: the pool must be ``threads`` (or
+``solo``) because vLLM spawns its engine core, which a daemonic prefork child may not. The engine
+loads once at ``worker_init``; the stream writer, heartbeat and cancel watcher run on its loop.
+``acks_late`` plus a ``claim`` key: a redelivered request is never run twice.
 """
 
 from __future__ import annotations
@@ -302,11 +295,8 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
             "the inference worker needs `-P threads` (or solo): vLLM cannot start its engine in a "
             "prefork child. Start it with: celery -A gateway worker -Q inference -P threads -c 32"
         )
-    # With acks_late a finished task's delivery counts against the prefetch limit until its ack is
-    # sent from Celery's event loop; headroom in the prefetch keeps new requests flowing into the
-    # engine's batch meanwhile. (kombu 5.7 wakes that loop for the ack at once, and the QoS credit was
-    # never used up in the batching test. What did delay tasks there was CPU starvation by a CPU
-    # engine: the loop then sends its next BRPOP only every ~0.7 s; docs/performance.md.)
+    # With acks_late a finished task counts against the prefetch limit until its ack is sent; headroom
+    # keeps new requests flowing into the engine's batch meanwhile.
     sender.prefetch_multiplier = max(int(sender.prefetch_multiplier or 1), PREFETCH_MULTIPLIER)
     config = get_config()
     own_queue = streams.model_queue(get_engine_host(config).served_name)

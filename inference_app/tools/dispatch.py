@@ -1,14 +1,9 @@
 """Running a round of gateway tool calls: on Celery ``tools`` workers, or in-process.
 
-With a broker (``REDIS_URL``) every call is a task on the ``tools`` queue, so tool load scales on
-separate workers and a sandbox crash cannot touch the gateway (MCP calls that carry credentials run
-in process instead: task payloads carry no secrets, :func:`carries_credentials`); the gateway waits for each result on
-the Redis result backend's pub/sub channel with ``redis.asyncio``, never blocking its event loop.
-Without a broker, calls run on the gateway's own event loop (the sandbox is a subprocess either way).
-
-Both modes: at most ``[tools] max_concurrent_gateway_calls`` at once, each bounded by
-``[tools] call_timeout_s``; a failure or timeout becomes a failed :class:`ToolResult`, never an
-exception; results come back in call order.
+With a broker each call is a task on the ``tools`` queue (a sandbox crash cannot touch the gateway;
+calls carrying credentials run in process, since task payloads carry no secrets), awaited on the
+result backend's pub/sub. Both modes bound concurrency and time per call; a failure becomes a failed
+:class:`ToolResult`, and results come back in call order.
 """
 
 from __future__ import annotations
@@ -57,9 +52,8 @@ def timeout_result(call: ToolCall, timeout_s: float) -> ToolResult:
 
 
 def carries_credentials(call: ToolCall) -> bool:
-    """Whether ``call`` holds credentials (an MCP server's headers: the request's ``authorization``
-    or the operator's configured headers). Such a call runs in the gateway process: a task message
-    would leave them in the broker (Redis) in clear until a worker took it."""
+    """Whether ``call`` holds MCP header credentials; such a call runs in the gateway process, since a
+    task message would leave them in the broker in clear."""
     return call.kind == "mcp" and bool(call.tool.get("headers"))
 
 
@@ -170,11 +164,8 @@ class CeleryDispatcher:
 async def run_gateway_calls(
     calls: Sequence[ToolCall], *, config: Config | None = None, celery_app: Any = None
 ) -> list[ToolResult]:
-    """Run one round of gateway calls; results in call order, failures as failed results.
-
-    ``config.broker_enabled`` (``REDIS_URL``) -> each call is a Celery task on the ``tools`` queue
-    of ``celery_app`` (default: the gateway's app); otherwise calls run in-process.
-    """
+    """Run one round of gateway calls (Celery ``tools`` tasks with a broker, else in-process); results in
+    call order, failures as failed results."""
     config = config or get_config()
     if not calls:
         return []

@@ -1,11 +1,8 @@
-"""The outbound host policy of the gateway tools that connect where a request says (MCP
-``server_url``, ``web_fetch`` URLs): a gateway must not be a way into its own network.
+"""The outbound host policy of tools that connect where a request says (MCP, ``web_fetch``).
 
-A host that is, or resolves to, a loopback, private, link-local or otherwise non-public address is
-refused unless the operator lists it exactly (``[mcp] allowed_hosts`` for MCP, ``[web_fetch]
-allowed_hosts`` for web fetch). :func:`check_public_host` checks a host before connecting;
-:func:`is_public_address` is the same test for one address, for a resolver that checks what a
-connection really resolves (``web_fetch``, against DNS answers that change between check and use).
+A host that is or resolves to a non-public address is refused unless the operator lists it exactly,
+so the gateway is no way into its own network. :func:`is_public_address` also serves a resolver
+that checks the connection's own DNS answers (they may change between check and use).
 """
 
 from __future__ import annotations

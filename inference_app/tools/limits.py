@@ -57,13 +57,9 @@ def limit_output(limit: int) -> str:
 
 @dataclass
 class ToolCallBudget:
-    """Per-response ``max_tool_calls`` accounting for the tool loop.
-
-    For each gateway call the model makes, in call order, ask :meth:`admit`. ``True``: dispatch it
-    (it counts even if it fails). ``False``: do not run it; feed the model :attr:`refusal_output`,
-    and emit its public item only when :meth:`keep_refused_item` says so. Once a call has been
-    refused, :attr:`offer_gateway_tools` turns false: later rounds offer the model no gateway tools.
-    """
+    """Per-response ``max_tool_calls`` accounting: :meth:`admit` each gateway call in order. A refused
+    call is not run; the model gets :attr:`refusal_output`, and from then on no gateway tools are
+    offered (:attr:`offer_gateway_tools`)."""
 
     limit: int | None
     dispatched: int = 0

@@ -1,17 +1,9 @@
 """The ``mcp`` gateway tool, with the official ``mcp`` SDK (streamable HTTP and SSE transports).
 
-* Declarations: a request names a server by ``server_url`` (allowed only for hosts in
-  ``[mcp] allowed_hosts`` / ``MCP_ALLOWED_HOSTS``) or an operator-configured one by
-  ``server_label`` (``[mcp_servers.<label>]``). :func:`resolve_mcp_declaration` checks the shape;
-  :func:`check_server_allowed` checks the host and what it resolves to, before any connection:
-  a loopback, private, link-local or otherwise non-public address is refused unless the host is
-  listed exactly (a gateway must not be a way into its own network).
-* Discovery: :func:`discover_mcp_tools` runs ``tools/list`` on every server at once, following
-  pagination, filtered by ``allowed_tools``; more than ``[mcp] max_tools`` tools is a 400.
-* Calls: :func:`call_mcp_tool` (run by the dispatcher, in-process or on a tools worker).
-* Credentials: request ``headers`` and ``authorization`` are sent to the server and nothing else;
-  :func:`strip_credentials` removes them from a declaration before it is stored or echoed.
-* Approvals: :func:`requires_approval` evaluates ``require_approval``.
+Servers are named by ``server_url`` (hosts in ``[mcp] allowed_hosts``, checked before any
+connection) or by an operator's ``server_label``. Discovery runs ``tools/list`` on every server at
+once; more than ``[mcp] max_tools`` is a 400. Request ``headers``/``authorization`` go to the server
+only and are stripped before a declaration is stored or echoed (:func:`strip_credentials`).
 """
 
 from __future__ import annotations
@@ -212,12 +204,8 @@ def _filter_matches(flt: Mapping[str, Any], tool_name: str, read_only: bool | No
 
 
 def requires_approval(require_approval: Any, tool_name: str, *, read_only: bool | None = None) -> bool:
-    """Whether a call of ``tool_name`` needs an ``mcp_approval_request`` first.
-
-    ``"never"`` -> no; ``"always"`` or unset -> yes (OpenAI's default); a filter object ->
-    yes when the tool matches ``always``, no when it matches only ``never``, yes when it matches
-    neither (unlisted tools keep the default). ``read_only`` is the tool's ``readOnlyHint``.
-    """
+    """Whether a call of ``tool_name`` needs an ``mcp_approval_request`` first: ``"never"`` no; unset or
+    ``"always"`` yes (OpenAI's default); a filter: no only when the tool matches ``never`` alone."""
     if require_approval == "never":
         return False
     if require_approval is None or require_approval == "always":
@@ -244,10 +232,8 @@ def call_requires_approval(toolset: ToolSet, function_name: str) -> bool:
 
 
 async def check_server_allowed(server: McpServer, config: Config) -> None:
-    """Refuse (400) a request-declared server whose host is not allowed, before connecting.
-
-    Operator-configured servers are trusted as configured.
-    """
+    """Refuse (400) a request-declared server whose host is not allowed, before connecting; operator
+    servers are trusted."""
     if server.operator:
         return
     param = f"tools[{server.tool_index}].server_url"
@@ -377,12 +363,8 @@ async def list_server_tools(server: McpServer, config: Config) -> McpListing:
 async def discover_mcp_tools(
     toolset: ToolSet, *, config: Config, skip_labels: Iterable[str] = ()
 ) -> list[McpListing]:
-    """Check every request-declared server (400 before any connection), then list all at once.
-
-    ``skip_labels``: servers whose listing is already in the history (an ``mcp_list_tools`` item
-    is emitted once per label per history); list them again only when their tools are needed.
-    Raises :class:`BadRequest` when more than ``[mcp] max_tools`` tools are discovered in all.
-    """
+    """Check every request-declared server, then list all at once; more than ``[mcp] max_tools`` is a
+    400. ``skip_labels``: servers already listed in the history, listed again only when needed."""
     for server in toolset.mcp_servers:
         await check_server_allowed(server, config)
     skip = set(skip_labels)

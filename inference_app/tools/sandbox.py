@@ -1,21 +1,9 @@
 """The ``code_interpreter`` gateway tool: Python in a fresh bubblewrap sandbox per call.
 
-Isolation (each run):
-
-* ``bwrap --unshare-all``: new user, network, PID, IPC, UTS and cgroup namespaces. The network
-  namespace has only a downed loopback, so nothing can be reached; the PID namespace hides every
-  other process, and killing the sandbox's ``bwrap`` kills all that ran inside it.
-* Filesystem: ``/usr`` (and the interpreter's prefix, and ``extra_ro_binds``) mounted read-only, a
-  fresh ``/proc`` and minimal ``/dev``, and a private size-limited tmpfs at ``/tmp`` that is the
-  working directory. Nothing else of the host exists inside; no environment variable is inherited.
-* No capabilities (``--cap-drop ALL``), a non-zero uid inside, and no further user namespaces
-  (``--disable-userns``). When the worker runs as root, ``bwrap`` itself is started as
-  ``run_as_uid``/``run_as_gid`` so the sandbox never holds root's credentials outside either.
-* Resource limits set by a tiny launcher before the user's code runs (hard and soft, so the code
-  cannot raise them): ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_NPROC`` (processes; counted
-  per user namespace, so the cap is the sandbox's own), ``RLIMIT_FSIZE``, ``RLIMIT_CORE`` = 0.
-  The wall-clock limit and the output cap are enforced from outside: past either, the whole
-  sandbox is killed.
+``bwrap --unshare-all`` (no network, own PID namespace), read-only ``/usr``, a private size-limited
+tmpfs as ``/tmp``, no inherited environment, no capabilities, no nested user namespaces, and never
+root's credentials. A tiny launcher sets hard rlimits (CPU, memory, processes, file size, no core)
+before the user's code runs; wall-clock and output caps kill the whole sandbox from outside.
 """
 
 from __future__ import annotations
@@ -53,10 +41,7 @@ exec(code, {{"__name__": "__main__", "__builtins__": __builtins__}})
 
 
 def _exit_reason(exit_code: int, output: bytes, config: CodeInterpreterConfig) -> str | None:
-    """Why the run ended abnormally, or ``None`` when the program itself exited.
-
-    bwrap exits with the program's status, or 128 + N when a signal N ended it.
-    """
+    """Why the run ended abnormally, or ``None`` when the program exited (bwrap: 128 + N for signal N)."""
     if exit_code == 1 and output.startswith(b"bwrap: "):
         return "the sandbox could not start: " + output.decode("utf-8", "replace").strip()[7:]
     if exit_code < 0:
@@ -195,9 +180,8 @@ async def run_python(code: str, config: CodeInterpreterConfig) -> SandboxRun:
         return SandboxRun("", None, f"the program is larger than {config.max_code_bytes} bytes", 0.0)
     command = build_command(config)
     if os.geteuid() == 0:
-        # Drop root before bwrap starts. setpriv (util-linux) rather than Popen(user=…) or a
-        # preexec_fn: uvloop's subprocess support has neither user= nor group=, and preexec_fn is
-        # unsafe in a threaded process.
+        # Drop root before bwrap starts with setpriv: uvloop's subprocess support has no user=/group=, and
+        # preexec_fn is unsafe in a threaded process.
         setpriv = shutil.which("setpriv")
         if setpriv is None:
             return SandboxRun("", None, "the sandbox is unavailable: running as root needs setpriv", 0.0)

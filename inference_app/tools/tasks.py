@@ -1,9 +1,5 @@
-"""Celery tasks of the ``tools`` queue: one gateway tool call per task.
-
-Thin, as the house style asks: a serialized :class:`~inference_app.tools.base.ToolCall` in, a
-serialized :class:`~inference_app.tools.base.ToolResult` out. Nothing is retried: a failed or
-timed-out call is a result the model sees (a hidden retry could repeat a side effect).
-"""
+"""Celery tasks of the ``tools`` queue: one serialized gateway tool call in, its result out.
+Nothing is retried: a failed call is a result the model sees (a retry could repeat a side effect)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
-"""The ``web_fetch`` gateway tool: fetch one ``http(s)`` URL the model names and give it the text.
+"""The ``web_fetch`` gateway tool (Anthropic's ``web_fetch_20250910``): one ``http(s)`` URL as text.
 
-Anthropic Messages' ``web_fetch_20250910`` server tool runs on it (``messages_app.server_tools``).
-The Responses API has no web fetch tool type, so the Responses executor does not offer it.
-
-* Where it may go: ``http`` and ``https`` only; the declaration's ``allowed_domains`` /
-  ``blocked_domains``; and the host policy MCP uses (:mod:`inference_app.tools.hosts`): a host that
-  is or resolves to a loopback, private or link-local address is refused unless listed exactly in
-  ``[web_fetch] allowed_hosts``. Every redirect hop is checked again, and the connection's own DNS
-  answers are checked too (a resolver that refuses non-public addresses), so a name that changes
-  its answer between the check and the connection gets nowhere.
-* What it reads: at most ``[web_fetch] max_bytes`` (more fails with ``content_too_large``), within
-  ``[tools] call_timeout_s`` (which the dispatcher also applies to the whole call). HTML becomes text with ``trafilatura`` (main-content extraction); ``text/*``, JSON and XML
-  are taken as they are; PDF and other types fail with ``unsupported_content_type``.
-* What the model gets: the page's title, URL and text, cut to ``max_content_tokens`` (the
-  declaration's, else ``[web_fetch] max_content_tokens``; about four bytes a token).
-
-Failures carry Anthropic's ``web_fetch_tool_result_error`` code in ``details["error_code"]``.
+Domains are filtered by the declaration and by the host policy (:mod:`inference_app.tools.hosts`),
+at every redirect hop and on the connection's own DNS answers. Reads at most ``[web_fetch]
+max_bytes``; HTML becomes text with ``trafilatura``, other text types are kept, the rest fails. The
+model gets title, URL and text cut to ``max_content_tokens``; failures carry Anthropic's error code.
 """
 
 from __future__ import annotations

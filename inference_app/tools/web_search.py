@@ -1,9 +1,7 @@
-"""The ``web_search`` gateway tool: SearXNG, Brave or Tavily, chosen by ``[web_search] provider``.
+"""The ``web_search`` gateway tool: SearXNG, Brave or Tavily (``[web_search] provider``).
 
-One call runs up to ``max_queries_per_call`` queries at once; results are filtered by domain
-(the request's ``filters.allowed_domains`` / ``filters.blocked_domains`` and the operator's lists)
-and returned to the model as text with sources. A provider error — a 429 included — fails the call
-with the provider's own message: there is no hidden retry.
+Up to ``max_queries_per_call`` queries at once, filtered by domain, returned as text with sources.
+A provider error, a 429 included, fails the call with its own message: no hidden retry.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The Celery configuration every app of ours shares: broker, queues and their routing.
-
-The gateway's own app (:mod:`gateway.celery`) and the clients inference_app builds to send work
-(``WorkerUpstream``, the tools dispatcher) are configured here, so inference_app never imports the
-gateway's app module (which imports the apps' tasks).
-"""
+"""The Celery configuration every app of ours shares: broker, queues and their routing, here so that
+``inference_app`` never imports the gateway's app module (which imports the apps' tasks)."""
 
 from __future__ import annotations
 
@@ -28,9 +24,8 @@ def configure(app: Celery, config: Config) -> Celery:
         result_backend=config.redis_url or None,
         task_always_eager=not config.broker_enabled,
         task_eager_propagates=True,
-        # Each queue with its own exchange and routing key: queues declared bare would all bind to
-        # the default exchange with the default routing key, so a task sent to one queue would be
-        # delivered to every queue.
+        # Each queue has its own exchange and routing key: bare queues would all bind to the default one and
+        # every task would reach every queue.
         task_queues=tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES),
         task_default_queue="tools",
         # Each task's queue by name (Celery deprecates the ``queue`` task attribute); a sender may
@@ -40,9 +35,8 @@ def configure(app: Celery, config: Config) -> Celery:
         task_reject_on_worker_lost=False,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        # A request whose task cannot be sent is refused at once (503): a producer's connection is
-        # not retried (kombu's default retries for seconds); the worker's consumer keeps its own
-        # reconnect policy (broker_connection_retry / broker_connection_max_retries).
+        # A task that cannot be sent is a 503 at once (no producer retries); workers keep their own
+        # reconnect policy.
         broker_connection_timeout=3,
         broker_transport_options={"max_retries": 0},
         task_serializer="json",

@@ -66,12 +66,11 @@ async def relay(
     extra_headers: RawHeaders,
     headers: dict[str, str] | None = None,
 ) -> None:
-    """Forward one request to the upstream and relay its answer as it arrives.
+    """Forward one request upstream and relay the answer as it arrives.
 
-    ``extra_headers`` (CORS) are added to the response. A client disconnect at any point cancels the
-    upstream request at once; upstream failures answer 502/504 in the route's envelope, or — once
-    an event stream has started — end it with the route's error event. ``headers`` are the request
-    headers already decoded (names lower-cased), when the caller has them.
+    A client disconnect cancels the upstream request at once; upstream failures answer 502/504 in the
+    route's envelope, or end a started event stream with its error event. ``extra_headers`` (CORS)
+    are added; ``headers`` are the decoded request headers when the caller has them.
     """
     config = get_config()
     exchange = Exchange()

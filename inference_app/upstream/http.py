@@ -1,14 +1,9 @@
 """The one upstream interface every feature uses, and its HTTP implementation.
 
-``Upstream.send(method, path, body=…, headers=…, query=…)`` returns an :class:`UpstreamResponse`:
-status, headers (hop-by-hop removed) and an async iterator over the body bytes exactly as the
-upstream sent them (the interface and its types: :mod:`inference_app.upstream.types`; this module
-picks one in :func:`get_upstream`). Pass-through routes, the Responses executor and the Messages
-loop all call it; the HTTP and worker implementations behave the same, byte for byte.
-
-:class:`HttpUpstream` speaks HTTP/1.1 through aiohttp (one session per event loop). Failures map to
-gateway errors: connection refused / DNS → :class:`UpstreamError` (502); no response headers within
-the read timeout, or a stream silent for longer than the stall timeout → :class:`UpstreamTimeout` (504).
+``Upstream.send(...)`` returns an :class:`UpstreamResponse` whose body is the upstream's bytes as
+sent (types in :mod:`inference_app.upstream.types`; :func:`get_upstream` picks one). The HTTP and
+worker implementations behave the same, byte for byte. :class:`HttpUpstream` uses aiohttp:
+connection failures are 502, no head within the read timeout or a stalled stream 504.
 """
 
 from __future__ import annotations
@@ -54,12 +49,8 @@ def forward_headers(
     *,
     caller_credential_consumed: bool = False,
 ) -> dict[str, str]:
-    """Headers to send upstream for a client request.
-
-    Hop-by-hop headers are dropped. The configured upstream credential (``OPENAI_API_KEY``) is
-    injected only when the caller supplies none; a credential the gateway consumed (an OIDC token or
-    a gateway API key) is removed first, so it never reaches the upstream.
-    """
+    """Headers to send upstream: hop-by-hop dropped, a credential the gateway consumed removed, and the
+    configured ``OPENAI_API_KEY`` injected only when the caller sent none."""
     items = incoming.items() if isinstance(incoming, dict | Mapping) else incoming
     out: dict[str, str] = {}
     for key, value in items:
@@ -76,9 +67,8 @@ def forward_headers(
 
 
 class HttpUpstream:
-    """An OpenAI-compatible server at ``LLM_API_BASE`` (vLLM, or any compatible server), through
-    the one outbound client (:func:`gateway.core.outbound.pass_through`): one keep-alive session
-    per event loop, made on first use and closed by :func:`close_upstreams`."""
+    """An OpenAI-compatible server at ``LLM_API_BASE`` through :func:`gateway.core.outbound.pass_through`:
+    one keep-alive session per event loop, closed by :func:`close_upstreams`."""
 
     def __init__(self, config: Config) -> None:
         from gateway.core import outbound  # aiohttp is loaded only where an HTTP upstream is used

@@ -1,22 +1,10 @@
 """The wire between the gateway and the inference workers: Redis keys and stream records.
 
-Per request (id minted by the gateway):
-
-- ``inference:stream:<id>``: a Redis Stream the worker appends to (``XADD`` with ``MAXLEN ~`` and an
-  expiry); the gateway reads it with ``XREAD BLOCK``. Records, in order:
-  ``start`` (``w``: the worker id) → ``head`` (``s``: HTTP status, ``h``: JSON header pairs) →
-  ``data`` (``b``: body bytes, exactly as vLLM produced them; adjacent chunks may be merged) … →
-  a terminal ``end`` (``s``: ``ok`` | ``error`` | ``cancelled``, ``m``: a message on error).
-  Every record carries its index ``i`` (merged data records also the last one, ``j``), so a reader
-  that fell further behind than the stream's bound notices the gap instead of relaying a hole.
-- ``inference:cancel:<id>``: set by the gateway when the client goes away; the worker polls it and
-  aborts the request in the engine.
-- ``inference:claim:<id>``: set once (``SET NX``) by the worker that runs the request, so a message
-  redelivered after a worker died is never run a second time.
-
-Per worker: ``inference:worker:<worker id>`` (JSON: served models, queues, vLLM's ``/v1/models``
-body) with a short expiry refreshed by a heartbeat, and its id in the set ``inference:workers``. A
-request whose worker's key has expired has lost its worker.
+Per request: ``inference:stream:<id>`` (``XADD`` by the worker, ``XREAD BLOCK`` by the gateway;
+records ``start`` → ``head`` → ``data``… → ``end``, each indexed so a reader that fell behind the
+stream's bound sees the gap), ``inference:cancel:<id>`` and ``inference:claim:<id>`` (``SET NX``:
+never run twice). Per worker: ``inference:worker:<id>`` refreshed by a heartbeat, listed in
+``inference:workers``; a request whose worker's key expired has lost its worker.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The upstream interface and the types its implementations share.
-
-:class:`Upstream` (``send`` → :class:`UpstreamResponse`) is implemented by ``HttpUpstream``
-(:mod:`inference_app.upstream.http`), ``WorkerUpstream`` and ``EmbeddedUpstream``; they import these
-types from here, and :func:`inference_app.upstream.http.get_upstream` picks one, so no implementation
-imports the module that chooses it.
-"""
+"""The upstream interface (:class:`Upstream`, ``send`` → :class:`UpstreamResponse`) and its shared
+types, apart from :func:`inference_app.upstream.http.get_upstream` so that no implementation
+imports the module that chooses it."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""``WorkerUpstream``: the gateway's upstream when a broker is configured and ``LLM_API_BASE`` is not.
+"""``WorkerUpstream``: the upstream when a broker is configured and ``LLM_API_BASE`` is not.
 
-Each request is enqueued as one Celery task (``inference.generate``) on the ``inference`` queue, or
-on ``inference.<served name>`` when the workers serve several models; the worker streams vLLM's
-answer back on a Redis Stream keyed by a fresh request id (see ``inference_app.upstream.streams``), which
-this class reads with ``XREAD BLOCK`` and relays unchanged. The client sees the bytes ``vllm serve``
-would have sent.
-
-Failure handling: no live worker → 503 at once; no worker picked the request up within
-``upstream.read_timeout_s`` → 504; the worker that runs the request stops heartbeating (killed,
-crashed) → the stream ends with a 502 within ``inference.worker_lost_after_s``; a stream silent for
-``upstream.stall_timeout_s`` → 504. Closing the response early (client disconnect) sets the cancel
-key; the worker aborts the request in the engine.
-
-``GET /v1/models`` and ``/ready`` answer from the workers' registry (what each live worker serves).
+Each request is one Celery task (``inference.generate``) whose worker streams vLLM's answer back on
+a Redis Stream (``inference_app.upstream.streams``), relayed unchanged. No live worker is a 503; no
+pickup within the read timeout, or a silent stream, 504; a lost worker 502. A client disconnect sets
+the cancel key. ``/v1/models`` and ``/ready`` answer from the workers' registry
+(``docs/inference.md``).
 """
 
 from __future__ import annotations
@@ -80,14 +72,9 @@ class WorkerUpstream:
 
     # -- the workers' registry -------------------------------------------------------------------
     async def workers(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """The live workers (cached for a second: routing reads it on every request).
-
-        Past the TTL a registry younger than ``_REGISTRY_STALE_S`` answers at once while one read
-        refreshes it behind the request; an older or empty one is read first. Concurrent callers
-        share one read. So a burst of requests is published together instead of each waiting for
-        its own Redis round trips: on a busy machine those spread the burst out, and the engine
-        never sees its requests together.
-        """
+        """The live workers, cached for a second. Past that a registry still young answers at once and is
+        refreshed behind the request (concurrent callers share one read), so a burst of requests reaches
+        the engine together instead of each waiting for its own Redis round trips."""
         now = time.monotonic()
         stamp, cached = self._registry
         if not fresh and now - stamp < _REGISTRY_TTL_S:

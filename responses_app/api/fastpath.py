@@ -1,23 +1,10 @@
 """``POST /v1/responses`` served at the ASGI layer, below Django (see ``gateway/fastpath.py``).
 
-Django's request handling (URL resolution, ``HttpRequest``, the middleware chain, the handler's
-signals) costs more than the gateway's own work for a stored response; this handler does what that
-path did, in the same order, and then runs the one implementation, :func:`responses_app.api.views.create`:
-
-1. the body is read whole (``GatewayASGIMiddleware`` above already opened the request's passage:
-   request id, log context, body ceiling; it finishes it: metrics and the access log);
-2. the request is admitted by :func:`gateway.core.pipeline.admitted`, the one admission every path
-   uses: CORS (preflights never get here), authentication (401/503 in the OpenAI envelope), only
-   ``POST`` (405 with ``Allow``, after authentication, as the Django view answered);
-3. a :class:`GatewayError` is answered in its envelope, anything else is logged and answered 500
-   (what ``GatewayErrorMiddleware`` does on ``/v1``);
-4. a streamed answer is sent as it is produced, its head together with its first frames (frames
-   produced together in one write, see :func:`gateway.core.sse.coalesce`); a client that
-   disconnects cancels the work (as Django does), watched by a task started only for requests
-   still running after ``WATCH_AFTER_S``.
-
-``ResponsesAppConfig.ready()`` registers this handler in :mod:`gateway.core.fastroutes`. Other paths
-under ``/v1/responses/…`` (retrieve, delete, input items, cancel) stay Django views.
+Django's request handling costs more than a stored response's own work, so this handler reads the
+body, admits the request through :func:`gateway.core.pipeline.admitted`, runs the one
+implementation (:func:`responses_app.api.views.create`) and answers errors as
+``GatewayErrorMiddleware`` would. A stream's head goes out with its first frames; a disconnect
+cancels the work. Other ``/v1/responses/…`` paths stay Django views.
 """
 
 from __future__ import annotations
@@ -103,10 +90,8 @@ async def _send(outcome: Outcome, send: Send, exchange: Exchange, extra: RawHead
         return
     start = {"type": "http.response.start", "status": outcome.status, "headers": raw}
     started = False
-    # The head goes out with the first events (one write: a stored stream's first event waits for
-    # its row, and a head sent alone costs the client a read of its own); events produced together
-    # (one upstream chunk carries many) go out in one write. The coalescer is closed first on
-    # every exit, so it unwinds a source it left waiting.
+    # The head goes out with the first events in one write, and events produced together share a write.
+    # The coalescer is closed first on every exit, unwinding a source it left waiting.
     try:
         async with contextlib.aclosing(coalesce(outcome.frames)) as frames:
             async for frame in frames:

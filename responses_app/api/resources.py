@@ -1,10 +1,7 @@
 """The stored-response resource endpoints as DRF views: retrieve, delete, input items, cancel.
 
-``POST /v1/responses`` (and the WebSocket) stay lean async views (``responses_app.api.views``); these
-are plain resource reads and writes: DRF authenticates (``gateway.core.drf``), selectors and services
-filter by the caller's owner (another owner's id is a 404), and ``gateway.core.drf.async_view`` serves
-each as one :func:`gateway.core.db.run_orm` call. ``GET …?stream=true`` replays a background response's
-stored events as server-sent events, from the same async generator the create path uses.
+Owner-filtered (another owner's id is a 404), each served as one :func:`gateway.core.db.run_orm`
+call. ``GET …?stream=true`` replays a background response's stored events as SSE.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The shared types of a Responses run: what the executor, its collaborators and the services pass
-each other, so that none of them imports another for a type.
+"""The shared types of a Responses run, so that no collaborator imports another for a type.
 
-* :class:`Prepared`: a validated request with its history resolved (built by ``services``, run by
-  ``executor``);
-* :class:`Usage`: usage summed over rounds;
-* :class:`OpenItem`: the output item being streamed (owned by ``emitter``);
-* :class:`RoundState`: what one inference round reports back to the round loop (written by the
-  stream ``parsers``);
-* :class:`Emitting` and :class:`GatewayCalls`: the two protocols the emitter and the tool loop see
-  of each other;
-* :func:`base_snapshot` and :func:`strip_credentials`: the response object and the request as stored.
+:class:`Prepared` (a validated request with its history), :class:`Usage`, :class:`OpenItem` (the
+item being streamed), :class:`RoundState` (what a round reports back), the :class:`Emitting` and
+:class:`GatewayCalls` protocols, and the stored forms (:func:`base_snapshot`,
+:func:`strip_credentials`).
 """
 
 from __future__ import annotations

@@ -36,9 +36,8 @@ def echoed_tool(tool: Any) -> Any:
 
 
 def tool_usage(output: list[dict[str, Any]]) -> dict[str, Any]:
-    """Usage of the built-in tools OpenAI reports on every response (image generation never runs
-    here); a fresh object each time (a literal: ``copy.deepcopy`` of a template cost ~3 % of a
-    stored response's CPU)."""
+    """Usage of the built-in tools OpenAI reports on every response; a fresh literal each time (cheaper
+    than ``copy.deepcopy`` of a template)."""
     searches = sum(1 for i in output if i.get("type") == "web_search_call" and i.get("status") == "completed")
     return {
         "image_gen": {

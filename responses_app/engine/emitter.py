@@ -1,18 +1,9 @@
-"""The event emitter: our public output items and their events, built from what a stream parser
-reads upstream, under the ``max_retained_bytes`` budget.
+"""The event emitter: our public output items and their events, under the ``max_retained_bytes`` budget.
 
-One item is open at a time (:class:`~responses_app.engine.domain.OpenItem`), keyed by the upstream's own
-position for it; opening another closes it. The parsers call :meth:`Emitter.ensure`,
-:meth:`Emitter.text`, :meth:`Emitter.reasoning`, :meth:`Emitter.call_delta`,
-:meth:`Emitter.item_done` and :meth:`Emitter.close`; whole items (a gateway tool's, an item the
-upstream sent whole) go through :meth:`Emitter.whole`. The tool loop sees the emitter through the
-:class:`~responses_app.engine.domain.Emitting` protocol.
-
-A gateway tool call streams nothing: it is buffered and handed to the tool loop
-(:class:`~responses_app.engine.domain.GatewayCalls`) when it closes, which emits its public item.
-
-``item_fields`` are added to every item this emitter opens or appends whole (empty by default):
-the seam for attributing items to an agent.
+One item is open at a time, keyed by the upstream's position for it; opening another closes it. The
+stream parsers call it; whole items go through :meth:`Emitter.whole`. A gateway tool call streams
+nothing: it is handed to the tool loop when it closes. ``item_fields`` are added to every item (the
+seam that attributes items to an agent).
 """
 
 from __future__ import annotations
@@ -116,9 +107,8 @@ class Emitter:
     def ensure(
         self, key: Any, kind: str, *, call_id: Any = None, name: Any = None, hold: bool = True
     ) -> list[Event]:
-        """Open the item ``key`` of ``kind`` (closing the open one), unless it is open already.
-        An async call that follows a gateway call of the round is held (``hold``) until
-        :meth:`flush_deferred`."""
+        """Open the item ``key`` of ``kind`` (closing the open one) unless it is open; an async call after a
+        gateway call of the round is held until :meth:`flush_deferred`."""
         if self.open is not None and self.open.key == key:
             return []
         self.following = kind

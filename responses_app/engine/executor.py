@@ -1,27 +1,10 @@
 """The executor: the round loop of one response against the upstream, and its storage.
 
-One response runs as rounds: send the whole history and the tools upstream (``/v1/responses`` or
-``/v1/chat/completions``, by ``upstream_api``), read the upstream stream, and emit our own events
-with our own item ids. When the model calls client tools (function, custom) the response ends
-with those calls for the client to run; gateway-executed tools (web search, code interpreter, MCP)
-run between rounds and the loop goes on, at most ``max_rounds`` times (``responses_app.engine.tool_loop``).
-
-The jobs around the loop live in their own modules, each with a public interface:
-
-* ``responses_app.engine.wire``: the request body of a round in either upstream format, sending it, the
-  upstream's error answer;
-* ``responses_app.engine.parsers``: the two upstream stream formats, read into emitter calls;
-* ``responses_app.engine.emitter``: our public output items and their events, under the retained budget;
-* ``responses_app.features.compaction`` (the hook before every round), ``responses_app.features.async_tools`` (the
-  stop rule), ``responses_app.features.steering`` (the safe boundaries);
-* ``responses_app.engine.domain``: the types they share (``Prepared``, ``Usage``, ``RoundState``, …);
-* ``responses_app.engine.lifecycle``: the base class, :class:`~responses_app.engine.lifecycle.Lifecycle`: the
-  response object and the events around the rounds, ending with exactly one terminal event.
-
-Extension seams (``responses_app.features.multi_agent.Coordinator`` uses them): :meth:`Executor.rounds` is
-the work between ``response.in_progress`` and the terminal event (it sets ``end_status``),
-``settle`` runs before the terminal snapshot, :meth:`Executor.store` writes the outcome, and
-:meth:`Executor.run_round` runs one inference round over :meth:`Executor.model_items`.
+Each round sends the history and tools upstream, reads the stream and emits our own events and
+item ids. Client tool calls end the response; gateway tools run between rounds, at most
+``max_rounds`` times (``tool_loop``). The seams :meth:`Executor.rounds`, ``settle``,
+:meth:`Executor.store` and :meth:`Executor.run_round` are what the multi-agent ``Coordinator``
+overrides.
 """
 
 from __future__ import annotations
@@ -88,9 +71,7 @@ class Executor(Lifecycle):
         if not self.compactor.trigger:  # a compaction_trigger response is its one compaction item
             for event in tools.listing_events(self.emitter):
                 yield event
-        # The hooks below are async generators; each is entered only when it has work (most
-        # responses have no approvals, no gateway calls and no compaction to consider), which saves
-        # an async generator's set-up and tear-down per hook per round.
+        # Each hook (an async generator) is entered only when it has work, saving its set-up per round.
         if tools.has_boundary_work():
             async for event in tools.run_approvals(self.emitter):
                 yield event
@@ -163,9 +144,8 @@ class Executor(Lifecycle):
         )
 
     def model_items(self) -> list[dict[str, Any]]:
-        """The history as the model sees it: built-in tool items in their function-call form, client
-        tool calls under the names the model knows them by, a compaction as its summary, an earlier
-        multi-agent turn as the root's items only."""
+        """The history as the model sees it: built-in tools as function calls, client calls under their
+        model names, a compaction as its summary, a multi-agent turn as the root's items."""
         prior = single_agent_view([*self.p.history, *self.p.new_items])  # no multi-agent items raw
         if self.tools is None:
             items = [*prior, *self.output]
@@ -174,9 +154,8 @@ class Executor(Lifecycle):
         return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
     async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
-        """One inference round over :meth:`model_items`: the body in the configured wire format,
-        the upstream's stream (or, with :attr:`stream_rounds` off, its one answer) read into our
-        events. An upstream that streams anyway is read as a stream."""
+        """One inference round over :meth:`model_items`: the upstream's stream (or, with
+        :attr:`stream_rounds` off, its one answer) read into our events."""
         chat = self.config.upstream_api == "chat_completions"
         path, body = wire.round_request(
             chat, self.p, self.client_tools, self.tools, self.model_items(), self.stream_rounds

@@ -1,22 +1,10 @@
 """One response's lifecycle: its object and the events around its work, with exactly one end.
 
-:class:`Lifecycle` is the base of :class:`~responses_app.engine.executor.Executor` (and through it of
-:class:`~responses_app.features.multi_agent.Coordinator`). It owns the response object (:meth:`snapshot`),
-the event sink, the emitter of the output items, and the order of the stream: ``response.created``,
-``response.in_progress``, the work of :meth:`rounds`, then exactly one terminal event
-(``response.completed``, ``.incomplete`` or ``.failed``) or, when that cannot be sent, one
-``error`` event. :meth:`run` is the one outermost guard of every streaming path; :meth:`interrupt`
-ends a run from outside (the shutdown deadline).
-
-A subclass fills the seams: :meth:`prepare_tools` (before anything is sent; a refusal ends the run
-with an ``error`` event), :meth:`rounds` (the work; it sets :attr:`end_status` and raises
-:class:`~gateway.core.sse.StreamFailure` when the upstream fails), :meth:`settle` (after the
-work, before the terminal snapshot) and :meth:`store` (the outcome, when the request stores).
-
-Nothing fake is ever sent: a truncated or malformed upstream stream, an oversize SSE line or an
-upstream error ends the response ``failed`` (stored as failed when ``store``), and the terminal
-snapshot is written *before* the terminal event, so a write failure reaches the client as an
-``error`` event instead of ``response.completed``.
+:class:`Lifecycle` (base of the executor) owns the snapshot, the event sink, the emitter and the
+order: ``response.created``, ``response.in_progress``, :meth:`rounds`, then one terminal event, or one
+``error`` event when that cannot be sent. Subclasses fill :meth:`prepare_tools`, :meth:`rounds`,
+:meth:`settle` and :meth:`store`. Nothing fake is sent: an upstream failure ends ``failed``, and the
+terminal snapshot is written before the terminal event, so a failed write reaches the client.
 """
 
 from __future__ import annotations
@@ -111,11 +99,8 @@ class Lifecycle:
     async def run(self) -> AsyncIterator[Event]:
         """Every event of the response, in order, ending with exactly one terminal or error event.
 
-        The one outermost guard of every streaming path (SSE, WebSocket, background): an unexpected
-        exception is logged once, with the request id, and still ends the response ``failed``: a
-        ``response.failed`` event once the response has started (an ``error`` event before), and
-        the row stored as failed. (One generator, not a guard around another: every event of
-        every response passes through it.)
+        The outermost guard of every streaming path: an unexpected exception is logged once and still ends
+        the response ``failed`` (``response.failed``, or ``error`` before it started), stored as failed.
         """
         try:
             try:
@@ -129,9 +114,8 @@ class Lifecycle:
                 )
                 yield self.failure_event
                 return
-            # The response object as it starts: nothing changes it before the work begins, so the
-            # one snapshot is the stored in_progress row's and both opening events' (when they
-            # carry its status: not a background response's ``queued``).
+            # Nothing changes the object before the work begins: one snapshot serves the in_progress row and
+            # both opening events.
             started: dict[str, Any] | None = None
             if self.before_start is not None:
                 started = self.snapshot("in_progress")

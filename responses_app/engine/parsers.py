@@ -1,13 +1,8 @@
-"""The two upstream stream parsers: ``/v1/responses`` SSE events and ``/v1/chat/completions``
-chunks, each turned into emitter calls for one inference round.
+"""The two upstream stream parsers (``/v1/responses`` events and ``/v1/chat/completions`` chunks).
 
-A parser is made per round (:func:`for_round`); :meth:`feed` takes one SSE event (its name and
-data) and returns our events plus whether the upstream's stream has ended; :func:`read` feeds it
-the upstream's whole stream. What the round
-reports back (status, served tier, incomplete details) is written to its
-:class:`~responses_app.engine.domain.RoundState`; usage is added to the response's
-:class:`~responses_app.engine.domain.Usage`. An upstream error or failure raises
-:class:`~gateway.core.sse.StreamFailure`.
+One parser per round (:func:`for_round`) turns SSE events into emitter calls; :func:`read` feeds it
+the whole stream. Status, tier and incomplete details go to the round's ``RoundState``, usage to the
+response's ``Usage``; an upstream error raises :class:`~gateway.core.sse.StreamFailure`.
 """
 
 from __future__ import annotations
@@ -171,13 +166,9 @@ def for_round(chat: bool, emitter: Emitter, state: RoundState, usage: Usage) -> 
 async def read(
     parser: Parser, response: Any, max_line_bytes: int, steer_waiting: Callable[[], bool]
 ) -> AsyncIterator[Event]:
-    """Our events from one round's upstream stream (``response``, status 200), up to its terminal
-    event; the rest is drained for the connection's reuse. An oversize line, a read failure or a
-    stream that ends early is a :class:`StreamFailure`.
-
-    Steering: after an upstream event that leaves no work half-done (``RoundState.settled``), the
-    round stops (``RoundState.steered``) when ``steer_waiting()``; its remaining output is dropped.
-    """
+    """Our events from one round's upstream stream, up to its terminal event (the rest drained for reuse);
+    a failure or early end is a :class:`StreamFailure`. With ``steer_waiting()`` the round stops at its
+    next settled event and drops the rest."""
     state = parser.state
     terminal_seen = False
     try:
@@ -201,7 +192,6 @@ async def read(
 
 
 async def read_whole(parser: Parser, response: Any, max_bytes: int) -> list[Event]:
-    """Our events from one round's non-streamed answer (``response``, status 200), read whole
-    (:func:`upstream_events.read_answer`, at most ``max_bytes``) as the stream's terminal event or chunk. A read
-    failure, a body over the limit or a malformed answer is a :class:`StreamFailure`."""
+    """Our events from one round's non-streamed answer, read whole (at most ``max_bytes``) as the stream's
+    terminal event or chunk; any failure is a :class:`StreamFailure`."""
     return parser.whole(await upstream_events.read_answer(response, max_bytes))

@@ -1,25 +1,11 @@
 """Running an :class:`~responses_app.engine.executor.Executor` to its end, whatever the client does.
 
-Every transport (HTTP JSON and SSE, WebSocket, background) drives a response through :func:`drive`:
-the server's shutdown (``gateway.core.lifecycle``) may interrupt it once ``[server] shutdown_grace_s`` has
-passed, and then it still ends with a ``response.failed`` terminal event and a stored ``failed``
-row. :func:`detached` runs it in a task of its own for a streaming client: a client that disconnects
-from a stored response does not stop it; it is finished and stored, as OpenAI does, so the id it
-announced in ``response.created`` stays retrievable. An unstored one is cancelled (nobody could
-ever read it).
-
-A stored response whose id is announced before it ends (an SSE stream, every WebSocket response)
-holds a lease like background work (:class:`_StreamLease`): its row is written ``in_progress``
-under this process's lease before ``response.created`` reaches the client and renewed while it
-runs, so if the process dies the sweep stores it ``failed`` instead of the id answering 404. A
-stored JSON response announces nothing before it ends and writes only its final row.
-
-An SSE stream (:func:`detached`) does not wait for that row to start its work: the row is written
-while the upstream request goes out, and the client is sent nothing until the row is committed
-(the events made meanwhile wait in the queue). The id is announced no earlier than before; the
-first token comes sooner by the write's time. Nor does its final store wait for that row: it
-follows it on the same writer, or replaces it when no batch has taken it yet
-(``docs/operations.md``, ``docs/performance.md``).
+Every transport drives a response through :func:`drive`, which the shutdown may interrupt (the
+response still ends ``failed`` and is stored). :func:`detached` runs a stream in its own task: a
+stored response outlives its client, as on OpenAI, so its announced id stays retrievable; an
+unstored one is cancelled. A stored stream holds a lease (:class:`_StreamLease`): its ``in_progress``
+row is committed before ``response.created`` is sent, so a dead process leaves a ``failed`` row,
+not a 404 (``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -55,9 +41,8 @@ UNSTORED_MESSAGE = "The response stopped before it could be stored; the response
 
 
 async def drive(executor: Executor, on_event: OnEvent) -> None:
-    """Every event of ``executor``'s run to ``on_event``, in order, ending with exactly one
-    terminal or error event, also when the shutdown deadline interrupts it. ``on_event`` answers
-    an awaitable to wait for (a transport's send), or None when it took the event at once."""
+    """Every event of ``executor``'s run to ``on_event``, ending with exactly one terminal or error
+    event, even when the shutdown interrupts it. ``on_event`` may answer an awaitable to wait for."""
     await _held(executor, on_event, _StreamLease(executor) if _leased(executor) else None)
 
 
@@ -100,17 +85,14 @@ async def _drive(executor: Executor, on_event: OnEvent, lease: _StreamLease | No
 
 
 class _StreamLease:
-    """The lease of a stored stream (module docstring): its ``in_progress`` row is written by the
-    executor just before ``response.created`` (:meth:`take`), renewed by
-    :func:`leases.start_heartbeat` until the final store begins. A lost lease (the sweep failed the
-    row) interrupts the run: it ends ``failed``. A run that ends without storing (a commit-time
-    refusal, a cancelled task, the database down) fails its row.
+    """The lease of a stored stream: its ``in_progress`` row is written just before ``response.created``
+    (:meth:`take`) and renewed until the final store begins; a lost lease ends the run ``failed``, and
+    a run that ends without storing fails its row.
 
-    ``overlap`` (an SSE stream, :func:`detached`): :meth:`take` only queues the row's write; the
-    run goes on, and its reader waits for :meth:`announced` before sending anything. The final
-    store does not wait for that write: it follows it on the same writer (a later batch), or takes
-    its place when no batch has taken it yet (:func:`services.withdraw_in_progress`). A write that
-    fails interrupts the run (unless its final store has begun: that one writes the row)."""
+    With ``overlap`` (SSE) :meth:`take` only queues the write and the reader waits for
+    :meth:`announced`; the final store follows that write on the same writer or replaces it
+    (:func:`services.withdraw_in_progress`).
+    """
 
     def __init__(self, executor: Executor, overlap: bool = False) -> None:
         self.executor = executor
@@ -160,9 +142,8 @@ class _StreamLease:
         self.heartbeat = leases.start_heartbeat(self.executor.p.response_id, self.executor.config, self._lose)
 
     async def announced(self) -> bool:
-        """Whether the response's first event may be sent: its in_progress row is committed (or
-        was never to be written: the run ended before it began). Waits for the write; False when
-        it failed or the final store took its place (then the run's end decides)."""
+        """Whether the first event may be sent: waits for the in_progress row; False when its write failed or
+        the final store took its place."""
         if self.row is None:
             return True
         await _settled(self.row)
@@ -185,11 +166,8 @@ class _StreamLease:
 
     async def release(self) -> None:
         executor = self.executor
-        # The lease is over: unhook it from the executor. The hooks (bound methods of this lease,
-        # which holds the executor) are a reference cycle; left in place, each stored stream's whole
-        # run (executor, emitter, tool loop, task: ~100 objects) outlived it until a full garbage
-        # collection, which the serving process's thresholds make rare (``gateway/asgi.py``): the
-        # server's memory grew ~1 KB a stored stream under sustained load.
+        # The lease is over: unhook it. The hooks form a reference cycle with the executor, which would keep
+        # each stored stream's whole run alive until a (rare) full collection.
         executor.before_start = executor.before_store = None
         await self.stop()
         if self.row is not None and not self.row.done():
@@ -248,10 +226,8 @@ async def _detached(executor: Executor, *, frames: bool) -> AsyncIterator[Any]:
 
 
 class _Channel:
-    """The events of a detached run, from its task to the stream's reader: an unbounded FIFO with
-    one reader, as ``asyncio.Queue`` without its bookkeeping (a put is an append and at most one
-    wake-up; a get that finds an event does not suspend): 3 % of a stored stream's instructions
-    (``docs/performance.md``)."""
+    """The events of a detached run, from its task to the stream's one reader: ``asyncio.Queue`` without
+    its bookkeeping, which showed up in profiles of stored streams."""
 
     __slots__ = ("items", "waiter")
 
@@ -279,9 +255,8 @@ class _Channel:
 
 
 def _unannounced(executor: Executor, lease: _StreamLease) -> Event:
-    """The one event of a stream whose response was never stored: the run's own error (a
-    commit-time refusal such as ``conversation_locked``, a storage failure), else the in_progress
-    row's write failure; numbered 0, since nothing before it was sent."""
+    """The one event of a stream whose response was never stored (the run's error, else the row write's
+    failure), numbered 0."""
     failure = executor.failure_event
     if failure is not None:
         data = failure.data
@@ -303,9 +278,7 @@ async def _announced(lease: _StreamLease, task: asyncio.Task[None]) -> bool:
 
 
 async def _settled(future: asyncio.Future[Any]) -> None:
-    """Wait until ``future`` is done, whatever its outcome (not raised here); cancelling the wait
-    leaves ``future`` running: ``asyncio.wait`` for one future, without its sets, counters and
-    timeout handling (a stored stream waits once or twice for its row)."""
+    """Wait until ``future`` is done, whatever its outcome; cancelling the wait leaves it running."""
     if future.done():
         return
     waiter = future.get_loop().create_future()

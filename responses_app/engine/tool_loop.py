@@ -1,23 +1,10 @@
 """The gateway tool loop of the Responses executor: built-in tool calls between inference rounds.
 
-The executor asks this module three things:
-
-* **before the response starts** (:meth:`ToolLoop.prepare`): classify the request's tools once,
-  validate ``max_tool_calls``, MCP declarations, host policy and ``mcp_approval_response`` inputs,
-  and discover MCP tools — every refusal is a 400 before any streamed byte;
-* **while a round streams** (:meth:`ToolLoop.on_gateway_call`): the model called a gateway
-  function (the executor streamed nothing for it); decide approval / ``max_tool_calls`` and emit the
-  public item (``web_search_call``, ``code_interpreter_call``, ``mcp_call``,
-  ``mcp_approval_request``) with its first lifecycle events;
-* **at the round boundary** (:meth:`ToolLoop.execute_round`): run the round's calls concurrently
-  (``inference_app.tools.run_gateway_calls``: Celery ``tools`` workers or in-process) and finish
-  every item, in call order.
-
-What the model sees is the function-call form: a built-in item becomes a ``function_call`` plus its
-``function_call_output`` (:meth:`ToolLoop.model_items`, the one translation in both directions).
-The text the model received is kept with the stored item under :data:`PRIVATE_KEY`, so a
-continuation (``previous_response_id``, ``conversation``) gives the model exactly what it saw;
-that key is never returned (:func:`public_item`).
+:meth:`ToolLoop.prepare` classifies and validates the tools (and discovers MCP tools) before any
+streamed byte, so every refusal is a 400; :meth:`ToolLoop.on_gateway_call` decides approval and
+``max_tool_calls`` and emits the public item; :meth:`ToolLoop.execute_round` runs a round's calls
+concurrently. The model sees each built-in item as a function call and output
+(:meth:`ToolLoop.model_items`); the text it saw is stored under :data:`PRIVATE_KEY`, never returned.
 """
 
 from __future__ import annotations
@@ -130,11 +117,8 @@ class ToolLoop:
 
     @classmethod
     async def prepare(cls, prepared: Prepared, config: Config, *, discover: bool = True) -> ToolLoop:
-        """Validate and classify the request's tools; discover MCP tools (400s before any byte).
-
-        ``discover=False`` only checks (background requests are checked before they are queued
-        and discover when they run).
-        """
+        """Validate and classify the tools; discover MCP tools (400s before any byte). ``discover=False``
+        only checks (a background request discovers when it runs)."""
         raw = prepared.raw
         budget = ToolCallBudget(validate_max_tool_calls(raw.get("max_tool_calls")))
         declared = raw.get("tools")

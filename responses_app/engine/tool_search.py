@@ -1,13 +1,8 @@
-"""Server-executed ``tool_search`` (the SDK's default ``execution``): the gateway searches the
-request's deferred tools itself.
+"""Server-executed ``tool_search``: the gateway searches the request's deferred tools itself.
 
-The model sees one function, ``tool_search`` (``{"query": "..."}``), offered by the tool loop like
-a gateway tool. A call ranks the request's ``defer_loading`` tools (function and custom tools, and
-namespace members) by the query's words found in their names (which count most) and descriptions,
-and returns the best matches. The tool loop emits OpenAI's ``tool_search_call`` and
-``tool_search_output`` items (``execution: "server"``) and loads the matches into the client tool
-map, so the model can call them from the next round on; a continuation loads them again from the
-stored ``tool_search_output`` (:meth:`responses_app.engine.translate.ToolMap.load`).
+The model sees one ``tool_search`` function; a call ranks the ``defer_loading`` tools by the query's
+words in names (weighted most) and descriptions. The tool loop emits ``tool_search_call`` /
+``tool_search_output`` and loads the matches for the next rounds (and again on a continuation).
 """
 
 from __future__ import annotations

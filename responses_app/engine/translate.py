@@ -1,12 +1,7 @@
-"""The one items ↔ messages module.
+"""The one items ↔ messages module: ``normalize_input``, ``output_to_input`` and ``items_to_messages``.
 
-* ``normalize_input`` turns the request's ``input`` (a string or a list of items / easy messages)
-  into Responses input items;
-* ``output_to_input`` is the single conversion of an output item (what a response returned) into
-  the input item that continues the conversation;
-* ``items_to_messages`` renders Responses items as Chat Completions messages for upstreams that
-  only speak ``/v1/chat/completions``. System and developer text is merged into one leading system
-  message, because several chat templates refuse a second system message.
+System and developer text becomes one leading system message for Chat Completions upstreams,
+because several chat templates refuse a second system message.
 """
 
 from __future__ import annotations
@@ -249,8 +244,7 @@ def text_to_response_format(text: dict[str, Any] | None) -> dict[str, Any] | Non
 
 # --- client tool declarations as the upstream sees them -----------------------------------------
 
-# Longest function name the OpenAI tool schema allows (``^[a-zA-Z0-9_-]{1,64}$``); vLLM's tool
-# parsers and chat templates are written against it.
+# Longest function name the OpenAI tool schema allows, which vLLM's parsers and templates assume.
 MAX_TOOL_NAME = 64
 _SHORT_HASH = 8
 # A namespace member ``ns`` / ``fn`` reaches the model as one flat function ``ns__fn``.
@@ -283,18 +277,11 @@ class ClientTool:
 class ToolMap:
     """The request's tools as the upstream model sees them, and the way back.
 
-    * ``namespace`` tools are flattened: each member becomes a function ``<namespace>__<name>``;
-      the model's call comes back as a ``function_call`` carrying ``namespace`` and the member name.
-    * ``custom`` (freeform) tools become functions taking one string ``input``; the call comes back
-      as a ``custom_tool_call`` with that string as its ``input``.
-    * names over 64 characters get a stable shortened form; two tools that would reach the model
-      under the same name are refused before inference.
-    * ``web_search`` is withheld from the model when no search provider is configured (the request
-      proceeds without it); other tool types are forwarded unchanged.
-    * the client-owned ``shell``, ``apply_patch``, ``local_shell`` and ``tool_search`` tools become
-      functions (see :data:`FIXED_FUNCTIONS` and :data:`WHOLE_CALLS`);
-      the tools a client-executed tool search loaded (its ``tool_search_output`` items) join the
-      map through :meth:`load`.
+    ``namespace`` members become functions ``<namespace>__<name>``; ``custom`` tools become functions
+    taking one string ``input``; the client-owned ``shell``, ``apply_patch``, ``local_shell`` and
+    ``tool_search`` become functions (:data:`FIXED_FUNCTIONS`). Names over 64 characters are shortened
+    stably, and two tools reaching the model under one name are refused. ``web_search`` is withheld
+    without a search provider. Tools loaded by a tool search join through :meth:`load`.
     """
 
     client: list[ClientTool] = field(default_factory=list)
@@ -365,9 +352,8 @@ class ToolMap:
         self.by_client[(namespace, name)] = tool
 
     def load(self, items: list[dict[str, Any]]) -> None:
-        """Add the function, custom and namespace tools loaded by the ``tool_search_output`` items
-        of ``items`` (history and new input): the model may call them from then on. A loaded tool
-        whose flat name is already taken (declared, or loaded before) is not added again."""
+        """Add the tools loaded by the ``tool_search_output`` items of ``items``; a flat name already taken
+        is not added again."""
         for item in items:
             if item.get("type") != "tool_search_output" or not isinstance(item.get("tools"), list):
                 continue
@@ -521,9 +507,8 @@ class ToolMap:
 
 # --- the client-owned shell tool ---------------------------------------------------------------
 
-# The model sees the shell tool as this function; its call comes back as a ``shell_call`` item and
-# the client's ``shell_call_output`` reaches the model as the function's output (JSON of its
-# ``output`` list).
+# The model sees the shell tool as this function; the client's ``shell_call_output`` comes back as
+# its output.
 SHELL_FUNCTION = "shell"
 SHELL_DECLARATION: dict[str, Any] = {
     "description": "Run shell commands on the user's machine and get their stdout, stderr and exit status.",
@@ -565,10 +550,8 @@ def shell_call_item(item_id: str, call_id: str, arguments: str) -> dict[str, Any
 
 # --- the client-executed tool_search tool ------------------------------------------------------
 
-# ``{"type": "tool_search", "execution": "client"}`` reaches the model as this function (with the
-# client's own ``description`` / ``parameters`` when it declared them); its call comes back as a
-# ``tool_search_call`` item, and the client's ``tool_search_output`` reaches the model as the
-# function's output (JSON of its ``tools`` list). The tools it loaded join :class:`ToolMap`.
+# A client-executed ``tool_search`` reaches the model as this function; the tools its output loaded
+# join :class:`ToolMap`.
 TOOL_SEARCH_FUNCTION = "tool_search"
 TOOL_SEARCH_DECLARATION: dict[str, Any] = {
     "description": "Search for more tools to use. The tools found become callable in the next turns.",
@@ -598,9 +581,7 @@ def tool_search_call_item(item_id: str, call_id: str, arguments: str) -> dict[st
 
 # --- the client-owned apply_patch and local_shell tools ------------------------------------------
 
-# Both work like ``shell``: the model sees a function, its call comes back as the public call item
-# (``apply_patch_call`` with the ``operation``, ``local_shell_call`` with the ``action``), and the
-# client's output item reaches the model as the function's output.
+# Both work like ``shell``: a function for the model, the public call item for the client.
 APPLY_PATCH_FUNCTION = "apply_patch"
 APPLY_PATCH_DECLARATION: dict[str, Any] = {
     "description": "Create, update or delete one file of the user's workspace with a diff.",
@@ -708,8 +689,7 @@ FIXED_CALLS: dict[str, tuple[str, str]] = {
     "local_shell_call": ("local_shell", "action"),
 }
 
-# Client tools whose call is buffered whole and streamed as one public item: the kind of the
-# client tool → (the public item type, its builder).
+# Client tool kind → (public item type, builder) for calls buffered whole and streamed as one item.
 WHOLE_CALLS = {
     "shell": ("shell_call", shell_call_item),
     "apply_patch": ("apply_patch_call", apply_patch_call_item),

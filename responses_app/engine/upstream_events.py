@@ -1,17 +1,9 @@
 """Typed parsing of what the upstream streams to the executor, on both wires.
 
-vLLM's ``/v1/responses`` SSE events and ``/v1/chat/completions`` chunks are checked here, member by
-member, before the executor reads them: every member the executor acts on has its JSON type
-(strict: ``"12"`` is not a token count, ``true`` is not an index). Anything that does not fit is an
-upstream error (:class:`StreamFailure`): the response ends ``failed`` with a message naming the
-event and the member, never a crash, a cut stream or silently zeroed usage.
-
-The parsers return plain dicts (``TypedDict`` validation), so the executor keeps its dict handling;
-an output item, its parts and usage keep every member as sent; an event itself and the terminal
-event's response object keep only the members declared here, the ones the executor reads (the check
-does not copy the rest: a delta event is the most frequent of all). One normalization: tool-call
-``arguments`` sent as a JSON object (or array) become its JSON text, as the Responses API carries
-them.
+Every member the executor acts on is checked strictly (``"12"`` is not a token count); anything
+else is a :class:`StreamFailure` naming the event and member, never a crash or zeroed usage. Events
+keep only the declared members (deltas are the most frequent event; nothing else is copied); tool
+arguments sent as JSON values become their JSON text.
 """
 
 from __future__ import annotations
@@ -128,9 +120,8 @@ RESPONSES_EVENTS: dict[str, TypeAdapter[Any]] = {
     "response.failed": _RESPONSE_EVENT,
     "error": _ERROR_EVENT,
 }
-# The upstream's opening events: the executor reads nothing of their response object (it makes its
-# own), so only its being an object is checked, not its members (two full checks of the response
-# object were 3 % of a stored stream's event-loop instructions, docs/performance.md).
+# The upstream's opening events: the executor makes its own response object, so only theirs being an
+# object is checked (checking its members showed up in stored-stream profiles).
 _OPENING = frozenset({"response.created", "response.in_progress"})
 # Members an event of that type cannot do without.
 _REQUIRED = {
@@ -214,29 +205,23 @@ _CHAT_CHUNK = TypeAdapter(ChatChunk)
 
 
 def chat_chunk(data: bytes) -> dict[str, Any]:
-    """One upstream ``/v1/chat/completions`` stream chunk with its checked members.
-
-    An ``error`` chunk (vLLM's mid-stream error) is returned as it came; the caller raises it.
-    """
+    """One upstream chat-completions chunk with its checked members; an ``error`` chunk is returned as
+    it came, for the caller to raise."""
     chunk = _object(data, "stream chunk")
     if "error" in chunk:
         return chunk
     return _check(_CHAT_CHUNK, chunk, "stream chunk")
 
 
-# --- non-streamed answers ------------------------------------------------------------------------
-# A round whose events nobody reads live (a JSON client's) asks the upstream for one answer, as the
-# reference gateway does. The answer is checked by the same members as the stream that carries it:
-# a ``/v1/responses`` answer is the terminal event's ``response``; a chat completion is read as the
-# one chunk it would stream as (its message as the delta, tool calls numbered in order).
+# A round whose events nobody reads live (a JSON client's) asks the upstream for one answer, checked
+# by the same members as the stream it stands for.
 
 _RESPONSE_BODY = TypeAdapter(ResponseBody)
 
 
 async def read_answer(response: Any, max_bytes: int) -> bytes:
-    """The whole body of a non-streamed answer, at most ``max_bytes`` (``[responses]
-    max_upstream_sse_line_bytes``: a stream's terminal event carries the same object on one line).
-    Over the limit, or a read that fails, is a :class:`StreamFailure`."""
+    """The whole body of a non-streamed answer, at most ``max_bytes``; more, or a failed read, is a
+    :class:`StreamFailure`."""
     body = bytearray()
     try:
         async for chunk in response:
@@ -251,9 +236,8 @@ async def read_answer(response: Any, max_bytes: int) -> bytes:
 
 
 def status_error(status: int, raw: bytes, request: str = "") -> errors.GatewayError:
-    """The error an upstream's non-200 answer (``raw``, its body) stands for, with its message when
-    it gave one: a 4xx is the client's (``upstream_error``, ``invalid_request_error``), anything
-    else a 502. ``request`` names what was asked, for the message of an answer that has none."""
+    """The error an upstream's non-200 answer stands for: a 4xx is the client's
+    (``invalid_request_error``), anything else a 502. ``request`` names what was asked."""
     message = f"The upstream model server answered {status}{f' to {request}' if request else ''}."
     try:
         payload = orjson.loads(raw)
@@ -325,9 +309,8 @@ def _check(
     *,
     kind: str | None = None,
 ) -> dict[str, Any]:
-    """``value`` checked by ``adapter`` (a ``TypedDict``'s: a new dict); a failure names the member
-    (``names`` renames members in that path: an answer read as a chunk names its own ``message``,
-    not ``delta``) and the ``kind`` of event it was, formatted only then (once an upstream event)."""
+    """``value`` checked by ``adapter`` into a new dict; a failure names the member (``names`` renames
+    path members) and the event ``kind``."""
     try:
         # The adapter's validator itself (``TypeAdapter.validator``, public): its
         # ``validate_python`` wrapper adds a Python call and its keyword defaults to every check.

@@ -1,11 +1,6 @@
-"""The upstream wire: the request body of one inference round in either upstream format
-(``/v1/responses`` or ``/v1/chat/completions``), sending it (:func:`round_request`, :func:`send`),
-and reading what an upstream answers besides a stream (an error status, the bytes after the
-terminal event).
-
-The body builders are pure: the prepared request, the client tool map, the gateway tools (or
-``None``) and the history as the model sees it in, a JSON-ready dict out.
-"""
+"""The upstream wire: one round's request body in either format (``/v1/responses`` or
+``/v1/chat/completions``), sending it, and reading what an upstream answers besides a stream.
+The body builders are pure: prepared request, tool maps and history in, a JSON-ready dict out."""
 
 from __future__ import annotations
 
@@ -161,8 +156,7 @@ def round_request(
 
 
 async def send(upstream: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    """POST one round's body (for a stream, or one answer when its ``stream`` is false), with the
-    request's forwarded ``headers``; an upstream that cannot be reached is a
+    """POST one round's body with the request's forwarded ``headers``; an unreachable upstream is a
     :class:`~gateway.core.sse.StreamFailure`."""
     accept = "text/event-stream" if body.get("stream") else "application/json"
     headers = {**headers, "content-type": "application/json", "accept": accept}
@@ -184,10 +178,8 @@ async def status_error(response: Any) -> errors.GatewayError:
 
 
 async def drain(response: Any, limit: int = 64 * 1024, timeout: float = 1.0) -> None:
-    """Read what follows the terminal event (``[DONE]``, the chunked end) so the pooled upstream
-    connection is handed back for reuse instead of being closed; bounded in bytes and time. Not
-    called when the body has already arrived whole (the usual case: an upstream sends its last
-    event and the chunked end together), where closing it hands the connection back at once."""
+    """Read what follows the terminal event so the pooled connection is reused rather than closed; bounded
+    in bytes and time, and skipped when the body already arrived whole."""
     seen = 0
     try:
         async with asyncio.timeout(timeout):

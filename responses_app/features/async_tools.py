@@ -1,24 +1,9 @@
-"""Async client tools (``async: true`` on a ``function`` or ``custom`` tool), emulated in front of a
-model server that stops at every tool call and does not know async.
+"""Async client tools (``async: true``), emulated in front of a model server that stops at every call.
 
-The rules, each one function here, called by the request validation, the follow-up validation and
-the executor's round loop:
-
-* **Which tools are async** (:func:`declares_async`, :func:`async_upstream_names`): a ``function`` or
-  ``custom`` tool, or a function/custom member of a namespace, that says ``async: true``.
-* **Which calls are async** (:func:`call_is_async`): read from the call item itself (its own
-  ``async: true``), never from today's declarations, so re-declaring a tool without ``async`` does
-  not change a pending call.
-* **Request validation** (:func:`check_tool_declaration`, :func:`check_item`,
-  :func:`check_multi_agent`): ``async`` anywhere else is an unknown parameter.
-* **Follow-up validation** (:func:`check_tool_outputs`): OpenAI's pairing rules, except that a
-  pending async call may go unanswered and may be answered more than once.
-* **The two upstream hints** (:func:`hint_responses_tools`, :func:`hint_chat_tools`,
-  :func:`with_pending_notes`): the async tool's description says it runs in the background, and a
-  note follows each async call whose output has not arrived. They are built per round for the
-  request sent upstream; nothing stores or returns them.
-* **The round decision** (:class:`AsyncRounds`): a round whose only client calls are async goes on
-  with another round (the call pending); two such rounds in a row end the response.
+Which tools and calls are async (read from the call item itself, so a re-declaration does not change
+a pending call); request and follow-up validation (a pending async call may go unanswered or be
+answered more than once); the per-round upstream hints (never stored); and :class:`AsyncRounds`: a
+round whose only client calls are async goes on, two such rounds in a row end the response.
 """
 
 from __future__ import annotations
@@ -103,9 +88,8 @@ def _check_flag(value: Any, param: str) -> None:
 
 
 def check_tool_declaration(tool: Mapping[str, Any], param: str) -> None:
-    """``async`` on a declared (or tool-search-loaded) tool: a boolean on ``function`` / ``custom``
-    tools and namespace members; on anything else (the namespace itself, ``shell``,
-    ``tool_search``, gateway-executed tools) an unknown parameter."""
+    """``async``: a boolean on ``function`` / ``custom`` tools and namespace members; elsewhere an
+    unknown parameter."""
     kind = tool.get("type")
     if kind in ASYNC_TOOL_TYPES:
         _check_flag(tool.get(ASYNC), f"{param}.{ASYNC}")
@@ -151,10 +135,8 @@ def check_parallel_async(raw: Mapping[str, Any]) -> None:
 def check_tool_outputs(
     history: list[dict[str, Any]], new_items: list[dict[str, Any]], call_types: Mapping[str, str]
 ) -> None:
-    """OpenAI's pairing rules on ``history`` + ``new_items``: every new output needs its call; every
-    call needs an output, except an async call (pending until its output arrives, and it accepts
-    repeated and conflicting outputs: each reaches the model). ``call_types``: call item type →
-    its output type."""
+    """OpenAI's pairing rules on ``history`` + ``new_items``, except that an async call may stay
+    unanswered or be answered repeatedly. ``call_types``: call item type → its output type."""
     output_types = set(call_types.values())
     calls: dict[str, bool] = {}  # call_id -> async (the first call item with that id decides)
     outputs: set[str] = set()
@@ -179,9 +161,8 @@ def check_tool_outputs(
 
 
 def check_multi_agent_outputs(history: list[dict[str, Any]], new_items: list[dict[str, Any]]) -> None:
-    """Multi-agent mode: an async call the client supplied in its own input (a call item in this
-    request's input, or a stored one without an agent's attribution: every call the gateway emits
-    in multi-agent mode carries one) accepts one output; a further output is refused (spec)."""
+    """Multi-agent mode: an async call the client itself supplied (no agent attribution) accepts one
+    output; a further one is refused (spec)."""
     supplied: set[Any] = set()
     for item in history:
         if call_is_async(item) and "agent" not in item:
@@ -218,10 +199,8 @@ def pending_calls(items: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 def retained_async_items(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The async calls of ``items`` and their outputs, in order: what a compacted history must
-    keep verbatim (spec: after compaction a pending call stays in the model's context, and an
-    output delivered in the compacting request is stored with the summarized history, so its call
-    is no longer pending and a further output still finds its call)."""
+    """The async calls of ``items`` and their outputs, in order: what a compacted history keeps verbatim
+    (spec), so a pending call stays in context and a later output still finds its call."""
     items = list(items)
     calls = {item.get("call_id") for item in items if call_is_async(item)}
     return [
@@ -293,13 +272,11 @@ def model_view(items: list[dict[str, Any]], *, chat: bool) -> list[dict[str, Any
 def with_pending_notes(
     items: list[dict[str, Any]], pending: set[str], *, as_tool_output: bool
 ) -> list[dict[str, Any]]:
-    """The model's input items (upstream form: flat names) with a note after each pending async
-    call, and without the ``async`` flag (the model server does not know it).
+    """The model's input items with a note after each pending async call, and without ``async``.
 
-    The note is a developer message on the ``/v1/responses`` wire. On the chat wire it is the
-    call's ``tool`` message (``as_tool_output``): chat rendering moves developer text into the
-    leading system message, away from the call, and several chat templates want an answer after
-    every tool call.
+    The note is a developer message on ``/v1/responses``, but the call's ``tool`` message on the chat
+    wire: chat rendering would move developer text away from the call, and several chat templates want
+    an answer after every tool call.
     """
     out: list[dict[str, Any]] = []
     for item in items:
@@ -341,9 +318,8 @@ class AsyncRounds:
     def next_round(
         self, *, completed: bool, sync_calls: int, async_calls: int, gateway_calls: bool, ends_response: bool
     ) -> bool:
-        """The round loop's stop rule: another round follows only a completed round without
-        synchronous client calls and without a call that ends the response (an approval request),
-        when it ran gateway calls or its only client calls were async (:meth:`after_round`)."""
+        """Another round follows a completed round without synchronous client calls or an approval request,
+        when it ran gateway calls or its only client calls were async."""
         async_more = self.after_round(async_calls=async_calls, sync_calls=sync_calls)
         if not completed or sync_calls or ends_response or self.exhausted:
             return False

@@ -1,21 +1,10 @@
 """Compaction: a long item history becomes a window of the user's messages plus one summary.
 
-Three triggers share this module (docs/responses.md → Compaction):
-
-* ``POST /v1/responses/compact`` (:func:`summarize` once, answered as ``response.compaction``);
-* ``context_management: [{"type": "compaction", "compact_threshold": N}]``: before every
-  inference round the executor asks :func:`over_threshold` and compacts first when it says so;
-* a ``compaction_trigger`` input item (Codex V2): the response is one compaction item.
-
-The summary is one non-streaming inference round through the same ``Upstream`` and wire API as the
-executor (``upstream_api``): the history as the model sees it, followed by one user message asking
-for the summary (``[responses] compaction_prompt``, default :data:`DEFAULT_PROMPT`). The
-request-scoped cache fields and ``service_tier`` travel with it (spec).
-
-``encrypted_content`` is plain text: this gateway encrypts nothing. Upstream, the latest
-``compaction`` item is an assistant message holding that text (an OpenAI-encrypted blob a client
-sends is such text, too); earlier ``compaction`` items and every ``compaction_trigger`` are
-dropped from the model's input.
+Triggers: ``POST /v1/responses/compact``, ``context_management`` thresholds (:func:`over_threshold`
+before every round), and a ``compaction_trigger`` input item. The summary is one non-streaming round
+through the executor's upstream (``[responses] compaction_prompt``). ``encrypted_content`` is plain
+text; upstream, only the latest ``compaction`` item is kept, as an assistant message
+(``docs/responses.md``).
 """
 
 from __future__ import annotations
@@ -64,11 +53,8 @@ FORWARDED = ("prompt_cache_key", "prompt_cache_retention", "service_tier")
 
 
 def compact_threshold(value: Any) -> int | None:
-    """The threshold of a request's ``context_management`` (None: no automatic compaction).
-
-    One ``compaction`` entry at most; an entry without ``compact_threshold`` (or with null) is
-    ignored, as there is no global default. Everything malformed is a 400 naming its ``param``.
-    """
+    """The threshold of a request's ``context_management`` (None: no automatic compaction); at most one
+    ``compaction`` entry, and everything malformed is a 400 naming its ``param``."""
     if value is None:
         return None
     if not isinstance(value, list):
@@ -249,13 +235,8 @@ def compaction_item(summary: str) -> dict[str, Any]:
 
 
 def retained_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The user's messages of ``items``, in order, in their stored (normalized) form; stored
-    items keep their ids, so a checkpoint references them instead of storing copies.
-
-    Async client calls and their outputs are kept too, as they are (spec, "Async client tools"): a
-    call whose output has not arrived stays in the model's context, so its output can still
-    arrive; an output delivered before the compaction stays with its call, so the call is no longer
-    pending, and a further output still finds its call."""
+    """The user's messages of ``items`` in stored form (ids kept, so a checkpoint references them), plus
+    async calls and their outputs as they are (spec): a pending call stays in the model's context."""
     items = list(items)
     kept_async = {id(item) for item in async_tools.retained_async_items(items)}
     out = []
@@ -429,13 +410,11 @@ def usage_dict(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 class Compactor:
-    """One response's compaction state: the threshold of its ``context_management``, whether its
-    input ends with a ``compaction_trigger``, and the window once it compacted.
+    """One response's compaction state: its threshold, whether its input ends with a
+    ``compaction_trigger``, and the window once it compacted.
 
-    The executor calls :meth:`before_round` before every inference round (tool rounds included)
-    and reads the model's items through :meth:`window`; a response that compacted stores
-    :meth:`checkpoint` (the retained user messages, its compaction item and what followed) as the
-    history a continuation starts from. Nothing stored before is changed.
+    The executor calls :meth:`before_round` before every round and reads items through
+    :meth:`window`; a compacted response stores :meth:`checkpoint` as its continuation's history.
     """
 
     def __init__(self, prepared: Any) -> None:

@@ -1,34 +1,9 @@
 """Multi-agent responses (beta): a coordinator that runs subagents for one response.
 
-With ``multi_agent: {"enabled": true}`` (validated in ``responses_app.protocol.multi_agent_config``) the root
-agent (``/root``) gets six collaboration tools the gateway executes itself: ``spawn_agent``,
-``send_message``, ``followup_task``, ``wait_agent``, ``interrupt_agent`` and ``list_agents``.
-
-The shape of a run:
-
-* :class:`Coordinator` is the response's executor. Its one task (the generator the transport
-  drives) owns every piece of mutable multi-agent state: the agent registry, the mailboxes, the
-  concurrency slots and the public output.
-* Each agent is an :class:`AgentExecutor`: its own history, tools (the request's client and gateway
-  tools; the root adds the collaboration tools), emitter and event sink, and its own round budget
-  (``max_rounds`` per turn). A *segment* of an agent's turn runs as its own asyncio task
-  (:func:`_segment`); it touches only that agent's executor and talks to the coordinator through a
-  queue. The coordinator touches an agent's executor only while no segment of it runs.
-* Agents' events are renumbered by the coordinator: one ``sequence_number`` and one
-  ``output_index`` space for the whole stream. Every item and event carries
-  ``agent: {"agent_name": "/root" | "/root/<task>"}``.
-* Mail (``agent_message`` items) is delivered into an agent's history between its segments.
-* A synchronous client tool call (function, custom, …) by any agent ends the response (an agent's
-  async-only round goes on, as in single-agent mode); the continuation
-  routes each output to the agent that made the call (by the stored attribution).
-* The tree (configuration and each agent's state) is stored with the response as a versioned
-  snapshot (``Response.agent_tree``); ``previous_response_id`` restores it. Multi-agent items a
-  client gives back as input are stored and read by no agent (:func:`own_history`).
-* Each agent compacts itself automatically (:meth:`AgentExecutor.before_segment_round`, before
-  every round): at the request's ``context_management`` threshold, else at
-  :data:`COMPACT_AT_TOKENS` estimated tokens; its ``compaction`` item is attributed to it.
-* Assistant messages carry ``phase``: ``final_answer`` when the message ends its agent's turn,
-  ``commentary`` when the round goes on after it (the emitter decides when the message closes).
+:class:`Coordinator` is the response's executor; its one task owns all mutable state (registry,
+mailboxes, slots, output). Each agent is an :class:`AgentExecutor` whose turn segments run as their
+own tasks and talk to the coordinator through a queue. Events are renumbered into one stream; the
+tree is stored with the response and restored by ``previous_response_id`` (``docs/responses.md``).
 """
 
 from __future__ import annotations
@@ -70,13 +45,8 @@ _TARGET = {"target": _STR}
 
 
 def _fn(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    """A collaboration function, declared ``strict``: every property required (an optional one is
-    nullable, ``null`` meaning its default) and no others, as strict function schemas must be.
-
-    ``strict`` is what makes a guided upstream write schema-valid arguments: vLLM (0.32, its
-    default ``--tool-strict-level auto``) constrains a forced or required call of a tool without
-    ``strict: true`` only to the call's envelope (the name, then *any* JSON as the arguments).
-    """
+    """A collaboration function, declared ``strict`` (every property required, optional ones nullable):
+    without ``strict``, vLLM's guided decoding constrains a forced call only to its envelope."""
     parameters = {
         "type": "object",
         "properties": properties,
@@ -124,10 +94,8 @@ def belongs_to(item: dict[str, Any], name: str) -> bool:
 
 
 def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    """Agent ``name``'s part of a stored history; after its latest compaction, the retained user
-    messages, the compaction item and what followed (what its model read when it compacted).
-    Agent items a client gave as input are not the tree's: no agent reads them; and an item the
-    history holds twice (a client gave a stored one back by id) is read once."""
+    """Agent ``name``'s part of a stored history, from its latest compaction on; items a client gave as
+    input belong to no agent, and an item held twice is read once."""
     own: list[dict[str, Any]] = []
     seen: set[str] = set()
     for item in items:
@@ -146,10 +114,8 @@ def own_history(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 def compaction_parts(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``POST /v1/responses/compact`` of a multi-agent chain compacts the root agent: its own
-    history (what is summarized, in its model's view, and what the window retains from) and the
-    other agents' items, which the window keeps as they are (each subagent keeps its history, and
-    the stored tree restores the agents)."""
+    """``POST /v1/responses/compact`` of a multi-agent chain: the root's history is summarized; the other
+    agents' items are kept as they are."""
     return own_history(items, ROOT), [item for item in items if not belongs_to(item, ROOT)]
 
 
@@ -188,9 +154,8 @@ def model_item(item: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 class CollabTools:
-    """An agent's gateway tools as the emitter and the wire see them: the request's gateway tools
-    (a :class:`ToolLoop`) plus, for the root, the collaboration tools, which are recorded for the
-    coordinator and shown as ``multi_agent_call`` items."""
+    """An agent's gateway tools: the request's (a :class:`ToolLoop`) plus, for the root, the
+    collaboration tools, shown as ``multi_agent_call`` items."""
 
     def __init__(self, loop: ToolLoop, collaborates: bool) -> None:
         self.loop = loop

@@ -1,25 +1,9 @@
 """WebSocket steering: ``response.steer`` while a response on this connection is generating.
 
-Spec: the steering paragraphs under "WS /v1/responses" in gateway-api.txt; wire shapes: the
-``openai`` SDK's ``openai.types.beta`` steer events (``response.steer``,
-``response.steer.accepted`` / ``.pending`` / ``.failed``).
-
-This module owns the per-connection steering state and every rule that does not need the socket:
-
-* :func:`parse_steer` validates the client event (text, empty text included, or a non-empty array
-  of user messages with ``input_text`` / ``input_image`` parts; no files, no ``stream_id``, no
-  response settings) and turns it into the input items the successor will carry.
-* :class:`Steering` keeps one :class:`Target` per generating response the connection has seen
-  (registered at its ``response.created``), with the settings an automatic successor inherits, the
-  accepted steering in acceptance order, and the three connection budgets: accepted steering echoes,
-  retained settings and failure echoes awaiting delivery.
-* :func:`required_inputs` names the client-owned outputs a parent still needs
-  (``response.steer.pending``); :func:`missing_outputs` checks an explicit continuation supplies
-  them all.
-
-The consumer (``responses_app.api.consumers``) does the I/O: it sends the events this module builds,
-asks the running executor to stop at its next safe boundary, and runs successors on the target's
-lane. Nothing here survives the connection: a disconnect discards unapplied steering.
+Owns the per-connection state and every rule that needs no socket: :func:`parse_steer`,
+:class:`Steering` (one :class:`Target` per generating response, with its inherited settings,
+accepted steering and budgets), :func:`required_inputs` and :func:`missing_outputs`. The consumer
+does the I/O. Nothing survives the connection.
 """
 
 from __future__ import annotations
@@ -299,9 +283,8 @@ def successor_fields(target: Target) -> dict[str, Any]:
 
 
 def steered_fields(target: Target, raw: dict[str, Any]) -> dict[str, Any]:
-    """An explicit continuation of a parent with pending steering: it must answer every required
-    call (else 400 ``missing_required_input``, and the steering stays pending); the accepted
-    steering is prepended to its input, and its own settings stay."""
+    """An explicit continuation of a parent with pending steering must answer every required call (else
+    400 ``missing_required_input``); the accepted steering is prepended to its input."""
     given = raw.get("input")
     missing = missing_outputs(target.required, given)
     if missing:
@@ -449,11 +432,10 @@ class Steering:
         return target, steer
 
     def ended(self, target: Target, status: str, output: list[dict[str, Any]]) -> list[Steer]:
-        """The target's terminal event was sent; returns accepted steering that fails with it.
+        """The target's terminal event was sent; returns the accepted steering that fails with it.
 
-        A failed parent fails its batch (``response_not_active``); a parent waiting on client calls
-        steering cannot describe fails it (``steering_not_supported``); otherwise the batch stays:
-        ``waiting`` (``response.steer.pending``) or ``ended`` (an automatic successor).
+        A failed parent, or one waiting on calls steering cannot describe, fails its batch; otherwise the
+        batch waits (``response.steer.pending``) or goes to an automatic successor.
         """
         target.status = status
         target.ended_at = self.clock()
@@ -525,11 +507,8 @@ STEERED_REASON = "steered"  # the incomplete_details reason of a response that s
 
 @dataclass
 class Boundary:
-    """What a running response asks at each safe boundary (an upstream event that settled the work
-    it started; the end of a round, once its gateway calls ran): does accepted steering wait?
-
-    The consumer sets :attr:`requested`; when it answers yes the response stops there and ends
-    ``incomplete`` with :func:`steered_details`, its earlier output kept."""
+    """Asked at each safe boundary of a running response: does accepted steering wait? If so the
+    response stops there and ends ``incomplete`` (:func:`steered_details`), its output kept."""
 
     requested: Callable[[], bool] | None = None
 

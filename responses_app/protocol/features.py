@@ -1,10 +1,8 @@
 """What the gateway does with each part of a ``responses.create`` request: honour it, forward it on
 purpose, or refuse it.
 
-A request feature the gateway does not implement is never accepted silently: it is refused with a
-400 naming its ``param`` before any history lookup, storage or inference, on every route (HTTP
-JSON, SSE, WebSocket and direct routing). The issues that build a feature replace its refusal here
-with the feature. ``docs/responses.md`` has the same table in prose.
+A feature it does not implement is refused with a 400 naming its ``param`` before any lookup,
+storage or inference, on every route (``docs/responses.md`` has the table in prose).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The ``multi_agent`` request field (beta): its validation and the refusals that go with it.
 
-``multi_agent: {"enabled": true, "max_concurrent_subagents": N}`` (N defaults to 3, a positive
-integer) asks the gateway to coordinate subagents for one response (``responses_app.features.multi_agent``).
-It requires ``store: true`` and refuses ``max_tool_calls`` and reasoning summaries, each with a 400
-naming its ``param`` (:func:`refuse_in_multi_agent_mode`, also applied to a continuation of a stored
-agent tree by ``services.response_prepare``). The WebSocket transport refuses it
-(``responses_app.api.consumers``).
+``{"enabled": true, "max_concurrent_subagents": N}`` (default 3) requires ``store: true`` and
+refuses ``max_tool_calls`` and reasoning summaries (:func:`refuse_in_multi_agent_mode`, also on a
+continuation); the WebSocket transport refuses it.
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ from responses_app.features import async_tools
 
 DEFAULT_MAX_CONCURRENT = 3
 ROOT = "/root"
-# The public items of multi-agent mode. As input they are accepted and never reach a model: the
-# agents' state is the stored tree and its own output items (agentic-reference: "multi-agent public
-# items are dropped from the model's input").
+# Multi-agent public items: accepted as input, never shown to a model (the stored tree is the state).
 AGENT_ITEM_TYPES = frozenset({"multi_agent_call", "multi_agent_call_output", "agent_message"})
 # Marks (under tool_loop.PRIVATE_KEY, stripped from every public view) an agent item a client gave
 # as input, so a later multi-agent turn does not take it for the tree's own.

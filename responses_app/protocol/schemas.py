@@ -1,9 +1,5 @@
-"""Wire models of the Responses API: the ``responses.create`` request body.
-
-Fields follow the order of the official SDK (``openai.types.responses.response_create_params``);
-unknown fields are preserved (``extra="allow"``) so vLLM's extras (``cache_salt``, ``top_k`` …)
-reach the upstream. Validation errors become OpenAI-style 400s with ``param`` and ``code``.
-"""
+"""Wire models of the Responses API: the ``responses.create`` request body, in the SDK's field order.
+Unknown fields are kept (``extra="allow"``) so vLLM's extras reach the upstream."""
 
 from __future__ import annotations
 
@@ -129,9 +125,8 @@ def parse_create_request(body: bytes) -> tuple[ResponseCreateRequest, dict[str, 
     _check_items_and_tools(request)
     _check_stored_lengths(request)
     refuse_unsupported(raw)  # well-formed, but a feature the gateway does not build
-    # Last: a string of the right type may still be unstorable. A U+0000 in a parsed string can
-    # only come from the escape \u0000 (orjson refuses a raw control character), so a body without
-    # that escape has none, and the walk over every string is skipped.
+    # Last, U+0000: in a parsed string it can only come from the escape \u0000, so a body without that
+    # escape skips the walk over every string.
     if body.find(b"\\u0000") >= 0:  # find: "in" on bytes raises and clears a TypeError first
         errors.refuse_nul(raw, "")
     return request, raw

@@ -1,37 +1,9 @@
-"""The group commit of the stored-response writes (``services.final_writes``). It stays because
-writing each response alone, measured side by side on SQLite and PostgreSQL, cost far more CPU
-per stored response and throughput (docs/performance.md).
+"""The group commit of the stored-response writes (``services.final_writes``); kept because it saves
+much of the CPU a stored response costs on SQLite and PostgreSQL (``docs/performance.md``).
 
-:class:`GroupWriter` is the group commit of one write path: writes that wait at the same time run
-together in one transaction on one ORM thread (one thread hop and one commit per batch instead of
-per write), and each caller gets its own result or exception. A batch that fails is rolled back
-and its writes are run again one by one, each in its own transaction, so one bad write fails only
-its own caller. Nothing queued is dropped: a cancelled caller stops waiting, its write still runs.
-
-A writer's batches run on a thread of its own (one a process, started on first use), which keeps
-its database connection from one batch to the next, and from one burst of writes to the next: with
-PostgreSQL's pool, giving the connection back after a burst and taking it again for the next costs
-a health-check round trip each time.
-The connection is tidied (``close_old_connections``) before the first batch and after a batch in
-which a write failed. A kept connection that died meanwhile (the database restarted) fails its
-batch with a connection error (``OperationalError``, ``InterfaceError``): the batch is written once
-more on a fresh connection (so is one whose statement failed on a live connection, a
-``statement_timeout``: psycopg cannot yet tell the two apart when the write fails, since after a
-restart the server's shutdown message arrives before the connection's end). The kept connection
-counts against ``[database] pool_max_size``: :func:`gateway.core.db.run_orm`'s threads are one fewer; with a pool
-of one connection the writer gives it back after each burst instead. :meth:`GroupWriter.release`
-gives it back on demand (before the database is dropped: the tests' teardown).
-
-A writer built with ``combine`` also takes *combined* writes (:meth:`GroupWriter.put`): values
-rather than functions, which the batch hands to ``combine`` in one call (one statement for all of
-them, where the backend allows it) that answers one result per value. ``combine`` is atomic on its
-own and joins a surrounding transaction: a batch of combined writes alone runs without the batch's
-transaction (on PostgreSQL its one statement is one round trip, instead of ``BEGIN``, a statement
-per write and ``COMMIT``). A failed call is retried one value at a time, like a failed batch.
-A combined write that no batch has taken yet can be withdrawn (:meth:`GroupWriter.withdraw`).
-
-One batch is written at a time: a write queued while a batch is being written goes into a later
-batch, committed after it.
+:class:`GroupWriter` runs writes that wait together in one transaction on its own thread, which keeps
+its connection between batches. A failed batch is retried on a fresh connection if the connection
+died, else one write at a time, so a bad write fails alone. Nothing queued is dropped.
 """
 
 from __future__ import annotations
@@ -96,15 +68,12 @@ class _Write:
 
 
 class GroupWriter:
-    """Group commit (module docstring): ``await writer.run(fn, ...)`` runs ``fn`` on an ORM
-    thread together with the other writes waiting at that moment, all inside one ``transaction()``.
+    """``await writer.run(fn, ...)`` runs ``fn`` on the writer's thread with the other writes waiting
+    then, in one ``transaction()``; one batch at a time, the first after a pause at the end of the
+    current loop turn so that turn's writes join it.
 
-    One batch is written at a time; the writes that arrive meanwhile form the next one, and the first
-    write after a pause starts at the end of the current turn of its event loop, so the writes that
-    turn produces are written with it (larger batches, docs/performance.md). ``fn`` must be atomic on its own (a write alone, or
-    retried alone, runs without the batch's transaction), join a surrounding transaction, and do
-    its side effects outside the database with ``transaction.on_commit`` (a rolled-back batch runs
-    it again).
+    ``fn`` must be atomic alone, join a surrounding transaction, and defer side effects with
+    ``transaction.on_commit`` (a rolled-back batch runs it again).
     """
 
     def __init__(
@@ -135,8 +104,8 @@ class GroupWriter:
         return await self._queue(_Write(functools.partial(fn, *args, **kwargs)))  # type: ignore[no-any-return]
 
     async def put(self, value: Any) -> Any:
-        """A combined write (module docstring): ``value`` joins the batch's one ``combine`` call;
-        its result."""
+        """A combined write: ``value`` joins the batch's one ``combine`` call (one statement for all
+        values where the backend allows); its result."""
         return await self.submit(value)
 
     def submit(self, value: Any) -> asyncio.Future[Any]:
@@ -171,9 +140,7 @@ class GroupWriter:
             start = not self.writing
             self.writing = True
         if start:
-            # At the end of this turn of the event loop: the writes that the callbacks already due
-            # produce (responses that finished on the same upstream read) join the batch. Not a
-            # timer: nothing waits for anything that is not already running.
+            # At the end of this loop turn, not on a timer: responses finished by the same upstream read join.
             write.loop.call_soon(self._submit, self._drain)
 
     def _submit(self, job: Callable[[], None]) -> None:
@@ -200,9 +167,8 @@ class GroupWriter:
                 log.exception("ORM writer job failed")
 
     def release(self, timeout: float = 10.0) -> None:
-        """Give back the connection the writer's thread keeps (module docstring) and end the thread
-        once the writes queued before are done (a later write starts another); waits for it.
-        Nothing to do in a process whose writer has no thread."""
+        """Give back the connection the writer's thread keeps and end the thread once queued writes are
+        done; waits for it."""
         with self.lock:
             if self.thread_pid != os.getpid():
                 return

@@ -1,29 +1,9 @@
 """In-process cache of stored checkpoints: the history a ``previous_response_id`` continuation needs.
 
-A stored response's checkpoint (``Response.history_item_ids``) names every item its successor
-continues from; reading and decoding those items is the part of a continuation that grows with the
-chain. When this process stores a response (or reads a checkpoint from the database), the items
-are kept here, serialized once with orjson and keyed by response id, so the next turn on this
-process decodes one blob instead of loading 100+ rows.
-
-The cache only ever holds *payloads*; it never decides whether a response may be continued. Every
-continuation still reads the parent's small row (id, owner, status: one indexed query), so a
-response deleted on another process, another owner's id, or an unfinished response answer exactly
-as without the cache. A delete on this process drops the entry at once.
-
-Entries are immutable (stored response checkpoints never change once written) and bounded by
-``[responses] history_cache_bytes`` (LRU by size; 0 disables the cache). An entry's size is its
-serialized length plus :data:`ENTRY_OVERHEAD`, the memory each entry takes besides the text (its
-key, owner, the map's node), so the bound is close to the memory the cache holds however small its
-entries are. Writes come from the database worker threads, reads from the event loop: one lock
-guards the map.
-
-The payload is kept as a copy of orjson's ``bytes``, not as those ``bytes``: orjson (3.13) grows
-its output in a buffer of a few KiB and shrinks it at the end, and a long-lived result keeps that
-whole allocation resident. Kept as returned, each entry of a ~400-byte checkpoint held about 4 KiB
-of the process's memory, ten times what the bound counted: under sustained load the server's RSS
-grew by ~50 MiB every 10,000 stored responses until the cache filled (``docs/operations.md``).
-The copy is allocated at its own size.
+Keyed by response id, serialized once with orjson, LRU-bounded by ``[responses] history_cache_bytes``.
+It holds payloads only: every continuation still reads the parent's row, so ownership, deletion and
+status answer as without it. Payloads are copied out of orjson's over-allocated buffer, which would
+otherwise keep several times the counted size resident. One lock: writes come from ORM threads.
 """
 
 from __future__ import annotations

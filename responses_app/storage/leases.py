@@ -1,9 +1,5 @@
-"""Leases: which process owns a running response, and its heartbeat.
-
-A running stored response is leased by the process working on it (``host/pid/token``), renewed
-every ``[responses] heartbeat_s``; the sweep fails responses whose lease expired or whose owner
-process of this host is gone. Background work (``tasks``) and stored streams (``runs``) share this.
-"""
+"""Leases: which process (``host/pid/token``) owns a running stored response, renewed every
+``[responses] heartbeat_s``; the sweep fails responses whose lease expired or whose process is gone."""
 
 from __future__ import annotations
 
@@ -86,10 +82,8 @@ def _nothing() -> None:
 
 
 class _Renewals:
-    """The leases held on one event loop, renewed together: one timer for all of them, and one
-    transaction for those due at the same moment (``services.response_leases_renew``), instead of a
-    task and a statement per response. A renewal that fails is tried again a heartbeat later (the
-    database may come back before the leases expire); a lease it finds gone is reported lost."""
+    """The leases held on one event loop, renewed together (one timer, one transaction for those due at
+    once). A failed renewal is retried a heartbeat later; a lease found gone is reported lost."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: ``_renewals`` is keyed weakly by the loop, and a closed loop (a Celery task's
@@ -167,10 +161,8 @@ _renewals: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Renewals] = wea
 
 
 def start_heartbeat(response_id: str, config: Config, on_lost: Callable[[], None]) -> Heartbeat:
-    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until the
-    returned heartbeat is cancelled; ``on_lost()`` once a renewal finds the lease gone (the row was
-    failed by the sweep, cancelled or deleted). Background work and stored streams (``runs.drive``)
-    share it; the leases held on one event loop are renewed together (:class:`_Renewals`)."""
+    """Renew this process's lease of ``response_id`` every ``[responses] heartbeat_s`` until cancelled;
+    ``on_lost()`` once a renewal finds it gone (swept, cancelled or deleted)."""
     loop = asyncio.get_running_loop()
     renewals = _renewals.get(loop)
     if renewals is None:

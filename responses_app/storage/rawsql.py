@@ -1,34 +1,10 @@
 """The one write path of a finished response, and the parent check of a continuation, in plain SQL.
 
-Every finished response — plain, background, conversation turn, stored over HTTP or WebSocket —
-is written by :func:`store_response`: its new items (existing ids are left alone) and its row.
-Through the ORM those statements cost more than the database work itself (query compilation,
-model instances, stdlib ``json`` for every JSON column), so the SQL is built once per backend from
-the models' metadata and the rows by one function, :func:`rows`, from the same metadata: the
-columns, the defaults and the value adaptation the ORM would apply (JSON columns with orjson).
-
-The response row is an upsert that only ever replaces an unfinished row (``queued`` or
-``in_progress``: a background response's placeholder); a cancelled or finished row stays as it is
-and the call answers False.
-
-One statement sequence per backend, always on Django's connection of the calling thread (ORM work
-from async code runs through ``gateway.core.db.run_orm``):
-
-- PostgreSQL: one statement for any number of responses and their items (:func:`store_responses`:
-  a group commit's batch, ``services.final_writes``, or a single response): the rows travel as two
-  JSON documents (one of responses, one of items) that ``jsonb_to_recordset`` unpacks, inserted by
-  data-modifying CTEs, atomic by itself; a caller's transaction (a conversation append) wraps it
-  when there is one. Two parameters instead of one per column and row (psycopg dumped each in Python),
-  and one round trip for a whole batch instead of ``BEGIN``, one statement per response and
-  ``COMMIT``: measured at a fifth of the CPU a stored response cost on the writer thread
-  (``docs/performance.md``). The statement text is the same for every batch, so from its fifth run
-  on a connection it runs prepared (``prepare_threshold`` in settings).
-- SQLite: one ``BEGIN IMMEDIATE`` transaction (``transaction_mode`` in settings) holding the items
-  and the response. Writers queue on a process-wide lock, then on an advisory file lock beside the
-  database (``flock``) shared by the server processes, before they ask SQLite for the write lock:
-  a burst of writers waits in order, woken by the kernel when the lock is free, instead of in
-  SQLite's busy handler, which polls with sleeps of 1 ms growing to 100 ms. Other writers (the ORM,
-  another program) still meet the busy timeout (settings). No write is dropped for lack of a lock.
+Through the ORM these statements cost more than the database work, so the SQL is built once per
+backend from the models' metadata, and rows by :func:`rows`. The response row upsert replaces only
+an unfinished row. PostgreSQL: one statement for a whole batch (``jsonb_to_recordset`` and CTEs);
+SQLite: one ``BEGIN IMMEDIATE`` transaction, writers queued on a lock and a ``flock`` beside the
+database instead of SQLite's polling busy handler (``docs/responses.md``).
 """
 
 from __future__ import annotations
@@ -86,10 +62,8 @@ def loads(value: Any) -> Any:
 def _sql(vendor: str) -> dict[str, Any]:
     """The statements for one database backend, built once from the models' metadata.
 
-    Their parameters are named (``%(r0)s``, passed as a mapping): Django's SQLite
-    backend turns positional ``%s`` into ``?`` with a regular expression that tries a match at
-    every character of the statement (a look-behind): 7 % of a stored SSE response's instructions
-    (the performance log, in git history); named ones it maps with one ``%`` formatting.
+    Parameters are named (``%(r0)s``): Django's SQLite backend rewrites positional ``%s`` with a costly
+    regular expression, named ones with one ``%`` formatting.
     """
     q = connection.ops.quote_name
     responses, items = q(Response._meta.db_table), q(Item._meta.db_table)
@@ -174,9 +148,8 @@ def _columns(model: type[models.Model]) -> tuple[tuple[str, str, Any], ...]:
 def _row(
     model: type[models.Model], values: dict[str, Any], adapt_datetime: Callable[[Any], Any]
 ) -> list[Any]:
-    """One row of ``model`` as the ORM would write it: every concrete column in order, missing
-    values from the field's default, JSON with orjson, dates adapted for the backend
-    (``adapt_datetime``: the connection's ``ops.adapt_datetimefield_value``)."""
+    """One row of ``model`` as the ORM would write it: concrete columns in order, defaults filled, JSON
+    with orjson, dates adapted for the backend."""
     row: list[Any] = []
     for name, kind, field in _columns(model):
         value = values[name] if name in values else field.get_default()
@@ -189,9 +162,8 @@ def _row(
 
 
 def _record(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
-    """One row of ``model`` for PostgreSQL's JSON payload: every concrete column by name, missing
-    values from the field's default; JSON columns stay values (the payload's own JSON), dates stay
-    aware datetimes (orjson writes them as RFC 3339, which ``timestamptz`` reads)."""
+    """One row of ``model`` for PostgreSQL's JSON payload: columns by name, defaults filled, JSON values
+    and aware datetimes left for orjson (RFC 3339, which ``timestamptz`` reads)."""
     record: dict[str, Any] = {}
     for name, _kind, field in _columns(model):
         record[field.column] = values[name] if name in values else field.get_default()
@@ -199,13 +171,8 @@ def _record(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]
 
 
 def rows(*, items: list[dict[str, Any]], owner: str, response: dict[str, Any]) -> tuple[list[Any], Any]:
-    """The item rows (one per stored item) and the response row, from the models' metadata, as
-    :func:`store_responses` takes them on this database: on PostgreSQL records for the JSON payload,
-    elsewhere the column values in order, adapted as the ORM would (``_row``).
-
-    ``response`` holds the row's values by attribute name (``previous_response_id``); everything
-    missing takes the field's default.
-    """
+    """The item rows and the response row in the form :func:`store_responses` takes on this database.
+    ``response`` holds values by attribute name; missing ones take the field's default."""
     now = timezone.now()
     item_values = [
         {"id": item["id"], "owner": owner, "type": item["type"], "data": item, "created_at": now}
@@ -254,17 +221,15 @@ def writing() -> Iterator[None]:
 def store_response(*, item_rows: list[Any], response_row: Any) -> bool:
     """Insert the items (existing ids left alone) and insert, or finish, the response row.
 
-    Atomic on its own; inside :func:`writing` it joins the caller's transaction. False when the
-    row exists and is no longer ``queued`` / ``in_progress`` (cancelled meanwhile): nothing of the
-    response changes then (its new items may stay stored: they are referenced by nothing).
+    Atomic, or part of the caller's transaction inside :func:`writing`. False when the row is already
+    past ``queued`` / ``in_progress`` (cancelled meanwhile): the response is left as it is.
     """
     return store_responses([(item_rows, response_row)])[0]
 
 
 def store_responses(writes: list[tuple[list[Any], Any]]) -> list[bool]:
-    """:func:`store_response` for each of ``writes`` (``(item rows, response row)`` from
-    :func:`rows`), all of them atomically: one statement on PostgreSQL, one transaction elsewhere.
-    One answer per write, in order."""
+    """:func:`store_response` for each of ``writes``, atomically (one statement on PostgreSQL, one
+    transaction elsewhere); one answer per write, in order."""
     vendor = _vendor()
     db = connections[DEFAULT_DB_ALIAS]  # the calling thread's connection, looked up once
     with db.cursor() as cursor:

@@ -1,25 +1,9 @@
-"""Inbound authentication: one framework-agnostic entry point used by every layer.
+"""Inbound authentication: one framework-agnostic entry point for HTTP, WebSocket and ASGI paths.
 
-``authenticate(path, headers)`` is called by the Django auth middleware for HTTP, by the WebSocket
-upgrade check, and by any ASGI fast path. It returns the caller's principal and whether the
-gateway consumed the caller's credential (then it is never forwarded upstream), or raises
-``errors.AuthenticationFailed`` (401) / ``errors.ServiceUnavailable`` (503, identity provider down).
-
-Modes, decided per request from the configuration and the API-key table:
-
-- **OIDC** (``OIDC_ISSUER`` and ``OIDC_AUDIENCE`` set): every protected path needs a valid bearer
-  token; the principal is ``oidc:<iss>#<sub>``; the token is consumed.
-- **API keys** (at least one active named key, or ``GATEWAY_REQUIRE_API_KEY``): every protected
-  path needs one of the keys (``Authorization: Bearer`` or ``x-api-key``); the principal is
-  ``key:<id>``; the key is consumed and the upstream credential is injected instead.
-- **Open**: every request belongs to the default principal and the caller's headers pass through.
-  When ``OPENAI_API_KEY`` is set, stored state (responses, input items, conversations) can only be
-  read or deleted by a caller presenting that key: see :func:`require_stored_state_access`.
-
-Helpers for the feature code: :func:`owned`, :func:`owner_filter`, :func:`owned_get` (every read and
-write of stored objects filters by owner; another owner's id is "not found"),
-:func:`require_stored_state_access` / :func:`stored_state_view`, and
-:func:`gateway.core.auth.websocket.ensure_not_expired` for WebSocket connections.
+``authenticate(path, headers)`` returns the principal and whether the credential was consumed
+(never forwarded upstream), or raises a 401 / 503. Modes: OIDC, API keys, or open (stored state
+then guarded by ``OPENAI_API_KEY``). Every stored object is filtered by owner (:func:`owned_get`
+and friends): another owner's id is "not found" (``docs/auth.md``).
 """
 
 from __future__ import annotations
@@ -61,10 +45,7 @@ def requires_auth(path: str) -> bool:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    """The caller's credential: ``Authorization: Bearer <t>``, else ``x-api-key`` (Anthropic SDKs).
-
-    ``None`` when neither header is present; ``""`` when one is present but malformed or empty.
-    """
+    """``Authorization: Bearer <t>``, else ``x-api-key``; ``None`` when absent, ``""`` when malformed."""
     authorization = headers.get("authorization")
     if authorization is not None:
         scheme, _, token = authorization.strip().partition(" ")
@@ -111,11 +92,8 @@ async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
 
 
 def authenticate_now(path: str, headers: Mapping[str, str]) -> AuthResult | None:
-    """:func:`authenticate` when it can decide without waiting for anything, else ``None``.
-
-    ``None`` (call :func:`authenticate`) with OIDC, when the API-key snapshot must be reloaded, and
-    when a key's last use is due to be written; every other case is decided here, by the same rules.
-    """
+    """:func:`authenticate` when it can decide without I/O, else ``None`` (OIDC, a key snapshot to
+    reload, a key's last use to write)."""
     if get_config().oidc_enabled:
         return None
     snap = apikeys.fresh_snapshot()
@@ -156,13 +134,8 @@ def reset_caches() -> None:
 
 
 def check_stored_state_access(principal: Principal, headers: Mapping[str, str]) -> None:
-    """Refuse (401) an open-gateway caller without ``OPENAI_API_KEY`` reading or deleting stored state.
-
-    OIDC and API-key callers were authenticated already (their principal is not the default one).
-    On an open gateway with ``OPENAI_API_KEY`` set, stored responses, input items and conversations
-    are only for callers presenting that key as their bearer token, so stored data is never open
-    while a key exists.
-    """
+    """Refuse (401) an open-gateway caller without ``OPENAI_API_KEY`` reading or deleting stored state,
+    so stored data is never open while a key exists."""
     if principal.kind != "default":
         return
     if not get_config().openai_api_key.get_secret_value():
@@ -208,11 +181,8 @@ def owned(queryset: QuerySet[M], principal: Principal) -> QuerySet[M]:
 def owned_get(
     queryset: QuerySet[M], principal: Principal, *, not_found: str = "Not found.", **lookup: Any
 ) -> M:
-    """The one object matching ``lookup`` that ``principal`` owns.
-
-    Another owner's object raises the same :class:`errors.NotFound` as a missing one, so ids of
-    other principals cannot even be probed for existence.
-    """
+    """The one object matching ``lookup`` that ``principal`` owns; another owner's is "not found" too,
+    so other principals' ids cannot be probed."""
     obj = owned(queryset, principal).filter(**lookup).first()
     if obj is None:
         raise errors.NotFound(not_found)

@@ -1,14 +1,8 @@
-"""Admin single sign-on through the gateway's identity provider (mozilla-django-oidc).
+"""Admin single sign-on through the gateway's identity provider (mozilla-django-oidc, PKCE).
 
-The authorization-code flow (with PKCE) runs against the endpoints named by the issuer's discovery
-document, so only ``OIDC_ISSUER``, ``OIDC_RP_CLIENT_ID`` and ``OIDC_RP_CLIENT_SECRET`` (env only)
-need to be set. Who may enter the admin is decided by one claim (``[auth] admin_staff_claim``,
-default ``groups``; a string or a list): the value ``admin_staff_value`` grants staff, the value
-``admin_superuser_value`` grants superuser. The flags are re-applied at every sign-on, so removing
-someone from the group removes their access at their next login. Users are matched by the
-provider's ``sub`` (username ``sso:<sub>``), never by e-mail or preferred username, so an identity
-provider account can never take over a local account such as the first superuser, whose
-username/password login keeps working.
+Staff and superuser flags come from one claim (``[auth] admin_staff_claim``) and are re-applied at
+every sign-on. Users are matched by the provider's ``sub`` (``sso:<sub>``), never by e-mail, so an
+identity-provider account can never take over a local account.
 """
 
 from __future__ import annotations

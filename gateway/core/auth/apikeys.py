@@ -1,9 +1,7 @@
-"""Named inbound API keys: generation, hashing, lookup (constant time) and management.
+"""Named inbound API keys (``sk-gw-…``, 256 random bits): generation, hashing, lookup and management.
 
-A key looks like ``sk-gw-<43 url-safe characters>`` (256 random bits). The database keeps its
-SHA-256 digest and a short display prefix. Every process keeps a snapshot of the active keys for at
-most ``SNAPSHOT_TTL_S`` (and drops it at once when this process creates or revokes a key), so the
-hot path does not query the database on every request; a key revoked from another process stops
+The database keeps a SHA-256 digest and a display prefix. Each process caches the active keys for
+at most ``SNAPSHOT_TTL_S`` (dropped at once on a local change), so a key revoked elsewhere stops
 working within that time.
 """
 
@@ -109,12 +107,8 @@ def fresh_snapshot() -> Snapshot | None:
 
 
 async def snapshot() -> Snapshot:
-    """The active keys, at most ``SNAPSHOT_TTL_S`` old.
-
-    When the database cannot be read, the last snapshot stays in use; without one, requests are
-    refused with 503 rather than let through (the gateway fails closed). Concurrent requests that
-    find the snapshot stale share one reload instead of each querying the table.
-    """
+    """The active keys, at most ``SNAPSHOT_TTL_S`` old, one shared reload when stale. When the database
+    cannot be read the last snapshot stays; without one, a 503 (fail closed)."""
     current = _snapshot
     fresh = fresh_snapshot()
     if fresh is not None:

@@ -1,9 +1,8 @@
 """The Django middleware that authenticates every protected HTTP request.
 
-It runs after CORS (a browser's preflight ``OPTIONS`` is answered by corsheaders before it gets
-here, and a refusal still carries the CORS headers a browser needs to read it) and before the
-error middleware; a refusal is rendered through :func:`gateway.core.errors.django_response`, which picks
-the Anthropic envelope and ``request-id`` header on ``/v1/messages*``.
+It runs after CORS (a refusal still carries the CORS headers a browser needs) and renders a
+refusal through :func:`gateway.core.errors.django_response` (Anthropic's envelope on
+``/v1/messages*``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """OIDC bearer tokens: discovery, a JWKS cache with TTL and rotation, and token validation.
 
-The gateway trusts exactly one issuer (``OIDC_ISSUER``) and one audience (``OIDC_AUDIENCE``):
-
-- discovery (``<issuer>/.well-known/openid-configuration``) must name the same ``issuer`` and an
-  https ``jwks_uri`` (plain http only on loopback);
-- the JWKS is cached for ``[auth] jwks_ttl_s``; a token whose ``kid`` is not in the cache triggers
-  one refresh, at most every ``jwks_min_refresh_interval_s`` and shared by every request waiting
-  for it (so a burst of forged ``kid`` values cannot hammer the provider), so key rotation works
-  without a restart;
-- a refresh that fails raises :class:`errors.ServiceUnavailable` (503, no ``WWW-Authenticate``):
-  an identity-provider outage must be distinguishable from a rejected token;
-- provider responses are bounded in size (``max_provider_response_bytes``) and time
-  (``http_timeout_s``).
-
-Only asymmetric algorithms are accepted (RS*, PS*, ES*, EdDSA): ``alg: none`` and HS* are refused
-before any key is looked up, and symmetric (``oct``) keys in a JWKS are ignored, so a public key can
-never be used as an HMAC secret.
+One issuer and one audience. An unknown ``kid`` triggers at most one shared refresh per
+``jwks_min_refresh_interval_s`` (forged ``kid`` values cannot hammer the provider); a failed refresh
+is a 503, distinct from a rejected token. Only asymmetric algorithms are accepted and ``oct`` keys
+are ignored, so a public key can never serve as an HMAC secret.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """WebSocket authentication: the upgrade check and the per-message expiry check.
 
-:class:`WebSocketAuthMiddleware` wraps the Channels URL router (see ``gateway/asgi.py``). It
-authenticates the upgrade request with the same :func:`gateway.core.auth.authenticate` as HTTP, before
-any consumer runs:
-
-- refused: when the server implements the ASGI ``websocket.http.response`` extension (uvicorn
-  does, with every WebSocket implementation it ships), the client gets a real HTTP **401** with
-  ``WWW-Authenticate: Bearer`` and the JSON envelope (**503** when the identity provider is down),
-  and the connection is never accepted. Servers without the extension (daphne) get a close before
-  accept (code 1008), which they turn into an HTTP 403 handshake refusal.
-- accepted: ``scope["principal"]`` holds the :class:`~gateway.core.principal.Principal` (read it with
-  :func:`gateway.core.principal.scope_principal`), ``scope["credential_consumed"]`` whether the token
-  was consumed, and ``scope["auth_expires_at"]`` the token's expiry (epoch seconds, or ``None``).
-
-Consumers call :func:`ensure_not_expired` for every new ``response.create`` and again when queued
-work starts: once the token has expired it raises ``errors.AuthenticationFailed`` (code
-``invalid_token``), which the consumer answers with ``errors.ws_error_event(exc, stream_id)``.
+:class:`WebSocketAuthMiddleware` authenticates the upgrade like HTTP, before any consumer runs. A
+refusal is a real HTTP 401/503 where the server has ``websocket.http.response`` (uvicorn), else a
+close before accept (daphne: 403). Accepted, the scope holds ``principal``, ``credential_consumed``
+and ``auth_expires_at``; consumers call :func:`ensure_not_expired` before each new response.
 """
 
 from __future__ import annotations
@@ -87,11 +75,8 @@ async def refuse(scope: Scope, receive: Receive, send: Send, exc: errors.Gateway
 
 
 def ensure_not_expired(scope: Scope, now: float | None = None) -> None:
-    """Raise ``AuthenticationFailed`` (``invalid_token``) once the connection's token has expired.
-
-    The expiry is the token's ``exp`` itself: the clock leeway only forgives skew at validation.
-    Connections without an expiring credential (API keys, open gateway) never expire.
-    """
+    """Raise ``AuthenticationFailed`` (``invalid_token``) once the connection's token is past its
+    ``exp`` (no leeway here); credentials without expiry never expire."""
     expires_at = scope_principal(scope).expires_at
     if expires_at is None:
         return

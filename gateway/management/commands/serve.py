@@ -55,12 +55,8 @@ class Command(BaseCommand):
 
 
 def uvicorn_options(config: Config, host: str, port: int, workers: int) -> dict[str, Any]:
-    """The ``uvicorn.Config`` options the gateway is served with (tests serve with them too).
-
-    The ``[server]`` limits uvicorn has no setting for are held above it (``gateway.core.middleware``:
-    head size, header count, body read timeout) or by the ingress in front (a head's read timeout,
-    ``docs/operations.md``); the drain on SIGTERM is ``gateway.core.lifecycle``'s.
-    """
+    """The ``uvicorn.Config`` options the gateway is served with (tests use them too). Limits uvicorn has
+    no setting for are held in ``gateway.core.middleware`` or by the ingress (``docs/operations.md``)."""
     from gateway.core.lifecycle import FLUSH_MARGIN_S
 
     return {
