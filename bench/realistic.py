@@ -9,7 +9,7 @@ against this gateway (``manage.py serve``, default configuration), the reference
 (``agentic-api`` 0.9.0) and the upstream directly (``direct``: SSE only), in one run. A fresh server
 (and database) per cell, so memory figures do not carry over from a bigger cell.
 
-Per cell: CPU per streamed token (the server's process tree, from /proc, warm-up left out); added
+Per cell, after three warm-up rounds: CPU per streamed token (the server's process tree, from /proc); added
 latency to the first token and between tokens, p50/p99, measured against the upstream's own clock:
 every delta carries the upstream's send time (CLOCK_MONOTONIC, shared by every process), the first
 one also the time the request arrived, so ``TTFT+`` = client TTFT minus the upstream's own wait,
@@ -641,7 +641,9 @@ def cell(
         "tokens": args.tokens,
         "deadline_s": args.first_ms / 1000 + args.tokens * args.interval_ms / 1000 + 300,
     }
-    warm = clients.run(spec, min(level, 32))  # every server process's code paths, pools and DB
+    # Every server process's code paths, pools and database connections: uvicorn's workers share one
+    # listening socket, so one round may land on one process; three rounds reach them all.
+    warm = [tally for _ in range(3) for tally in clients.run(spec, min(level, 64))]
     time.sleep(0.5)
     idle = target.rss()
     samples = [(time.monotonic(), idle)]
