@@ -53,7 +53,7 @@ from responses_app.engine.executor import Executor
 from responses_app.features import steering
 from responses_app.features.steering import SteerFailure, Target
 from responses_app.protocol.schemas import ResponseCreateRequest, parse_create_request
-from responses_app.storage import services
+from responses_app.storage import prepare, writes
 
 log = logging.getLogger("responses.websocket")
 
@@ -387,7 +387,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         cached = self.checkpoints.get(parent_id) if parent_id is not None else None
         try:
             prepared: Prepared = await run_orm(
-                services.response_prepare,
+                prepare.response_prepare,
                 request=job.request,
                 raw=job.raw,
                 owner=self.owner,
@@ -488,7 +488,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self._error(errors.PayloadTooLarge(exc.message, code="event_too_large"), job.stream_id)
             return False, None
         if prepared.store:
-            await services.store_final(prepared, services.Outcome("completed", completed, []))
+            await writes.store_final(prepared, writes.Outcome("completed", completed, []))
         self._register(job, prepared, sink)
         await self._send(created_event.json)
         await self._send(completed_event.json)

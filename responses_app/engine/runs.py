@@ -35,7 +35,7 @@ from gateway.core.lifecycle import Interruptible, drain, interruptible, keep_run
 from gateway.core.sse import Event, error_frame
 from responses_app.engine.executor import Executor
 from responses_app.engine.lifecycle import unstored_message
-from responses_app.storage import leases, services
+from responses_app.storage import leases, services, writes
 
 log = logging.getLogger("responses.runs")
 
@@ -109,7 +109,7 @@ class _StreamLease:
     ``overlap`` (an SSE stream, :func:`detached`): :meth:`take` only queues the row's write; the
     run goes on, and its reader waits for :meth:`announced` before sending anything. The final
     store does not wait for that write: it follows it on the same writer (a later batch), or takes
-    its place when no batch has taken it yet (:func:`services.withdraw_in_progress`). A write that
+    its place when no batch has taken it yet (:func:`writes.withdraw_in_progress`). A write that
     fails interrupts the run (unless its final store has begun: that one writes the row)."""
 
     def __init__(self, executor: Executor, overlap: bool = False) -> None:
@@ -128,7 +128,7 @@ class _StreamLease:
 
     async def take(self, snapshot: dict[str, Any]) -> None:
         executor = self.executor
-        row = services.store_in_progress(
+        row = writes.store_in_progress(
             executor.p, snapshot, leases.runner_id(), executor.config.responses.lease_s
         )
         if not self.overlap:
@@ -179,7 +179,7 @@ class _StreamLease:
         An in_progress row still waiting to be written is taken back: the final row replaces it."""
         self.storing = True
         if self.row is not None and not self.row.done():
-            self.withdrawn = services.withdraw_in_progress(self.row)
+            self.withdrawn = writes.withdraw_in_progress(self.row)
         if self.heartbeat is not None:
             self.heartbeat.cancel()
 

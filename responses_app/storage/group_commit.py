@@ -1,4 +1,4 @@
-"""The group commit of the stored-response writes (``services.final_writes``). It stays because
+"""The group commit of the stored-response writes (``writes.final_writes``). It stays because
 writing each response alone, measured side by side on SQLite and PostgreSQL, cost far more CPU
 per stored response and throughput (docs/performance.md).
 

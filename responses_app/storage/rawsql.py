@@ -15,7 +15,7 @@ One statement sequence per backend, always on Django's connection of the calling
 from async code runs through ``gateway.core.db.run_orm``):
 
 - PostgreSQL: one statement for any number of responses and their items (:func:`store_responses`:
-  a group commit's batch, ``services.final_writes``, or a single response): the rows travel as two
+  a group commit's batch, ``writes.final_writes``, or a single response): the rows travel as two
   JSON documents (one of responses, one of items) that ``jsonb_to_recordset`` unpacks, inserted by
   data-modifying CTEs, atomic by itself; a caller's transaction (a conversation append) wraps it
   when there is one. Two parameters instead of one per column and row (psycopg dumped each in Python),
