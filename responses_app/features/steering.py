@@ -17,7 +17,7 @@ This module owns the per-connection steering state and every rule that does not 
   (``response.steer.pending``); :func:`missing_outputs` checks an explicit continuation supplies
   them all.
 
-The consumer (``responses_app.api.consumers``) does the I/O: it sends the events this module builds,
+The WebSocket session (``responses_app.api.session``) does the I/O: it sends the events this module builds,
 asks the running executor to stop at its next safe boundary, and runs successors on the target's
 lane. Nothing here survives the connection: a disconnect discards unapplied steering.
 """

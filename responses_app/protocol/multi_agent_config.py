@@ -5,7 +5,7 @@ integer) asks the gateway to coordinate subagents for one response (``responses_
 It requires ``store: true`` and refuses ``max_tool_calls`` and reasoning summaries, each with a 400
 naming its ``param`` (:func:`refuse_in_multi_agent_mode`, also applied to a continuation of a stored
 agent tree by ``prepare.response_prepare``). The WebSocket transport refuses it
-(``responses_app.api.consumers``).
+(``responses_app.api.session``).
 """
 
 from __future__ import annotations
