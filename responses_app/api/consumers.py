@@ -51,6 +51,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "unlisten"):
             self.unlisten()
+            del self.unlisten  # it holds this consumer's bound method: no cycle outlives the connection
         tasks = self.session.end() if hasattr(self, "session") else []
         if hasattr(self, "writer"):
             tasks.append(self.writer)
