@@ -6,7 +6,7 @@ HTTP server, against the same scripted upstream (``bench/responses.py``'s, in an
 prints the CPU per call (``time.process_time``: this process only) of three paths:
 
 - ``passthrough``: ``store: false``, no executor (the stateless relay to the upstream);
-- ``executor``: ``store: false`` forced through the executor (``services.needs_executor`` answers
+- ``executor``: ``store: false`` forced through the executor (``prepare.needs_executor`` answers
   True for this run only): parse and validate, the upstream exchange (a JSON client's round: one
   non-streamed answer, read through the stream parser and emitter), no storage;
 - ``stored``: ``store: true``, the whole stored path (group commit on the writer thread included).
@@ -121,7 +121,7 @@ def main() -> None:
 
     import orjson
 
-    from responses_app.storage import services
+    from responses_app.storage import prepare
 
     def body(store: bool) -> bytes:
         return orjson.dumps({"model": "bench-model", "input": "hi", "store": store})
@@ -132,13 +132,13 @@ def main() -> None:
         ("executor", False, True),
         ("stored", True, False),
     ):
-        original = services.needs_executor
+        original = prepare.needs_executor
         if forced:
-            services.needs_executor = lambda *_: True  # type: ignore[assignment]
+            prepare.needs_executor = lambda *_: True  # type: ignore[assignment]
         try:
             ms, failures = _measure(body(store), args.calls, args.concurrency)
         finally:
-            services.needs_executor = original
+            prepare.needs_executor = original
         failed += failures
         print(f"{name:12} {ms:.3f} ms CPU a call  ({failures} failed)", flush=True)
     if failed:

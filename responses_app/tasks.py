@@ -208,7 +208,7 @@ async def _run_stored(response_id: str) -> None:
     from inference_app.upstream.http import forward_headers
     from responses_app.models import Response
     from responses_app.protocol.schemas import ResponseCreateRequest
-    from responses_app.storage import services
+    from responses_app.storage import prepare, services
 
     config = get_config()
     try:
@@ -233,7 +233,7 @@ async def _run_stored(response_id: str) -> None:
     try:
         request = ResponseCreateRequest.model_validate(row.request)
         prepared = await run_orm(
-            services.response_prepare,
+            prepare.response_prepare,
             request=request,
             raw=row.request,
             owner=row.owner,

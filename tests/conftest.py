@@ -89,7 +89,7 @@ def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's test databases; before they are dropped, the stored responses' writer gives
     back the connection its thread keeps (``responses_app.storage.group_commit.GroupWriter``), which would hold them."""
     yield
-    from responses_app.storage.services import final_writes
+    from responses_app.storage.writes import final_writes
 
     final_writes.release()
 

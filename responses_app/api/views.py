@@ -25,7 +25,7 @@ from responses_app.engine.tool_loop import ToolLoop, history_model_items
 from responses_app.features.multi_agent import Coordinator, compaction_parts, is_multi_agent, root_model_view
 from responses_app.protocol.features import REFUSED_FIELDS, refuse_hosted_fields
 from responses_app.protocol.schemas import ResponseCreateRequest, parse_create_request
-from responses_app.storage import selectors, services
+from responses_app.storage import prepare, selectors, writes
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -90,7 +90,7 @@ async def create(call: Call) -> Outcome:
     _check_json(call.content_type)
     parsed, raw = parse_create_request(call.body)
     config = get_config()
-    if not services.needs_executor(parsed, raw, config):
+    if not prepare.needs_executor(parsed, raw, config):
         return await _direct(call)
     arguments: dict[str, Any] = {
         "request": parsed,
@@ -100,10 +100,10 @@ async def create(call: Call) -> Outcome:
         "config": config,
     }
     prepared: Prepared
-    if services.prepare_reads_database(parsed):
-        prepared = await run_orm(services.response_prepare, **arguments)
+    if prepare.prepare_reads_database(parsed):
+        prepared = await run_orm(prepare.response_prepare, **arguments)
     else:
-        prepared = services.response_prepare(**arguments)  # nothing stored referenced
+        prepared = prepare.response_prepare(**arguments)  # nothing stored referenced
     if prepared.background:
         # Tool declarations, host policy and approvals are refused (400) before anything is queued;
         # MCP discovery happens when the work runs.
@@ -275,7 +275,7 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
     parsed, fields = parse_create_request(orjson.dumps({**fields, "store": True}))
     config = get_config()
     prepared = await run_orm(
-        services.response_prepare,
+        prepare.response_prepare,
         request=parsed,
         raw=fields,
         owner=request_principal(request).owner,
@@ -310,7 +310,7 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
         "usage": usage,
     }
     await run_orm(
-        services.response_compaction_store,
+        writes.response_compaction_store,
         prepared=prepared,
         retained=retained,
         item=item,
@@ -332,7 +332,7 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
     parsed, raw = parse_create_request(orjson.dumps(raw))
     config = get_config()
     prepared = await run_orm(
-        services.response_prepare,
+        prepare.response_prepare,
         request=_without_store(parsed),
         raw=raw,
         owner=request_principal(request).owner,

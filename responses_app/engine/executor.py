@@ -22,7 +22,7 @@ from responses_app.engine.lifecycle import Lifecycle
 from responses_app.engine.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
 from responses_app.features import async_tools, compaction, steering
 from responses_app.protocol.multi_agent_config import single_agent_view
-from responses_app.storage import services
+from responses_app.storage import writes
 
 
 class Executor(Lifecycle):
@@ -123,7 +123,7 @@ class Executor(Lifecycle):
     ) -> None:
         """The row, its items, and after a compaction the window a continuation starts from."""
         output_items = self.tools.stored_items(self.output) if self.tools else self.output
-        outcome = services.Outcome(
+        outcome = writes.Outcome(
             status,
             snapshot,
             output_items,
@@ -132,7 +132,7 @@ class Executor(Lifecycle):
             terminal,
             window=self.checkpoint(output_items) if self.compactor.compacted else None,
         )
-        self.stored = await services.store_final(self.p, outcome)
+        self.stored = await writes.store_final(self.p, outcome)
 
     # --- one upstream round ---------------------------------------------------------------------
 

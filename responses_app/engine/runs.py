@@ -21,7 +21,7 @@ from gateway.core.lifecycle import Interruptible, drain, interruptible, keep_run
 from gateway.core.sse import Event, error_frame
 from responses_app.engine.executor import Executor
 from responses_app.engine.lifecycle import unstored_message
-from responses_app.storage import leases, services
+from responses_app.storage import leases, services, writes
 
 log = logging.getLogger("responses.runs")
 
@@ -91,7 +91,7 @@ class _StreamLease:
 
     With ``overlap`` (SSE) :meth:`take` only queues the write and the reader waits for
     :meth:`announced`; the final store follows that write on the same writer or replaces it
-    (:func:`services.withdraw_in_progress`).
+    (:func:`writes.withdraw_in_progress`).
     """
 
     def __init__(self, executor: Executor, overlap: bool = False) -> None:
@@ -110,7 +110,7 @@ class _StreamLease:
 
     async def take(self, snapshot: dict[str, Any]) -> None:
         executor = self.executor
-        row = services.store_in_progress(
+        row = writes.store_in_progress(
             executor.p, snapshot, leases.runner_id(), executor.config.responses.lease_s
         )
         if not self.overlap:
@@ -160,7 +160,7 @@ class _StreamLease:
         An in_progress row still waiting to be written is taken back: the final row replaces it."""
         self.storing = True
         if self.row is not None and not self.row.done():
-            self.withdrawn = services.withdraw_in_progress(self.row)
+            self.withdrawn = writes.withdraw_in_progress(self.row)
         if self.heartbeat is not None:
             self.heartbeat.cancel()
 

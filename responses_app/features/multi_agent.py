@@ -731,13 +731,13 @@ class Coordinator(Executor):
     async def store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None
     ) -> None:
-        from responses_app.storage import services
+        from responses_app.storage import writes
 
         views: dict[str, Any] = {}
         for agent in self.agents.values():
             views.update(agent.ex.loop.model_calls)
         items = [{**i, PRIVATE_KEY: views[i["id"]]} if i.get("id") in views else i for i in self.output]
-        outcome = services.Outcome(
+        outcome = writes.Outcome(
             status,
             snapshot,
             items,
@@ -746,7 +746,7 @@ class Coordinator(Executor):
             terminal_event=terminal,
             agent_tree=self.agent_tree or self._tree(),
         )
-        self.stored = await services.store_final(self.p, outcome)
+        self.stored = await writes.store_final(self.p, outcome)
 
 
 CLIENT_CALL_TYPES = frozenset(
@@ -771,7 +771,7 @@ def _open_calls(output: list[dict[str, Any]]) -> list[str]:
 
 
 def prepared_tree(prepared: Prepared) -> dict[str, Any]:
-    """The tree a continuation restores (set by ``services.response_prepare``), or a fresh one."""
+    """The tree a continuation restores (set by ``prepare.response_prepare``), or a fresh one."""
     return prepared.agent_tree or {"version": TREE_VERSION, "config": {}, "agents": []}
 
 

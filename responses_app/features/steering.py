@@ -2,8 +2,8 @@
 
 Owns the per-connection state and every rule that needs no socket: :func:`parse_steer`,
 :class:`Steering` (one :class:`Target` per generating response, with its inherited settings,
-accepted steering and budgets), :func:`required_inputs` and :func:`missing_outputs`. The consumer
-does the I/O. Nothing survives the connection.
+accepted steering and budgets), :func:`required_inputs` and :func:`missing_outputs`. The WebSocket
+session (``responses_app.api.session``) does the I/O. Nothing survives the connection.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The group commit of the stored-response writes (``services.final_writes``); kept because it saves
+"""The group commit of the stored-response writes (``writes.final_writes``); kept because it saves
 much of the CPU a stored response costs on SQLite and PostgreSQL (``docs/performance.md``).
 
 :class:`GroupWriter` runs writes that wait together in one transaction on its own thread, which keeps

@@ -24,7 +24,7 @@ from inference_app.tools.dispatch import run_gateway_calls
 from responses_app import tasks
 from responses_app.models import Response, ResponseEvent
 from responses_app.protocol.schemas import ResponseCreateRequest
-from responses_app.storage import leases, services
+from responses_app.storage import leases, prepare, services, writes
 from tests.servers import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -197,7 +197,7 @@ def test_a_redelivered_task_fails_an_expired_row_and_leaves_a_live_one() -> None
 
 def _stored_stream(**extra: Any) -> Any:
     raw = {"model": "m", "input": "x", "stream": True, **extra}
-    return services.response_prepare(
+    return prepare.response_prepare(
         request=ResponseCreateRequest.model_validate(raw),
         raw=raw,
         owner="tester",
@@ -214,7 +214,7 @@ def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_event
 
     prepared = _stored_stream()
     snapshot = {"id": prepared.response_id, "object": "response", "status": "in_progress", "error": None}
-    services.response_create_in_progress(
+    writes.response_create_in_progress(
         prepared=prepared, snapshot=snapshot, lease_owner="elsewhere/9/ab", lease_s=30
     )
     row = Response.objects.get(id=prepared.response_id)
@@ -237,8 +237,8 @@ def test_a_stored_streams_early_row_is_leased_unfinished_and_swept_without_event
     assert failed.error == {"code": "server_error", "message": services.LEASE_EXPIRED_MESSAGE}
     assert failed.snapshot["status"] == "failed" and failed.snapshot["error"] == failed.error
     assert not ResponseEvent.objects.filter(response_id=row.id).exists()
-    outcome = services.Outcome("completed", {**snapshot, "status": "completed"}, [])
-    assert services.response_store_final(prepared=prepared, outcome=outcome) is False
+    outcome = writes.Outcome("completed", {**snapshot, "status": "completed"}, [])
+    assert writes.response_store_final(prepared=prepared, outcome=outcome) is False
     assert Response.objects.get(id=row.id).status == "failed"
 
 
@@ -360,16 +360,16 @@ def test_an_sse_streams_work_starts_while_its_row_is_written_and_nothing_is_sent
     upstream = _Recorded()
     executor = Executor(_stored_stream(), get_config(), upstream=upstream)
     rid = executor.p.response_id
-    real = services.final_writes.combine
+    real = writes.final_writes.combine
     assert real is not None
     release = threading.Event()
 
-    def held(writes: list[Any]) -> list[bool]:
-        if any(isinstance(write, services.InProgressWrite) for write in writes):
+    def held(batch: list[Any]) -> list[bool]:
+        if any(isinstance(write, writes.InProgressWrite) for write in batch):
             assert release.wait(10)
-        return real(writes)
+        return real(batch)
 
-    monkeypatch.setattr(services.final_writes, "combine", held)
+    monkeypatch.setattr(writes.final_writes, "combine", held)
 
     async def run() -> list[tuple[str, str]]:
         seen: list[tuple[str, str]] = []
@@ -411,7 +411,7 @@ def _behind_a_busy_writer(executor: Any, final_waits: Any) -> list[Any]:
         busy.set()
         assert release.wait(10)
 
-    blocker = threading.Thread(target=lambda: asyncio.run(services.final_writes.run(occupy)))
+    blocker = threading.Thread(target=lambda: asyncio.run(writes.final_writes.run(occupy)))
     blocker.start()
     assert busy.wait(10)
 
@@ -419,10 +419,10 @@ def _behind_a_busy_writer(executor: Any, final_waits: Any) -> list[Any]:
         events = runs.detached(executor)
         first = asyncio.ensure_future(anext(events))
         for _ in range(200):
-            if final_waits(services.final_writes.waiting):
+            if final_waits(writes.final_writes.waiting):
                 break
             await asyncio.sleep(0.01)
-        assert final_waits(services.final_writes.waiting)
+        assert final_waits(writes.final_writes.waiting)
         assert not first.done()
         release.set()
         return [await asyncio.wait_for(first, 10)] + [event async for event in events]
@@ -446,15 +446,15 @@ def test_a_final_row_ready_before_the_in_progress_row_was_taken_replaces_it(
     upstream.go.set()  # the run ends at once (failed): its final row is ready right away
     executor = Executor(_stored_stream(), get_config(), upstream=upstream)
     rid = executor.p.response_id
-    real = services.final_writes.combine
+    real = writes.final_writes.combine
     assert real is not None
     written: list[list[str]] = []
 
-    def recording(writes: list[Any]) -> list[bool]:
-        written.append([type(write).__name__ for write in writes])
-        return real(writes)
+    def recording(batch: list[Any]) -> list[bool]:
+        written.append([type(write).__name__ for write in batch])
+        return real(batch)
 
-    monkeypatch.setattr(services.final_writes, "combine", recording)
+    monkeypatch.setattr(writes.final_writes, "combine", recording)
     events = _behind_a_busy_writer(
         executor, lambda waiting: [type(write.value).__name__ for write in waiting] == ["FinalWrite"]
     )
@@ -506,15 +506,15 @@ def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
     from responses_app.engine import runs
     from responses_app.engine.executor import Executor
 
-    real = services.final_writes.combine
+    real = writes.final_writes.combine
     assert real is not None
 
-    def failing(writes: list[Any]) -> list[bool]:
-        if final_store == "fails" or any(isinstance(w, services.InProgressWrite) for w in writes):
+    def failing(batch: list[Any]) -> list[bool]:
+        if final_store == "fails" or any(isinstance(w, writes.InProgressWrite) for w in batch):
             raise OperationalError("the database is down")
-        return real(writes)
+        return real(batch)
 
-    monkeypatch.setattr(services.final_writes, "combine", failing)
+    monkeypatch.setattr(writes.final_writes, "combine", failing)
     executor = Executor(_stored_stream(), get_config(), upstream=_Hanging())
     rid = executor.p.response_id
 
@@ -545,7 +545,7 @@ def test_an_sse_stream_whose_row_cannot_be_written_is_not_announced_as_running(
 def test_an_exception_in_background_work_stores_failed_with_an_error() -> None:
     config = get_config()
     request = ResponseCreateRequest.model_validate({"model": "m", "input": "x", "background": True})
-    prepared = services.response_prepare(
+    prepared = prepare.response_prepare(
         request=request,
         raw={"model": "m", "input": "x", "background": True},
         owner="tester",

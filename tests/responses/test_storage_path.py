@@ -29,24 +29,24 @@ HOLD_S = 1.0
 
 
 class _FinalWrites:
-    """Where the finished responses' writes are in ``services.final_writes``: ``entered`` counts
+    """Where the finished responses' writes are in ``storage.writes.final_writes``: ``entered`` counts
     the final rows its batches have begun to write (a batch blocked on a lock included), ``waiting``
     those queued behind. Waited on instead of a pause that hopes they got there."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from responses_app.storage import services
+        from responses_app.storage.writes import FinalWrite, final_writes
 
-        self.writer = services.final_writes
+        self.writer = final_writes
         self.batches: list[int] = []  # the number of final rows of each statement
         combine = self.writer.combine
         assert combine is not None
 
-        def counting(writes: list[Any]) -> list[Any]:
-            self.batches.append(sum(isinstance(w, services.FinalWrite) for w in writes))
-            return combine(writes)
+        def counting(batch: list[Any]) -> list[Any]:
+            self.batches.append(sum(isinstance(w, FinalWrite) for w in batch))
+            return combine(batch)
 
         monkeypatch.setattr(self.writer, "combine", counting)
-        self.final = services.FinalWrite
+        self.final = FinalWrite
 
     @property
     def waiting(self) -> int:

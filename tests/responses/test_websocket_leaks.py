@@ -88,3 +88,42 @@ def test_the_consumer_asks_for_a_release_when_its_connection_closes(
 
     asyncio.run(open_and_close())
     assert asked == [1]
+
+
+def test_a_closed_connection_is_freed_without_the_cycle_collector(
+    monkeypatch: pytest.MonkeyPatch, transactional_db: None
+) -> None:
+    """The consumer and its session form no reference cycle: both go when the connection closes,
+    with the collector off (the release after a close collects, which would hide one). Channels
+    closes stale database connections around each event, hence the database."""
+    import gc
+    import weakref
+
+    from channels.testing import WebsocketCommunicator
+
+    from responses_app.api.consumers import ResponsesConsumer
+
+    monkeypatch.setattr(memory, "connection_closed", lambda: None)
+    alive: list[weakref.ref[Any]] = []
+    connect = ResponsesConsumer.connect
+
+    async def tracked_connect(self: ResponsesConsumer) -> None:
+        await connect(self)
+        alive.extend((weakref.ref(self), weakref.ref(self.session)))
+
+    monkeypatch.setattr(ResponsesConsumer, "connect", tracked_connect)
+
+    async def open_use_and_close() -> None:
+        communicator = WebsocketCommunicator(ResponsesConsumer.as_asgi(), "/v1/responses")
+        assert (await communicator.connect())[0]
+        await communicator.send_to(text_data='{"type": "response.nope"}')
+        assert orjson.loads(await communicator.receive_from())["type"] == "error"
+        await communicator.disconnect()
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(open_use_and_close())
+        assert len(alive) == 2 and [ref() for ref in alive] == [None, None]
+    finally:
+        gc.enable()
