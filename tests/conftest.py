@@ -66,6 +66,16 @@ def _started_processes(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _no_drain_left() -> Iterator[None]:
+    """A server stopped in this process (its lifespan's end begins the drain) leaves the process's one
+    drain begun: the next test's servers would refuse every request with 503."""
+    yield
+    from gateway.core.lifecycle import drain
+
+    drain.reset()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_auth_state(request: pytest.FixtureRequest) -> Iterator[None]:
     """No JWKS, discovery document or API-key snapshot leaks from one test into the next.
 

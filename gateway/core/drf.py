@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Generic, Literal, TypeVar
 
@@ -114,7 +115,11 @@ class JSONRenderer(BaseRenderer):
     def render(
         self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
     ) -> bytes:
-        return orjson.dumps(data)
+        try:
+            return orjson.dumps(data)
+        except TypeError:
+            # An integer beyond 64 bits: PostgreSQL's jsonb hands back 1e+23 as 100000000000000000000000.
+            return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class JSONOnly(BaseContentNegotiation):
