@@ -30,7 +30,7 @@ def _loaded_config() -> Config:
 
 app = configure(Celery("gateway"), _loaded_config())
 app.autodiscover_tasks(
-    ["inference_app.engine.host", "inference_app.tools", "responses_app", "conversations_app"]
+    ["inference_app.engine", "inference_app.tools", "responses_app", "conversations_app"]
 )
 
 

@@ -125,3 +125,14 @@ async def test_worker_registry_reads_are_shared_and_refreshed_behind_requests(
         await client.aclose()
         for redis in list(upstream._clients.values()):
             await redis.aclose()
+
+
+def test_the_celery_app_finds_every_task_of_the_apps() -> None:
+    """A worker registers what autodiscovery finds: the inference, tool and background tasks (a
+    package path that names no tasks module is skipped without a word)."""
+    from gateway.celery import app
+    from inference_app.tools.dispatch import TOOL_TASK_NAME
+    from inference_app.upstream.streams import TASK_NAME
+
+    app.loader.import_default_modules()
+    assert {TASK_NAME, TOOL_TASK_NAME, "responses.run_background"} <= set(app.tasks)
