@@ -29,9 +29,7 @@ def _loaded_config() -> Config:
 
 
 app = configure(Celery("gateway"), _loaded_config())
-app.autodiscover_tasks(
-    ["inference_app.engine", "inference_app.tools", "responses_app", "conversations_app"]
-)
+app.autodiscover_tasks(["inference_app.engine", "inference_app.tools", "responses_app", "conversations_app"])
 
 
 @signals.task_prerun.connect
