@@ -1124,7 +1124,6 @@ def test_claude_code_web_search_end_to_end(
 # --- Celery ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xdist_group("celery")  # its Celery worker shares the tools queue with other modules'
 def test_calls_go_to_the_tools_queue_when_celery_is_configured(
     gw: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any
 ) -> None:

@@ -65,7 +65,7 @@ def test_settings_pick_redis_layer_when_configured() -> None:
     assert out.stdout.split() == ["channels.layers.InMemoryChannelLayer", "memory://", "True"]
 
 
-pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.xdist_group("celery")]
+pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 async def test_worker_registry_reads_are_shared_and_refreshed_behind_requests(

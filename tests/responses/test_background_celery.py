@@ -15,9 +15,6 @@ from gateway.celery import configure
 from tests.responses.conftest import Gateway
 from tests.responses.scripts import text
 
-# Their Celery workers share Redis queues: one pytest-xdist worker runs these modules.
-pytestmark = pytest.mark.xdist_group("celery")
-
 REDIS_URL = "redis://127.0.0.1:6379/13"
 
 

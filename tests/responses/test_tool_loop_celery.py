@@ -15,9 +15,6 @@ from tests.celery_rebind import rebind
 from tests.responses.scripts import call, text
 from tests.responses.tool_fixtures import ToolsGateway, args, model_input
 
-# Their Celery workers share Redis queues: one pytest-xdist worker runs these modules.
-pytestmark = pytest.mark.xdist_group("celery")
-
 REDIS_URL = "redis://127.0.0.1:6379/7"
 
 

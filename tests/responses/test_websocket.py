@@ -630,7 +630,6 @@ def test_malformed_and_refused_frames_get_error_events(gw: LiveServer, upstream:
 # --- a client that stops reading -------------------------------------------------------------------
 
 
-@pytest.mark.slow  # ~50 MB of deltas: the heaviest in-process test; runs in `make test`
 def test_a_client_that_stops_reading_is_closed_with_1008(
     gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]
 ) -> None:

@@ -17,9 +17,6 @@ from gateway.core.config import Config, load_config, replace
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls
 from tests.tools.tools_servers import SearchProvider
 
-# Their Celery workers share Redis queues: one pytest-xdist worker runs these modules.
-pytestmark = pytest.mark.xdist_group("celery")
-
 REDIS_URL = "redis://127.0.0.1:6379/9"
 
 
@@ -162,7 +159,6 @@ async def test_without_a_worker_the_call_times_out_cleanly(celery_app: Any, tool
     assert result.status == "failed" and result.error == "web_search call timed out after 0.5 s"
 
 
-@pytest.mark.slow  # several sandboxed abuses in a row: seconds off the quick tier
 async def test_sandbox_abuse_on_the_worker_leaves_it_serving(
     celery_app: Any, worker: Any, tools_config: Config
 ) -> None:
