@@ -97,7 +97,7 @@ test-inference: install-inference
 
 ## Set up and run the whole suite: lint, then every test on SQLite and on PostgreSQL, then real vLLM.
 ## PostgreSQL and Redis are started (throwaway instances) when nothing answers on their addresses;
-## bubblewrap and Node.js/npm are installed when missing (tests/ensure_tools.sh).
+## bubblewrap, Node.js/npm and nginx are installed when missing (tests/ensure_tools.sh).
 test: ensure-tools lint
 	tests/ensure_services.sh $(TEST_DATABASE_URL)
 	$(MAKE) test-sqlite test-postgres test-inference

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What `make test` needs beyond Python: bubblewrap (`bwrap`, the code-interpreter sandbox) and
-# Node.js with npm (the Codex and Claude Code end-to-end tests install those clients with npm).
+# What `make test` needs beyond Python: bubblewrap (`bwrap`, the code-interpreter sandbox),
+# Node.js with npm (the Codex and Claude Code end-to-end tests install those clients with npm) and
+# nginx (the ingress example, docker/nginx.conf, is tested in front of the gateway).
 # Installs what is missing with apt-get (as root, or with passwordless sudo), or stops with one
 # message naming what to install. The tests never skip for want of these: they fail.
 set -euo pipefail
@@ -10,6 +11,7 @@ missing() {
   command -v bwrap >/dev/null 2>&1 || out+=(bubblewrap)
   command -v node >/dev/null 2>&1 || out+=(nodejs)
   command -v npm >/dev/null 2>&1 || out+=(npm)
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || out+=(nginx-light)
   echo "${out[*]:-}"
 }
 
@@ -33,7 +35,7 @@ fi
 need=$(missing)
 if [ -n "$need" ]; then
   echo "make test needs $need (bubblewrap for the code-interpreter sandbox, Node.js/npm for the" \
-    "Codex and Claude Code end-to-end tests) and could not install it: install it (e.g." \
+    "Codex and Claude Code end-to-end tests, nginx for the ingress example) and could not install it: install it (e.g." \
     "'apt-get install $need') and run make test again." >&2
   exit 1
 fi

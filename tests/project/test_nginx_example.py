@@ -1,6 +1,6 @@
 """``docker/nginx.conf``, the ingress example, in front of ``manage.py serve``: it answers, streams,
 passes the WebSocket upgrade on and holds the limits the server has none for (a head's read time,
-a head's size while it arrives). Skipped where nginx is not installed."""
+a head's size while it arrives). `make test` installs nginx (tests/ensure_tools.sh); without it these fail."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.servers import ROOT, GatewayProcess, free_port, wait_port
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 HEADER_TIMEOUT_S = 1  # the example's client_header_timeout, shortened for the test
 
-pytestmark = [pytest.mark.process, pytest.mark.skipif(NGINX is None, reason="nginx is not installed")]
+pytestmark = pytest.mark.process
 
 
 def _config(workdir: Path, gateway_port: int, port: int) -> Path:
@@ -46,11 +46,12 @@ def _config(workdir: Path, gateway_port: int, port: int) -> Path:
 
 @pytest.fixture(scope="module")
 def ingress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    assert NGINX is not None, "nginx is not installed: `make test` installs it (tests/ensure_tools.sh)"
     gateway = GatewayProcess({"LLM_API_BASE": "http://127.0.0.1:9"}).wait()
     workdir = tmp_path_factory.mktemp("nginx")
     port = free_port()
     conf = _config(workdir, gateway.port, port)
-    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(workdir), "-g", "daemon off;"])  # type: ignore[list-item]
+    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(workdir), "-g", "daemon off;"])
     try:
         wait_port(port)
         yield port
