@@ -52,6 +52,21 @@ def sized_answers(sock: socket.socket, count: int) -> list[bytes]:
     return answers
 
 
+def exchange(port: int, data: bytes, *, timeout: float = 10.0) -> tuple[bytes, float]:
+    """Send ``data``, read until the server closes; the bytes and how long the server took."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(timeout)
+        started = time.monotonic()
+        sock.sendall(data)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass  # closed with our unread bytes in its buffer: the answer arrived first
+        return received, time.monotonic() - started
+
+
 def raw_http(port: int, request: bytes, read_timeout: float = 5.0) -> bytes:
     """Send raw bytes and read until the server closes or the status line and body arrive."""
     with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as s:

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from tests.conftest import serve_gateway
-from tests.servers import GatewayProcess
+from tests.servers import GatewayProcess, exchange
 
 READ_TIMEOUT_S = 1.0
 HEAD_LIMIT = 64 * 1024
@@ -38,21 +38,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     gateway.log_path = log  # type: ignore[attr-defined]
     yield gateway
     gateway.stop()
-
-
-def exchange(port: int, data: bytes, *, timeout: float = 10.0) -> tuple[bytes, float]:
-    """Send ``data``, read until the server closes; the bytes and how long the server took."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.settimeout(timeout)
-        started = time.monotonic()
-        sock.sendall(data)
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass  # closed with our unread bytes in its buffer: the answer arrived first
-        return received, time.monotonic() - started
 
 
 def parse(answer: bytes) -> tuple[int, dict[str, str], Any]:

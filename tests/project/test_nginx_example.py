@@ -10,14 +10,13 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.servers import ROOT, GatewayProcess, free_port, wait_port
+from tests.servers import ROOT, GatewayProcess, exchange, free_port, wait_port
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 HEADER_TIMEOUT_S = 1  # the example's client_header_timeout, shortened for the test
@@ -61,28 +60,14 @@ def ingress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         gateway.stop()
 
 
-def _exchange(port: int, data: bytes, timeout: float = 10) -> tuple[bytes, float]:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.settimeout(timeout)
-        started = time.monotonic()
-        sock.sendall(data)
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-        return received, time.monotonic() - started
-
-
 def test_a_request_goes_through_to_the_gateway(ingress: int) -> None:
-    answer, _ = _exchange(ingress, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer, _ = exchange(ingress, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"x-request-id: req_" in answer.lower()
 
 
 def test_a_head_that_does_not_arrive_in_time_is_closed(ingress: int) -> None:
-    answer, seconds = _exchange(ingress, b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    answer, seconds = exchange(ingress, b"GET /health HTTP/1.1\r\nHost: x\r\n")
     assert answer == b"" or answer.startswith(b"HTTP/1.1 408 ")  # nginx closes, or answers 408
     assert HEADER_TIMEOUT_S * 0.9 < seconds < HEADER_TIMEOUT_S + 5
 
