@@ -202,16 +202,21 @@ def test_a_refusal_carries_the_cors_headers(gateway_config: Any, settings: Any) 
         finish(passage, 401)
 
 
-def test_cors_preflight(live_gateway: LiveServer, settings) -> None:  # type: ignore[no-untyped-def]
-    settings.CORS_ALLOWED_ORIGINS = ["https://app.example"]
-    r = httpx.options(
-        f"{live_gateway.url}/v1/chat/completions",
+def preflight(base: str) -> httpx.Response:
+    """A browser's CORS preflight for a POST with a bearer token and a JSON body."""
+    return httpx.options(
+        f"{base}/v1/chat/completions",
         headers={
             "Origin": "https://app.example",
             "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization, content-type",
         },
     )
+
+
+def test_cors_preflight(live_gateway: LiveServer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.CORS_ALLOWED_ORIGINS = ["https://app.example"]
+    r = preflight(live_gateway.url)
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == "https://app.example"
     assert "authorization" in r.headers["access-control-allow-headers"]
@@ -269,14 +274,7 @@ def test_cors_preflight_is_not_refused_and_refusals_carry_cors(
     live_gateway: Any, oidc: Any, settings: Any
 ) -> None:
     settings.CORS_ALLOWED_ORIGINS = ["https://app.example"]
-    r = httpx.options(
-        f"{live_gateway.url}/v1/chat/completions",
-        headers={
-            "Origin": "https://app.example",
-            "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type",
-        },
-    )
+    r = preflight(live_gateway.url)
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == "https://app.example"
     # The 401 itself is readable by the browser app.
