@@ -157,6 +157,7 @@ class Emitting(Protocol):
     output: list[dict[str, Any]]
     sink: EventSink
     client_tools: ToolMap  # what a server-run tool search loads into
+    item_fields: dict[str, Any]  # added to every item (multi-agent: the agent that made it)
 
     def retain(self, size: int) -> None: ...
 

@@ -261,6 +261,7 @@ class ToolLoop:
                 "id": new_id(ID_PREFIX["mcp_list_tools"]),
                 "type": "mcp_list_tools",
                 **listing.item_fields(),
+                **ex.item_fields,
             }
             index = len(ex.output)
             ex.retain(listing.retained_bytes)
@@ -331,7 +332,7 @@ class ToolLoop:
             self.hidden.append((len(ex.output), _function_pair(view)))
             return []
         index = len(ex.output)
-        item = self._new_item(fn, arguments)
+        item = {**self._new_item(fn, arguments), **ex.item_fields}
         out = self._opening_events(ex, item, index, arguments)
         out += self._dispatch_events(ex, item, index)
         # Left at "searching" / "interpreting", without a completed event (OpenAI's behaviour).
@@ -348,7 +349,7 @@ class ToolLoop:
         self, ex: Emitting, fn: FunctionDef, call: ToolCall, approval_request_id: str | None = None
     ) -> list[Event]:
         index = len(ex.output)
-        item = self._new_item(fn, call.arguments, approval_request_id)
+        item = {**self._new_item(fn, call.arguments, approval_request_id), **ex.item_fields}
         out = self._opening_events(ex, item, index, call.arguments)
         if fn.kind == "code_interpreter":
             item["code"] = _code_of(call.arguments)
@@ -490,6 +491,7 @@ class ToolLoop:
             "output": None,
             "error": {"type": "mcp_protocol_error", "code": -32601, "message": message},
             "approval_request_id": request["id"],
+            **ex.item_fields,
         }
         out = [
             ex.sink.make(

@@ -458,8 +458,8 @@ def test_two_async_rounds_in_a_row_end_an_agents_turn(tools_gw: Gateway) -> None
 
     route(gw, router, 3)
     tools = [ASYNC_FN, {"type": "web_search"}]
-    # Not check_attribution: a gateway tool's item (web_search_call) carries no ``agent`` yet.
-    final = gw.stream({"model": "m", "input": "go", "tools": tools, "multi_agent": MA})[-1]["response"]
+    # check_attribution: the gateway tool's item (web_search_call) is the agent's too.
+    final = check_attribution(gw.stream({"model": "m", "input": "go", "tools": tools, "multi_agent": MA}))
     assert final["status"] == "completed", final
     calls = [i for i in final["output"] if i["type"] == "function_call"]
     assert [(c["call_id"], c["async"]) for c in calls] == [("call_a1", True), ("call_a2", True)]
