@@ -21,7 +21,7 @@ from responses_app.features import async_tools
 from responses_app.models import Response
 from responses_app.protocol.features import refuse_executor_only
 from responses_app.protocol.multi_agent_config import AGENT_ITEM_TYPES, INPUT_MARK, refuse_in_multi_agent_mode
-from responses_app.protocol.schemas import ResponseCreateRequest, check_prompt_cache_options
+from responses_app.protocol.schemas import NOT_FORWARDED, ResponseCreateRequest, check_prompt_cache_options
 from responses_app.storage import rawsql, selectors
 from responses_app.storage.history_cache import history_cache
 
@@ -29,9 +29,11 @@ COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
 # Multi-agent items too: the executor drops them from the model's input (never sent raw upstream).
 EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"} | AGENT_ITEM_TYPES
-# Gateway-owned fields the upstream's /v1/responses does not know: present with any value, they
-# send the request through the executor, which never forwards them (the direct path is byte for byte).
-GATEWAY_OWNED = frozenset({"context_management", "multi_agent"})
+# Gateway-owned fields vLLM's /v1/responses shares with the same meaning (store: false, stream, a null
+# previous_response_id ...): the direct path may relay them. Any other gateway-owned field, present with
+# any value, sends the request through the executor, which never forwards it (direct is byte for byte).
+UPSTREAM_KNOWN = frozenset({"background", "max_tool_calls", "metadata", "previous_response_id", "store", "stream"})
+GATEWAY_OWNED = NOT_FORWARDED - UPSTREAM_KNOWN
 
 
 def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: Config) -> bool:

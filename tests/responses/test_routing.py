@@ -101,6 +101,12 @@ GATEWAY_OWNED = [
     {"context_management": None},
     {"multi_agent": {"enabled": False}},
     {"multi_agent": None},
+    {"conversation": None},
+    {"background_options": None},
+    {"stream_options": None},
+    {"client_metadata": {}},
+    {"generate": True},
+    {"stream_id": None},
 ]
 
 
