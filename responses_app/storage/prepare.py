@@ -32,7 +32,9 @@ EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_outpu
 # Gateway-owned fields vLLM's /v1/responses shares with the same meaning (store: false, stream, a null
 # previous_response_id ...): the direct path may relay them. Any other gateway-owned field, present with
 # any value, sends the request through the executor, which never forwards it (direct is byte for byte).
-UPSTREAM_KNOWN = frozenset({"background", "max_tool_calls", "metadata", "previous_response_id", "store", "stream"})
+UPSTREAM_KNOWN = frozenset(
+    {"background", "max_tool_calls", "metadata", "previous_response_id", "store", "stream"}
+)
 GATEWAY_OWNED = NOT_FORWARDED - UPSTREAM_KNOWN
 
 
