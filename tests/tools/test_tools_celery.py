@@ -141,11 +141,13 @@ async def test_a_timeout_becomes_a_failed_result(
         web_search__base_url=provider.url,
         tools__call_timeout_s=0.5,
     )
+    started = time.monotonic()
     results = await run_gateway_calls(
         [search("slow", "slow query"), search("fast", "fast query")], config=config, celery_app=celery_app
     )
-    # The round ended while the provider was still answering the slow call: nobody waited for it.
-    assert provider.in_flight == 1
+    # The round ended before the slow call could have been answered: nobody waited for it. (Not
+    # provider.in_flight: on a loaded machine the worker may take the call up after the deadline.)
+    assert time.monotonic() - started < provider.slow_delay_s
     assert results[0].call_id == "slow" and results[0].status == "failed"
     assert results[0].error == "web_search call timed out after 0.5 s"
     assert results[1].call_id == "fast" and results[1].ok
@@ -159,6 +161,7 @@ async def test_without_a_worker_the_call_times_out_cleanly(celery_app: Any, tool
     assert result.status == "failed" and result.error == "web_search call timed out after 0.5 s"
 
 
+@pytest.mark.slow  # fork bombs and memory hogs in the sandbox: seconds of CPU (make test runs it)
 async def test_sandbox_abuse_on_the_worker_leaves_it_serving(
     celery_app: Any, worker: Any, tools_config: Config
 ) -> None:
