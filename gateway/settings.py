@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "mozilla_django_oidc",
     "gateway.core",
     "gateway",
+    "usage_app",
     "inference_app",
     "conversations_app",
     "responses_app",

@@ -89,7 +89,7 @@ WEB_SEARCH_PATH = {"searxng": "/search", "brave": "/res/v1/web/search", "tavily"
 # Paths the gateway serves itself: an extra pass-through route may not take them (or anything below).
 GATEWAY_PATHS = (
     *("/v1/responses", "/v1/conversations", "/v1/messages", "/v1/models", "/v1/openapi.json"),
-    *("/health", "/ready", "/metrics", "/admin", "/oidc", "/docs"),
+    *("/health", "/ready", "/metrics", "/admin", "/oidc", "/docs", "/v1/organization"),
 )
 _PATH_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
 _LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -307,6 +307,15 @@ class AuthConfig(_Section):
     admin_sso_scopes: str = "openid email profile"
 
 
+class QuotasConfig(_Section):
+    """Everyone's default limits (an API key may override each); ``None``: unlimited."""
+
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+    max_concurrent_requests: PositiveInt | None = None
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -362,6 +371,7 @@ class Config(BaseSettings):
     code_interpreter: CodeInterpreterConfig = CodeInterpreterConfig()
     mcp: McpConfig = McpConfig()
     auth: AuthConfig = AuthConfig()
+    quotas: QuotasConfig = QuotasConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")

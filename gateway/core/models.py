@@ -18,6 +18,18 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    is_admin = models.BooleanField(
+        default=False, help_text="Sees every principal's usage (GET /v1/organization/usage/…)."
+    )
+    # Quota overrides for this key ([quotas] holds everyone's defaults); empty: the default.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Concurrent requests (a background response holds one until it ends).",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -9,11 +9,27 @@ from typing import Any, Literal
 
 
 @dataclass(frozen=True)
+class Limits:
+    """Quota overrides of one API key (``None``: the ``[quotas]`` default)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+
+
+NO_OVERRIDES = Limits()
+
+
+@dataclass(frozen=True)
 class Principal:
     owner: str  # stable owner key stored on objects: "default", "oidc:<iss>#<sub>", "key:<id>"
     kind: Literal["default", "oidc", "api_key", "upstream_key"] = "default"
     subject: str = ""
     expires_at: float | None = None  # epoch seconds (OIDC exp); None: no expiry
+    api_key_id: int | None = None  # the API key that authenticated the request
+    is_admin: bool = False  # sees every principal's usage (an admin API key, the OIDC admin group)
+    limits: Limits = NO_OVERRIDES  # the API key's quota overrides
 
 
 DEFAULT_PRINCIPAL = Principal(owner="default", kind="default")

@@ -19,6 +19,7 @@ PACKAGES = (
     "passthrough_app",
     "conversations_app",
     "inference_app",
+    "usage_app",
 )
 
 # One violation of each rule of the layers contract (DESIGN.md "Where code lives"), and of vLLM's.
@@ -29,6 +30,7 @@ VIOLATIONS = {
     "responses_app/zz_sibling.py": "from messages_app import routes\n",
     "inference_app/upstream/zz_engine.py": "from inference_app.engine.host import EngineHost\n",
     "inference_app/tools/zz_engine.py": "from inference_app.engine import tasks\n",
+    "usage_app/zz_up.py": "import inference_app.upstream.http\n",
     "responses_app/zz_torch.py": "import torch\n",
 }
 
@@ -107,6 +109,7 @@ def test_every_contract_fails_when_violated(lint_output: str) -> None:
         "responses_app.zz_sibling -> messages_app.routes",
         "inference_app.upstream.zz_engine -> inference_app.engine.host",
         "inference_app.tools.zz_engine -> inference_app.engine.tasks",
+        "usage_app.zz_up -> inference_app.upstream.http",
         "responses_app.zz_torch -> torch",
     ):
         assert line in lint_output, line

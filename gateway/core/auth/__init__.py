@@ -112,7 +112,15 @@ def _by_key(snap: Any, token: str | None) -> tuple[AuthResult, Any]:
         key = apikeys.match(snap, token) if token else None
         if key is None:
             raise _refusal(token)
-        return AuthResult(Principal(owner=f"key:{key.id}", kind="api_key", subject=key.name), True), key
+        principal = Principal(
+            owner=f"key:{key.id}",
+            kind="api_key",
+            subject=key.name,
+            api_key_id=key.id,
+            is_admin=key.is_admin,
+            limits=key.limits,
+        )
+        return AuthResult(principal, True), key
 
     upstream_key = config.openai_api_key.get_secret_value()
     if upstream_key and token and hmac.compare_digest(token.encode(), upstream_key.encode()):

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from gateway.core import errors
 from gateway.core.db import run_orm
+from gateway.core.principal import NO_OVERRIDES, Limits
 
 if TYPE_CHECKING:
     from gateway.core.models import ApiKey
@@ -33,6 +34,8 @@ KEY_PREFIX = "sk-gw-"
 DISPLAY_PREFIX_LEN = len(KEY_PREFIX) + 6
 SNAPSHOT_TTL_S = 1.0
 LAST_USED_EVERY_S = 60.0
+# ApiKey's quota override columns, in Limits' field order.
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_concurrent")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class ActiveKey:
     id: int
     name: str
     key_hash: str
+    is_admin: bool = False
+    limits: Limits = NO_OVERRIDES
 
 
 @dataclass(frozen=True)
@@ -91,10 +96,18 @@ def _load_snapshot() -> Snapshot:
     from gateway.core.models import ApiKey
 
     by_prefix: dict[str, list[ActiveKey]] = {}
-    for pk, name, prefix, key_hash in ApiKey.objects.filter(is_active=True).values_list(
-        "pk", "name", "prefix", "key_hash"
-    ):
-        by_prefix.setdefault(prefix, []).append(ActiveKey(pk, name, key_hash))
+    rows = ApiKey.objects.filter(is_active=True).values_list(
+        "pk", "name", "prefix", "key_hash", "is_admin", *LIMIT_FIELDS
+    )
+    for pk, name, prefix, key_hash, is_admin, *limits in rows:
+        key = ActiveKey(
+            pk,
+            name,
+            key_hash,
+            is_admin,
+            Limits(*limits) if any(v is not None for v in limits) else NO_OVERRIDES,
+        )
+        by_prefix.setdefault(prefix, []).append(key)
     return Snapshot(time.monotonic(), {p: tuple(v) for p, v in by_prefix.items()})
 
 
