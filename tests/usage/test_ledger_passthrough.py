@@ -359,6 +359,19 @@ def test_metrics_count_requests_and_tokens_with_bounded_model_labels(
     assert delta("gateway_tokens_total", model="other", kind="output") == 2
 
 
+def test_the_hosted_engines_model_is_a_label_before_any_list(
+    gateway_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.apps import apps
+
+    from usage_app import metrics
+
+    monkeypatch.setattr(metrics, "_known", frozenset())
+    gateway_config(llm_api_base="", inference__served_model_name="served-here")
+    apps.get_app_config("inference_app").ready()
+    assert (metrics.model_label("served-here"), metrics.model_label("else")) == ("served-here", "other")
+
+
 # --- the batch writer ---------------------------------------------------------------------------------
 
 
