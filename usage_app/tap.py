@@ -31,6 +31,7 @@ WHOLE_BODY_BYTES = 256 * 1024
 TAIL_BYTES = 64 * 1024
 # An event-stream line longer than this is not kept across chunks (a usage line is short).
 LINE_BYTES = 1024 * 1024
+_MODEL = b'"model"'
 _MODEL_KEY = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _FORM_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
 # A multipart upload's model field is looked for in its first bytes only (fields come before files).
@@ -67,15 +68,15 @@ def tokens(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None, i
 
 
 def request_model(body: bytes) -> str:
-    """The ``model`` of a JSON request body ("" when it has none): a key search when the body names
-    one model, a parse when ``"model"`` occurs more than once (a nested key)."""
-    found = _MODEL_KEY.findall(body)
-    if len(found) == 1:
-        raw = found[0]
-        if b"\\" not in raw:
-            return raw.decode("utf-8", "replace")
-    elif not found:
+    """The ``model`` of a JSON request body ("" when it has none): read at its key when the body
+    names ``"model"`` once, parsed when more than once (a nested key)."""
+    at = body.find(_MODEL)
+    if at < 0:
         return ""
+    if body.find(_MODEL, at + len(_MODEL)) < 0:
+        match = _MODEL_KEY.match(body, at)
+        if match is not None and b"\\" not in match.group(1):
+            return match.group(1).decode("utf-8", "replace")
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -20,12 +20,14 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.core.auth import apikeys
 from gateway.core.principal import DEFAULT_PRINCIPAL
+from tests.passthrough.test_audio import WAV
 from tests.responses.test_faults import leg_database, query  # noqa: F401  (a fixture)
 from tests.servers import GatewayProcess, LiveServer, free_port
 from tests.tools.tools_servers import SearchProvider
@@ -192,6 +194,21 @@ def test_the_model_is_the_top_level_one(gw: LiveServer, upstream: ScriptedUpstre
     assert row.owner == DEFAULT_PRINCIPAL.owner and row.api_key_id is None
 
 
+def test_audio_upload_row_reads_the_form_model(gw: LiveServer, upstream: ScriptedUpstream) -> None:
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-x", max_retries=0)
+    result = client.audio.transcriptions.create(model="test-model", file=("a.wav", WAV, "audio/wav"))
+    assert result.text == "Hello world"
+    assert upstream.last("/v1/audio/transcriptions").extra["form"]["file"] == ("a.wav", WAV)
+    [row] = rows(1)
+    assert (row.route, row.kind, row.model, row.status) == (
+        "/v1/audio/transcriptions",
+        "other",
+        "test-model",
+        200,
+    )
+    assert tokens(row) == (None, None, None, None)  # vLLM reports the audio's duration, no tokens
+
+
 # --- failures ---------------------------------------------------------------------------------------
 
 
@@ -202,6 +219,20 @@ def test_an_unreachable_upstream_is_a_502_row(gw: LiveServer, gateway_config: An
     [row] = rows(1)
     assert (row.route, row.model, row.status) == (CHAT, "test-model", 502)
     assert tokens(row) == (None, None, None, None)
+
+
+def test_a_stream_the_upstream_stalls_is_a_504_row_with_the_usage_seen(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any
+) -> None:
+    gateway_config(upstream__stall_timeout_s=0.5)
+    upstream.script("/v1/messages", sse(anthropic_events(["a", "b"]), stall_after=3))
+    body = streamed(
+        gw, "/v1/messages", {"model": "test-model", "max_tokens": 8, "messages": USER, "stream": True}
+    )
+    assert body.endswith(b"\n\n") and b"event: error" in body
+    [row] = rows(1)
+    assert (row.route, row.status) == ("/v1/messages", 504)
+    assert tokens(row) == (13, 0, None, None)  # message_start's, the stream broke off before message_delta
 
 
 def test_upstream_error_status_is_the_rows_status(gw: LiveServer, upstream: ScriptedUpstream) -> None:
