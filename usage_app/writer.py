@@ -5,7 +5,8 @@ request never waits for the database and a crash loses at most about a second of
 thread, not a task, so calls from any thread work alike (the server's loop, a Celery task, sync
 code). Pending rows are capped: past the cap the oldest are dropped (a warning, once). A failed write
 is logged and never raised. At shutdown (the server's lifespan, after SIGTERM's drain) and at
-interpreter exit :func:`flush_now` writes what is left (``docs/operations.md``).
+interpreter exit (a plain process; uvicorn's worker processes end without ``atexit``, hence the
+lifespan job) :func:`flush_now` writes what is left (``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class BatchWriter:
                 while not self._pending:
                     self._wake.wait()
             time.sleep(self.interval_s)  # rows queued meanwhile join this batch
-            self.flush_now()
+            try:
+                self.flush_now()
+            except Exception:  # the thread must outlive any failure (flush_now logs write errors)
+                log.exception("usage ledger: the writer failed")
 
     def flush_now(self) -> int:
         """Write every pending row now, on this thread; returns how many were written."""
