@@ -31,6 +31,7 @@ from gateway.core.asgi import (
 )
 from gateway.core.config import Config, get_config
 from gateway.core.ids import new_id
+from gateway.core.principal import DEFAULT_PRINCIPAL, Principal, scope_principal
 from inference_app.tools import (
     FunctionDef,
     ToolCall,
@@ -43,6 +44,7 @@ from inference_app.tools import (
 from inference_app.upstream.forward import Route, forward
 from inference_app.upstream.http import UpstreamResponse, get_upstream
 from messages_app.rounds import Round, RoundError, StreamRound, parse_json_round, sse_event, sse_events
+from usage_app.tap import ModelCall
 
 UPSTREAM_PATH = "/v1/messages"
 # count_tokens of a request that declares gateway tools: its body rewritten, then relayed as usual.
@@ -399,8 +401,16 @@ class Outcome:
 
 
 class MessagesLoop:
-    def __init__(self, plan: Plan, headers: dict[str, str], query: str, config: Config) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        headers: dict[str, str],
+        query: str,
+        config: Config,
+        principal: Principal = DEFAULT_PRINCIPAL,
+    ) -> None:
         self.plan = plan
+        self.principal = principal
         self.headers = {**headers, "accept-encoding": "identity"}
         self.query = query
         self.config = config
@@ -416,6 +426,11 @@ class MessagesLoop:
         if self.tool_choice is not None:
             body["tool_choice"] = self.tool_choice
         return orjson.dumps(body)
+
+    def round_call(self) -> ModelCall:
+        """The ledger's entry of the next upstream round (a ``with`` block records it once)."""
+        model = self.plan.body.get("model")
+        return ModelCall(self.principal, UPSTREAM_PATH, model if isinstance(model, str) else "")
 
     async def send_round(self) -> UpstreamResponse:
         self.round_no += 1
@@ -499,19 +514,22 @@ class MessagesLoop:
         public: list[dict[str, Any]] = []
         message: dict[str, Any] = {}
         while True:
-            response = await self.send_round()
-            try:
-                raw = await response.read()
-            finally:
-                await response.aclose()
-            if response.status != 200:
-                return response, None, raw
-            first = first or response
-            try:
-                round_ = parse_json_round(raw)
-                gateway_calls, client_calls = self.calls_of(round_.content)
-            except RoundError as exc:
-                raise errors.UpstreamError(f"{_ROUND_ERROR}: {exc}.") from None
+            with self.round_call() as call:
+                response = await self.send_round()
+                call.status = response.status
+                try:
+                    raw = await response.read()
+                finally:
+                    await response.aclose()
+                if response.status != 200:
+                    return response, None, raw
+                first = first or response
+                try:
+                    round_ = parse_json_round(raw)
+                    gateway_calls, client_calls = self.calls_of(round_.content)
+                except RoundError as exc:
+                    raise errors.UpstreamError(f"{_ROUND_ERROR}: {exc}.") from None
+                call.usage = round_.usage
             message = message or round_.message
             self.usage.add(round_.usage)
             outcome = await self.run_calls(gateway_calls) if gateway_calls else Outcome([], [])
@@ -543,48 +561,57 @@ class MessagesLoop:
         reason: Any = None
         last: Round | None = None
         while True:
-            response = await self.send_round()
-            try:
-                if response.status == 200 and response.content_type != SSE_CONTENT_TYPE:
-                    # Not the stream asked for (its hidden calls must not reach the client): a
-                    # malformed round, which ends the client's stream with api_error.
+            with self.round_call() as call:
+                response = await self.send_round()
+                call.status = response.status
+                try:
+                    if response.status == 200 and response.content_type != SSE_CONTENT_TYPE:
+                        # Not the stream asked for (its hidden calls must not reach the client): a
+                        # malformed round, which ends the client's stream with api_error.
+                        if not started:
+                            await start(response)
+                            started = True
+                        call.status = 502  # a malformed round is the upstream's failure
+                        answered = response.content_type or "no content type"
+                        failure = errors.UpstreamError(
+                            f"{_ROUND_ERROR}: a streamed round answered {answered}."
+                        )
+                        await write(errors.anthropic_sse_error(failure))
+                        return None
+                    if response.status != 200:
+                        body = await response.read()
+                        if not started:
+                            return UpstreamAnswer(response, body)
+                        await write(_error_event(body, response.status))
+                        return None
                     if not started:
                         await start(response)
                         started = True
-                    answered = response.content_type or "no content type"
-                    failure = errors.UpstreamError(f"{_ROUND_ERROR}: a streamed round answered {answered}.")
-                    await write(errors.anthropic_sse_error(failure))
-                    return None
-                if response.status != 200:
-                    body = await response.read()
-                    if not started:
-                        return UpstreamAnswer(response, body)
-                    await write(_error_event(body, response.status))
-                    return None
-                if not started:
-                    await start(response)
-                    started = True
-                round_state = StreamRound(self.hidden, lambda: next(counter))
-                try:
-                    async for name, data in sse_events(
-                        response, self.config.responses.max_upstream_sse_line_bytes
-                    ):
-                        if name == "error" or (isinstance(data, dict) and data.get("type") == "error"):
-                            await write(sse_event("error", data))  # the upstream's own error, as it is
-                            return None
-                        shown = round_state.feed(name, data)
-                        if shown is None:
-                            continue
-                        if shown.get("type") == "message_start" and self.round_no > 1:
-                            continue
-                        await write(sse_event(name or shown.get("type", ""), shown))
-                    last = round_state.result()
-                    gateway_calls, client_calls = self.calls_of(last.content)
-                except RoundError as exc:
-                    await write(errors.anthropic_sse_error(errors.UpstreamError(f"{_ROUND_ERROR}: {exc}.")))
-                    return None
-            finally:
-                await response.aclose()
+                    round_state = StreamRound(self.hidden, lambda: next(counter))
+                    call.usage = round_state.usage  # filled as the round's events arrive
+                    try:
+                        async for name, data in sse_events(
+                            response, self.config.responses.max_upstream_sse_line_bytes
+                        ):
+                            if name == "error" or (isinstance(data, dict) and data.get("type") == "error"):
+                                await write(sse_event("error", data))  # the upstream's own error, as it is
+                                return None
+                            shown = round_state.feed(name, data)
+                            if shown is None:
+                                continue
+                            if shown.get("type") == "message_start" and self.round_no > 1:
+                                continue
+                            await write(sse_event(name or shown.get("type", ""), shown))
+                        last = round_state.result()
+                        gateway_calls, client_calls = self.calls_of(last.content)
+                    except RoundError as exc:
+                        call.status = 502
+                        await write(
+                            errors.anthropic_sse_error(errors.UpstreamError(f"{_ROUND_ERROR}: {exc}."))
+                        )
+                        return None
+                finally:
+                    await response.aclose()
             self.usage.add(last.usage)
             reason = self.stop_reason(last.stop_reason, client_calls)
             if gateway_calls:
@@ -687,7 +714,8 @@ async def serve(
     except errors.GatewayError as exc:
         await send_error(send, scope, exc, extra_headers)
         return
-    loop = MessagesLoop(plan, headers, scope.get("query_string", b"").decode("latin-1"), config)
+    query = scope.get("query_string", b"").decode("latin-1")
+    loop = MessagesLoop(plan, headers, query, config, scope_principal(scope))
     head_sent = False
 
     async def answer(status: int, raw: RawHeaders, payload: bytes) -> None:

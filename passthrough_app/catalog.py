@@ -1,8 +1,9 @@
 """Models: ``GET /v1/models`` and ``GET /v1/models/{model}``.
 
-The list is the upstream's. Codex (it sends ``client_version``) gets its own catalog shape, one
-``ModelInfo`` per model with ``context_window`` from vLLM's ``max_model_len``. vLLM has no
-per-model route, so ``/v1/models/{model}`` answers from the list (``/`` in ids, encoded or not).
+The list is the upstream's (its ids, each time it is read, are the model labels of the usage
+metrics). Codex (it sends ``client_version``) gets its own catalog shape, one ``ModelInfo`` per
+model with ``context_window`` from vLLM's ``max_model_len``. vLLM has no per-model route, so
+``/v1/models/{model}`` answers from the list (``/`` in ids, encoded or not).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gateway.core.config import get_config
 from gateway.core.http import allow_methods, json_response
 from gateway.core.principal import credential_consumed
 from inference_app.upstream.http import UpstreamResponse, forward_headers, get_upstream
+from usage_app import metrics as usage_metrics
 
 # What Codex shows for each effort (same wording as the reference gateway).
 REASONING_LEVELS = [
@@ -37,6 +39,10 @@ async def _upstream_models(request: HttpRequest, query: str = "") -> tuple[Upstr
         body = await response.read()
     finally:
         await response.aclose()
+    if response.status == 200 and not query:
+        entries = _model_list(body)
+        if entries is not None:  # the models the metrics label by name (usage_app.metrics)
+            usage_metrics.models_listed(entry["id"] for entry in entries)
     return response, body
 
 

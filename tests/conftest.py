@@ -172,6 +172,12 @@ def serve_gateway() -> Iterator[LiveServer]:
     server = LiveServer(application, on_stop=close_upstreams).start()
     yield server
     server.stop()
+    # The usage ledger's rows of this test go to its database before it is flushed, not into a
+    # later test's (the writer would write them within a second).
+    from usage_app import writer
+
+    if writer.writer.pending:
+        writer.flush_now()
 
 
 @pytest.fixture

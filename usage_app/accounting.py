@@ -1,11 +1,19 @@
-"""Metrics and token-quota charges for each model call.
-
-PLACEHOLDER (issue 58): helper A adds the Prometheus counters, helper D the quota charge."""
+"""Metrics and token-quota charges for each model call (:func:`count`, called by the ledger for every
+entry, recorded or only observed). Never raises to the caller."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+
+from usage_app import metrics
+from usage_app.ledger import UsageEntry
+
+log = logging.getLogger("gateway.usage")
 
 
-def count(entry: Any) -> None:
-    return None
+def count(entry: UsageEntry) -> None:
+    try:
+        metrics.observe(entry)
+    except Exception:
+        log.exception("usage metrics: a model call could not be counted")
+    # --- quota charge (issue 58, helper D): quotas.charge(entry) ---

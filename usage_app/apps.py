@@ -7,3 +7,10 @@ class UsageAppConfig(AppConfig):
     name = "usage_app"
     default_auto_field = "django.db.models.BigAutoField"
     verbose_name = "Usage"
+
+    def ready(self) -> None:
+        from gateway.core import lifecycle
+        from usage_app import writer
+
+        # The rows still pending are written once the server's work in flight has ended (the drain).
+        lifecycle.on_shutdown(writer.flush)

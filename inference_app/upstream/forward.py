@@ -1,6 +1,8 @@
 """Forwarding one HTTP request to the upstream byte for byte and relaying the answer as it arrives:
-status, headers (minus hop-by-hop) and every body chunk, with no JSON parsing and no per-chunk work.
-The pass-through routes and the Anthropic Messages routes use it (a :class:`Route` each)."""
+status, headers (minus hop-by-hop) and every body chunk, with no JSON parsing and no per-chunk work
+beyond the usage ledger's tap (:mod:`usage_app.tap`: one substring search per chunk, the bytes untouched).
+Every call is recorded in the ledger once, however it ends. The pass-through routes and the Anthropic
+Messages routes use it (a :class:`Route` each)."""
 
 from __future__ import annotations
 
@@ -26,11 +28,13 @@ from gateway.core.asgi import (
     stream_body,
 )
 from gateway.core.config import get_config
+from gateway.core.principal import scope_principal
 from inference_app.upstream.http import (
     UpstreamResponse,
     forward_headers,
     get_upstream,
 )
+from usage_app.tap import FORM_PREFIX_BYTES, ModelCall, UsageTap, form_model, request_model
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -111,6 +115,11 @@ async def forward(
     """Send ``body`` to the route's upstream path and relay the answer (what :func:`relay` does once
     it has the body; a diverted route that rewrote the body relays its answer with it too)."""
     response: UpstreamResponse | None = None
+    call = ModelCall(scope_principal(scope), scope["path"])
+    if isinstance(body, bytes):
+        call.model = request_model(body)
+    else:
+        body = _form_model_tap(body, call)
     try:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
             query = scope.get("query_string", b"").decode("latin-1")
@@ -119,13 +128,35 @@ async def forward(
                     scope["method"], route.upstream_path, body=body, headers=headers, query=query
                 )
             except errors.GatewayError as exc:
+                call.status = exc.status
                 if not exchange.client_gone:
                     await send_error(send, scope, exc, extra_headers)
                 return
-            await _relay_response(response, scope, send, exchange, route, extra_headers)
+            call.status = response.status
+            await _relay_response(response, scope, send, exchange, route, extra_headers, call)
+    except asyncio.CancelledError:
+        call.status = 499
+        raise
     finally:
         if response is not None:
             await response.aclose()
+        if exchange.client_gone and not exchange.finished:
+            call.status = 499
+        call.record()
+
+
+async def _form_model_tap(body: AsyncIterator[bytes], call: ModelCall) -> AsyncIterator[bytes]:
+    """Relay a streamed (multipart) request body as it is, reading its ``model`` field on the way."""
+    prefix: bytes | None = b""
+    async for chunk in body:
+        if prefix is not None:
+            prefix += chunk
+            model = form_model(prefix)
+            if model is not None:
+                call.model = model
+            if model is not None or len(prefix) > FORM_PREFIX_BYTES:
+                prefix = None
+        yield chunk
 
 
 async def _relay_response(
@@ -135,7 +166,35 @@ async def _relay_response(
     exchange: Exchange,
     route: Route,
     extra_headers: RawHeaders,
+    call: ModelCall,
 ) -> None:
+    content_type = response.content_type
+    tap: UsageTap | None = None
+    if content_type == SSE_CONTENT_TYPE or content_type.endswith("json"):
+        tap = UsageTap(sse=content_type == SSE_CONTENT_TYPE)
+    failure: errors.GatewayError | None = None
+    try:
+        failure = await _relay_body(response, scope, send, exchange, route, extra_headers, tap)
+    except errors.GatewayError as exc:
+        failure = exc
+        raise
+    finally:
+        if failure is not None:
+            call.status = failure.status  # the upstream broke off: 502, or 504 when it stalled
+        if tap is not None:
+            call.usage = tap.finish()
+
+
+async def _relay_body(
+    response: UpstreamResponse,
+    scope: Scope,
+    send: Send,
+    exchange: Exchange,
+    route: Route,
+    extra_headers: RawHeaders,
+    tap: UsageTap | None,
+) -> errors.GatewayError | None:
+    """Relay the answer; the upstream's failure when it broke off (ended here with an error)."""
     raw_headers = encode_headers(response.headers)
     if extra_headers:
         raw_headers.extend(extra_headers)
@@ -150,6 +209,8 @@ async def _relay_response(
     # an upstream that breaks off before them still gets an error answer.
     try:
         async for chunk in response:
+            if tap is not None:
+                tap.feed(chunk)
             if start is not None:
                 await send(start)
                 start = None
@@ -159,22 +220,23 @@ async def _relay_response(
                     # A sized body's last chunk ends the response in the same message.
                     exchange.finished = True
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
-                    return
+                    return None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except errors.GatewayError as exc:
         if start is not None:
             exchange.finished = True
             await send_error(send, scope, exc, extra_headers)
-            return
+            return exc
         if response.content_type != SSE_CONTENT_TYPE:
             raise  # a sized or plain body cannot carry an error: the connection is dropped
         exchange.finished = True
         await send({"type": "http.response.body", "body": route.stream_error(exc), "more_body": False})
-        return
+        return exc
     if start is not None:
         await send(start)  # an empty sized body
     exchange.finished = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return None
 
 
 def _declared_length(scope: Scope) -> str | None:
