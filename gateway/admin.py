@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from gateway.core.auth import apikeys
 from gateway.core.models import LIMIT_FIELDS, LIMIT_RULE, ApiKey
+from usage_app import schemas
 
 # The login page keeps username/password and adds "Log in with SSO" when it is configured.
 admin.site.login_template = "admin/gateway_login.html"
@@ -50,7 +51,7 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     list_filter = ["is_active", "is_admin"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "owner"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "owner", "usage_id"]
     actions = ["revoke"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
@@ -65,6 +66,7 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "prefix",
             "is_active",
             "owner",
+            "usage_id",
             "is_admin",
             *LIMIT_FIELDS,
             "created_at",
@@ -96,6 +98,11 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         super().delete_queryset(request, queryset)
         apikeys.reset()
+
+    @admin.display(description="usage API id")
+    def usage_id(self, obj: ApiKey) -> str:
+        """How the Usage API names the key (``api_key_id``, ``api_key_ids``)."""
+        return schemas.api_key_public_id(obj.pk) or ""
 
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

@@ -50,7 +50,7 @@ PARAMETERS = [
 
 
 class UsageView(ResourceView):
-    kind = "completions"
+    kind: str  # the ledger rows' kind this endpoint sums
 
     def usage(self, request: Request) -> Response:
         query = schemas.parse_usage_query(request.query_params)

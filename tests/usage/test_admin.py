@@ -145,6 +145,7 @@ def test_the_api_key_admin_edits_the_admin_flag_and_quota_overrides() -> None:
     form = client.get(url).content.decode()
     for name in ("is_admin", "requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_concurrent"):
         assert f'name="{name}"' in form, name
+    assert f"key_{key.pk}" in form  # how the Usage API names it
     saved = client.post(url, key_form(key, is_admin="on", requests_per_minute=60, tokens_per_day=100000))
     assert saved.status_code == 302
     key.refresh_from_db()

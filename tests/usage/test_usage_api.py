@@ -365,6 +365,14 @@ def test_the_usage_api_needs_a_credential(keys: dict[str, tuple[ApiKey, str]]) -
     assert response.json()["error"]["code"] == "missing_bearer_token"
 
 
+def test_on_an_open_gateway_usage_follows_the_stored_state_rule(gateway_config: Callable[..., Any]) -> None:
+    """With no named key, ``OPENAI_API_KEY`` guards stored state, usage included (docs/auth.md)."""
+    insert(row("default", T0 + 10, tokens=(4, 2, 0)))
+    gateway_config(openai_api_key="sk-upstream")
+    assert usage("wrong", start_time=T0, end_time=T0 + DAY).status_code == 401
+    assert one_day("sk-upstream") == [result(4, 2, 0, 1)]
+
+
 # -- refusals --------------------------------------------------------------------------------------
 
 
