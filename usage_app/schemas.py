@@ -26,7 +26,7 @@ GROUP_BY = ("api_key_id", "model")  # what the ledger can group by
 # OpenAI's parameters this gateway has nothing to answer with (no projects, users, batches).
 UNSUPPORTED = ("project_ids", "user_ids", "batch")
 LIST_PARAMS = ("group_by", "models", "api_key_ids")
-MAX_TIME = 253402300799  # 9999-12-31T23:59:59Z, the last second a database datetime holds
+MAX_TIME = 253402300799  # 9999-12-31T23:59:59Z: the last second a datetime holds, so a range's end
 API_KEY_ID = re.compile(r"key_([1-9][0-9]{0,18})")
 CURSOR_PREFIX = "page_"
 
@@ -135,8 +135,13 @@ def parse_usage_query(query: Any, *, now: float | None = None) -> UsageQuery:
             )
     else:  # up to the end of the bucket in progress
         current = int(time.time() if now is None else now)
-        end = max(-(-current // width) * width, start // width * width + width)
-        end = min(end, MAX_TIME + 1)
+        end = min(max(-(-current // width) * width, start // width * width + width), MAX_TIME)
+        if end <= start:
+            raise errors.BadRequest(
+                f"Invalid 'start_time': it must be before {MAX_TIME}.",
+                param="start_time",
+                code="invalid_value",
+            )
 
     default_limit, max_limit = BUCKET_LIMITS[width_name]
     raw_limit = query.get("limit")

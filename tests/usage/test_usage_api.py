@@ -179,6 +179,8 @@ def test_without_end_time_buckets_run_to_the_end_of_the_bucket_in_progress(
     assert body["data"][0]["start_time"] == now - 2 * DAY
     assert body["data"][-1]["end_time"] == (now // DAY + 1) * DAY
     assert body["data"][-1]["results"] == [result(3, 4, 0, 1)]
+    last = ok(usage(secret, start_time=253402300000, bucket_width="1h"))["data"]  # the year 9999's end
+    assert last == [bucket(253402300000, 253402300799)]
 
 
 # -- grouping and filters --------------------------------------------------------------------------
@@ -384,6 +386,7 @@ def test_on_an_open_gateway_usage_follows_the_stored_state_rule(gateway_config: 
         (COMPLETIONS, "start_time=yesterday", "start_time", "invalid_type"),
         (COMPLETIONS, "start_time=-1", "start_time", "invalid_value"),
         (COMPLETIONS, "start_time=99999999999999999999", "start_time", "invalid_value"),
+        (COMPLETIONS, "start_time=253402300799", "start_time", "invalid_value"),  # no time after it
         (COMPLETIONS, f"start_time={T0}&end_time={T0}", "end_time", "invalid_value"),
         (COMPLETIONS, f"start_time={T0}&end_time=1.5", "end_time", "invalid_type"),
         (COMPLETIONS, f"start_time={T0}&bucket_width=1w", "bucket_width", "invalid_value"),
