@@ -11,7 +11,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from gateway.core.auth import apikeys
-from gateway.core.models import ApiKey
+from gateway.core.models import LIMIT_FIELDS, LIMIT_RULE, ApiKey
+from usage_app import schemas
 
 # The login page keeps username/password and adds "Log in with SSO" when it is configured.
 admin.site.login_template = "admin/gateway_login.html"
@@ -23,23 +24,55 @@ class ApiKeyAddForm(forms.ModelForm):  # type: ignore[type-arg]
         fields = ["name"]
 
 
+class ApiKeyChangeForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A key's flags and quota overrides; a negative or zero limit is refused with the rule
+    (``ApiKey.clean`` says it for zero)."""
+
+    class Meta:
+        model = ApiKey
+        fields = ["name", "is_active", "is_admin", *LIMIT_FIELDS]
+        error_messages = {
+            name: {"min_value": f"{name.replace('_', ' ').capitalize()} {LIMIT_RULE}."}
+            for name in LIMIT_FIELDS
+        }
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "prefix", "is_active", "created_at", "last_used_at", "revoked_at"]
-    list_filter = ["is_active"]
+    list_display = [
+        "name",
+        "prefix",
+        "is_active",
+        "is_admin",
+        *LIMIT_FIELDS,
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = ["is_active", "is_admin"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "owner"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "owner", "usage_id"]
     actions = ["revoke"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        if obj is None:
-            kwargs["form"] = ApiKeyAddForm
+        kwargs["form"] = ApiKeyAddForm if obj is None else ApiKeyChangeForm
         return super().get_form(request, obj, change=change, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return ["name"]
-        return ["name", "prefix", "is_active", "owner", "created_at", "last_used_at", "revoked_at"]
+        return [
+            "name",
+            "prefix",
+            "is_active",
+            "owner",
+            "usage_id",
+            "is_admin",
+            *LIMIT_FIELDS,
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+        ]
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if change:
@@ -65,6 +98,11 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         super().delete_queryset(request, queryset)
         apikeys.reset()
+
+    @admin.display(description="usage API id")
+    def usage_id(self, obj: ApiKey) -> str:
+        """How the Usage API names the key (``api_key_id``, ``api_key_ids``)."""
+        return schemas.api_key_public_id(obj.pk) or ""
 
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

@@ -21,6 +21,7 @@ urlpatterns = [
     path("docs/", async_view(SpectacularSwaggerView, url_name="openapi"), name="swagger-ui"),
     path("", include("responses_app.urls")),
     path("", include("conversations_app.urls")),
+    path("", include("usage_app.urls")),
     path("v1/models", models_catalog.models_list),
     # ``path`` matches ids with a slash (``meta-llama/Llama-3.1-8B-Instruct``), encoded or not.
     path("v1/models/<path:model>", models_catalog.model_retrieve),

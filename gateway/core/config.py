@@ -305,6 +305,8 @@ class AuthConfig(_Section):
     admin_staff_value: str = ""
     admin_superuser_value: str = ""
     admin_sso_scopes: str = "openid email profile"
+    usage_admin_claim: str = "groups"  # an OIDC principal with this claim value sees everyone's usage
+    usage_admin_value: str = ""  # "": no OIDC principal is a usage admin
 
 
 class QuotasConfig(_Section):

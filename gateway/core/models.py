@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from gateway.core.principal import Limits
+
+# The quota overrides an API key may carry, one column each.
+LIMIT_FIELDS = tuple(field.name for field in fields(Limits))
+LIMIT_RULE = "must be a positive whole number; leave it empty for the [quotas] default"
 
 
 class ApiKey(models.Model):
@@ -38,6 +47,17 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def clean(self) -> None:
+        """Quota overrides are positive integers or empty (the admin form and ``apikey_update``)."""
+        wrong = {
+            name: f"{name.replace('_', ' ').capitalize()} {LIMIT_RULE}."
+            for name in LIMIT_FIELDS
+            if (value := getattr(self, name)) is not None
+            and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+        }
+        if wrong:
+            raise ValidationError(wrong)
 
     @property
     def owner(self) -> str:

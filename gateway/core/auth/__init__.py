@@ -82,6 +82,7 @@ async def authenticate(path: str, headers: Mapping[str, str]) -> AuthResult:
             kind="oidc",
             subject=verified.subject,
             expires_at=verified.expires_at,
+            is_admin=oidc.is_usage_admin(verified.claims, config.auth),
         )
         return AuthResult(principal, True)
 

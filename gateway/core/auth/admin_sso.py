@@ -47,18 +47,9 @@ def discovery(config: Config) -> dict[str, Any]:
     return provider.discovery
 
 
-def _claim_values(claims: dict[str, Any], name: str) -> list[str]:
-    value = claims.get(name)
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    if value is None:
-        return []
-    return [str(value)]
-
-
 def admin_flags(claims: dict[str, Any], auth: AuthConfig) -> tuple[bool, bool]:
     """``(is_staff, is_superuser)`` granted by the configured claim."""
-    values = _claim_values(claims, auth.admin_staff_claim)
+    values = oidc.claim_values(claims, auth.admin_staff_claim)
     superuser = bool(auth.admin_superuser_value) and auth.admin_superuser_value in values
     staff = superuser or (bool(auth.admin_staff_value) and auth.admin_staff_value in values)
     return staff, superuser

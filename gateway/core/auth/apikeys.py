@@ -15,7 +15,7 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
@@ -187,20 +187,47 @@ async def record_use(key: ActiveKey) -> None:
 # -- services and selectors (management command, admin) ----------------------------------------
 
 
-def apikey_create(*, name: str) -> tuple[ApiKey, str]:
-    """Create a named key; returns ``(ApiKey, secret)``. The secret is not stored anywhere."""
+def apikey_create(*, name: str, **settings: Any) -> tuple[ApiKey, str]:
+    """Create a named key; returns ``(ApiKey, secret)``. The secret is not stored anywhere.
+    ``settings``: ``is_admin`` and quota overrides, checked as :func:`apikey_update` checks them."""
     from gateway.core.models import ApiKey
 
     name = name.strip()
     if not name:
         raise errors.BadRequest("An API key needs a name.", param="name")
     secret = generate_secret()
+    key = ApiKey(name=name, prefix=display_prefix(secret), key_hash=hash_secret(secret))
+    _apply(key, settings)
     with transaction.atomic():
         if ApiKey.objects.filter(name=name).exists():
             raise errors.Conflict(f"An API key named {name!r} already exists.", param="name")
-        key = ApiKey.objects.create(name=name, prefix=display_prefix(secret), key_hash=hash_secret(secret))
+        key.save()
     reset()
     return key, secret
+
+
+def apikey_update(*, name_or_id: str, **settings: Any) -> ApiKey:
+    """Change a key's ``is_admin`` flag or quota overrides (``None`` clears one: the [quotas] default).
+    A negative, zero or non-integer limit is a 400 naming the field."""
+    key = apikey_get(name_or_id=name_or_id)
+    _apply(key, settings)
+    key.save(update_fields=list(settings))
+    reset()
+    return key
+
+
+def _apply(key: ApiKey, settings: dict[str, Any]) -> None:
+    from django.core.exceptions import ValidationError
+
+    for name, value in settings.items():
+        if name != "is_admin" and name not in LIMIT_FIELDS:
+            raise TypeError(f"not an API key setting: {name}")
+        setattr(key, name, value)
+    try:
+        key.clean()
+    except ValidationError as exc:
+        name, messages = next(iter(exc.message_dict.items()))
+        raise errors.BadRequest(messages[0], param=name, code="invalid_value") from None
 
 
 def apikey_revoke(*, name_or_id: str) -> ApiKey:

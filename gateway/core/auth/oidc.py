@@ -53,6 +53,23 @@ class VerifiedToken:
     claims: dict[str, Any]
 
 
+def claim_values(claims: dict[str, Any], name: str) -> list[str]:
+    """A claim as a list of strings (a string claim, or a list claim such as ``groups``)."""
+    value = claims.get(name)
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if value is None:
+        return []
+    return [str(value)]
+
+
+def is_usage_admin(claims: dict[str, Any], auth: AuthConfig) -> bool:
+    """Whether a verified token's claims grant the usage admin role (``[auth] usage_admin_value``)."""
+    return bool(auth.usage_admin_value) and auth.usage_admin_value in claim_values(
+        claims, auth.usage_admin_claim
+    )
+
+
 def _invalid() -> errors.AuthenticationFailed:
     return errors.AuthenticationFailed(code="invalid_token")
 
