@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from gateway.core.principal import Limits
+from gateway.core.principal import LIMIT_FIELDS
 
-# The quota overrides an API key may carry, one column each.
-LIMIT_FIELDS = tuple(field.name for field in fields(Limits))
+__all__ = ["LIMIT_FIELDS", "LIMIT_RULE", "ApiKey"]
 LIMIT_RULE = "must be a positive whole number; leave it empty for the [quotas] default"
 
 

@@ -4,7 +4,7 @@ Stored objects record ``principal.owner``; every read and write filters by it.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 
@@ -19,6 +19,8 @@ class Limits:
 
 
 NO_OVERRIDES = Limits()
+# The quota overrides an API key may carry (one ApiKey column each), in Limits' field order.
+LIMIT_FIELDS = tuple(field.name for field in fields(Limits))
 
 
 @dataclass(frozen=True)

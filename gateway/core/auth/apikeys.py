@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from gateway.core import errors
 from gateway.core.db import run_orm
-from gateway.core.principal import NO_OVERRIDES, Limits
+from gateway.core.principal import LIMIT_FIELDS, NO_OVERRIDES, Limits
 
 if TYPE_CHECKING:
     from gateway.core.models import ApiKey
@@ -34,8 +34,6 @@ KEY_PREFIX = "sk-gw-"
 DISPLAY_PREFIX_LEN = len(KEY_PREFIX) + 6
 SNAPSHOT_TTL_S = 1.0
 LAST_USED_EVERY_S = 60.0
-# ApiKey's quota override columns, in Limits' field order.
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_concurrent")
 
 
 @dataclass(frozen=True)
