@@ -393,6 +393,7 @@ class Coordinator(Executor):
         assert self.tools is not None
         loop = self.tools if name == ROOT else await ToolLoop.prepare(p, self.config)
         agent = Agent(name, AgentExecutor(name, p, self.config, self.upstream, loop))
+        agent.ex.meter = self.meter  # every agent's calls are this response's (stored with it)
         self.agents[name] = agent
         return agent
 
@@ -746,7 +747,7 @@ class Coordinator(Executor):
             terminal_event=terminal,
             agent_tree=self.agent_tree or self._tree(),
         )
-        self.stored = await writes.store_final(self.p, outcome)
+        await self.store_outcome(outcome)
 
 
 CLIENT_CALL_TYPES = frozenset(
