@@ -10,6 +10,7 @@ overrides.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -89,8 +90,10 @@ class Executor(Lifecycle):
             self.round = RoundState(number)
             self.emitter.start_round()
             tools.start_round()
-            async for event in self.run_round(self.round):
-                yield event
+            # Closed with the response's run (its upstream call ends and is accounted then).
+            async with contextlib.aclosing(self.run_round(self.round)) as round_events:
+                async for event in round_events:
+                    yield event
             for event in self.emitter.close():
                 yield event
             self.end_status = self.round.status

@@ -131,6 +131,7 @@ class Meter:
         self.route = route
         self.store = p.store
         self.pending: list[ledger.UsageEntry] = []  # a stored response's, until its final write
+        self.settled = False  # the run is over: a call that ends later is recorded alone
 
     @staticmethod
     def start() -> Call:
@@ -153,7 +154,7 @@ class Meter:
                 response_id=self.response_id,
                 request_id=self.request_id,
             )
-            if self.store:
+            if self.store and not self.settled:
                 ledger.observe(entry)
                 self.pending.append(entry)
             else:
@@ -176,7 +177,9 @@ class Meter:
                 log.exception("usage ledger: a row of response %s was lost", entry.response_id)
 
     def settle(self) -> None:
-        """The run is over: entries no final write took go to the batch writer."""
+        """The run is over: entries no final write took go to the batch writer, and so will a call
+        that ends after it (an unclosed round finalized later)."""
+        self.settled = True
         if self.pending:
             self.unwritten(self.take())
 

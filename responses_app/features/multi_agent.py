@@ -284,8 +284,9 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
             agent.emitter.start_round()
             agent.loop.start_round()
             agent.collab.calls = []
-            async for event in agent.run_round(state):
-                await queue.put(("event", agent.name, event))
+            async with contextlib.aclosing(agent.run_round(state)) as round_events:  # closed if cancelled
+                async for event in round_events:
+                    await queue.put(("event", agent.name, event))
             for event in agent.emitter.close():
                 await queue.put(("event", agent.name, event))
             end.tier, end.tier_reported = state.tier, True

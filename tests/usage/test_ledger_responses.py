@@ -19,9 +19,10 @@ import httpx
 import pytest
 
 from gateway.core.auth import apikeys
-from responses_app.models import Response
+from responses_app.models import Response, ResponseEvent
 from tests.responses.conftest import Gateway, gw, wait_terminal, wire  # noqa: F401  (fixtures)
 from tests.responses.scripts import call, text
+from tests.responses.test_background_celery import broker  # noqa: F401  (a fixture)
 from tests.responses.test_multi_agent import route, two_subagents
 from tests.responses.wsutil import Client, connect, create
 from usage_app import writer
@@ -268,6 +269,44 @@ def test_an_unreachable_upstream_is_a_502_row(
     assert events[-1]["type"] == "response.failed"
     (row,) = rows_of(response_id)
     check_row(row, response_id, status=502)
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_background_response_on_a_celery_worker_keeps_the_creating_principal(
+    gw: Gateway, broker: None, queued: list[Any]
+) -> None:
+    key, secret = apikeys.apikey_create(name="worker-caller")
+    apikeys.reset()
+    gw.script(text("from a worker"), usage=usage(13, 4, cached=2, reasoning=1))
+    r = gw.post(
+        {"model": "m", "input": "x", "background": True}, headers={"authorization": f"Bearer {secret}"}
+    )
+    assert r.status_code == 200, r.text
+    response_id = r.json()["id"]
+    assert wait_terminal(response_id, timeout=20).status == "completed"
+    (row,) = rows_of(response_id)
+    assert (row.owner, row.api_key_id) == (f"key:{key.id}", key.id)
+    assert row.request_id == r.headers["x-request-id"]  # sent with the task
+    assert tokens(row) == (13, 4, 2, 1)
+    assert queued == []
+    apikeys.reset()
+
+
+def test_a_cancelled_background_response_has_a_499_row_written_once(gw: Gateway, queued: list[Any]) -> None:
+    gw.script(text(*[f"w{i} " for i in range(200)]), delay_s=0.05)
+    created = gw.client.responses.create(model="m", input="x", background=True)
+    deadline = time.monotonic() + 10  # until the model's text is streaming
+    while not ResponseEvent.objects.filter(
+        response_id=created.id, data__contains="output_text.delta"
+    ).exists():
+        assert time.monotonic() < deadline, "the background response never streamed"
+        time.sleep(0.02)
+    assert gw.client.responses.cancel(created.id).status == "cancelled"
+    # Its run ended without a final write: the round's row goes to the batch writer.
+    (row,) = wait_rows(1, response_id=created.id)
+    check_row(row, created.id, status=499)
+    assert tokens(row) == (None, None, None, None)
+    assert [e.response_id for e in queued] == [created.id]
 
 
 # --- unstored responses: the batch writer ----------------------------------------------------------
