@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.core import errors
@@ -175,7 +175,7 @@ class Executor(Lifecycle):
             items = self.tools.model_items(prior, self.output)
         return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
-    async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
+    async def run_round(self, state: RoundState) -> AsyncGenerator[Event, None]:
         """One inference round over :meth:`model_items`: the upstream's stream (or, with
         :attr:`stream_rounds` off, its one answer) read into our events."""
         chat = self.config.upstream_api == "chat_completions"
