@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from gateway.core.auth import apikeys
@@ -25,7 +26,7 @@ from tests.responses.scripts import call, text
 from tests.responses.test_background_celery import broker  # noqa: F401  (a fixture)
 from tests.responses.test_multi_agent import route, two_subagents
 from tests.responses.wsutil import Client, connect, create
-from usage_app import writer
+from usage_app import ledger, writer
 from usage_app.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -346,3 +347,95 @@ def test_the_direct_path_is_recorded_from_the_relayed_answer(
     assert tokens(row) == (19, 8, 4, 2)
     assert row.request_id == r.headers["x-request-id"]
     assert len(queued) == 1
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_the_direct_path_to_an_unreachable_upstream_is_a_502_row(
+    gw: Gateway, gateway_config: Callable[..., Any], queued: list[Any]
+) -> None:
+    gateway_config(llm_api_base="http://127.0.0.1:9")
+    r = httpx.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "x", "store": False}, timeout=30)
+    assert r.status_code == 502, r.text
+    (row,) = wait_rows(1, route=ROUTE)
+    check_row(row, "", status=502)
+    assert tokens(row) == (None, None, None, None)
+
+
+# --- the final write itself -------------------------------------------------------------------------
+
+
+def _prepared(text_input: str) -> Any:
+    from gateway.core.config import get_config
+    from gateway.core.principal import Principal
+    from responses_app.protocol.schemas import parse_create_request
+    from responses_app.storage import prepare
+
+    request, raw = parse_create_request(orjson.dumps({"model": "m", "input": text_input}))
+    return prepare.response_prepare(
+        request=request,
+        raw=raw,
+        owner="key:7",
+        headers={},
+        config=get_config(),
+        principal=Principal(owner="key:7", kind="api_key", api_key_id=7),
+        request_id="req_final_write",
+    )
+
+
+def _entry(p: Any, input_tokens: int) -> Any:
+    return ledger.UsageEntry(
+        principal=p.principal,
+        route=ROUTE,
+        model="m",
+        status=200,
+        started_at=time.time(),
+        latency_ms=5,
+        input_tokens=input_tokens,
+        output_tokens=1,
+        response_id=p.response_id,
+        request_id=p.request_id,
+    )
+
+
+def _outcome(p: Any, *entries: Any) -> Any:
+    from responses_app.storage import writes
+
+    return writes.Outcome("completed", {"id": p.response_id}, [], usage_entries=list(entries))
+
+
+def test_the_final_write_stores_the_rows_in_its_transaction_or_queues_them_once(queued: list[Any]) -> None:
+    from django.db import transaction
+
+    from responses_app.storage import writes
+
+    # Stored: the rows are inserted by the response's write (a batch of two responses, one statement
+    # on PostgreSQL).
+    one, two = _prepared("one"), _prepared("two")
+    assert writes.response_store_rows(
+        [
+            writes.FinalWrite(one, _outcome(one, _entry(one, 3), _entry(one, 4))),
+            writes.FinalWrite(two, _outcome(two, _entry(two, 5))),
+        ]
+    ) == [True, True]
+    assert [(r.input_tokens, r.owner, r.api_key_id, r.request_id) for r in rows_of(one.response_id)] == [
+        (3, "key:7", 7, "req_final_write"),
+        (4, "key:7", 7, "req_final_write"),
+    ]
+    assert [r.input_tokens for r in rows_of(two.response_id)] == [5]
+    assert queued == []
+    # Rolled back with the response: neither is written, nothing is queued.
+    three = _prepared("three")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert writes.response_store_final(prepared=three, outcome=_outcome(three, _entry(three, 6)))
+        raise RuntimeError("the batch fails after the write")
+    assert not Response.objects.filter(id=three.response_id).exists()
+    assert rows_of(three.response_id) == [] and queued == []
+    # Not stored (cancelled meanwhile): the rows go to the batch writer once the write commits.
+    four = _prepared("four")
+    writes.response_create_in_progress(prepared=four, snapshot={}, lease_owner="x", lease_s=60)
+    Response.objects.filter(id=four.response_id).update(status="cancelled")
+    assert writes.response_store_rows([writes.FinalWrite(four, _outcome(four, _entry(four, 8)))]) == [False]
+    assert rows_of(four.response_id) == []
+    assert [e.input_tokens for e in queued] == [8]
+    (row,) = wait_rows(1, response_id=four.response_id)
+    assert row.input_tokens == 8
