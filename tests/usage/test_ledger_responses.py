@@ -22,7 +22,7 @@ import pytest
 from gateway.core.auth import apikeys
 from responses_app.models import Response, ResponseEvent
 from tests.responses.conftest import Gateway, gw, wait_terminal, wire  # noqa: F401  (fixtures)
-from tests.responses.scripts import call, text
+from tests.responses.scripts import call, path_for, text
 from tests.responses.test_background_celery import broker  # noqa: F401  (a fixture)
 from tests.responses.test_multi_agent import route, two_subagents
 from tests.responses.wsutil import Client, connect, create
@@ -324,6 +324,30 @@ def test_an_unstored_response_is_written_by_the_batch_writer(gw: Gateway, queued
     check_row(row, response_id)
     assert tokens(row) == (14, 6, 2, 0)
     assert [e.response_id for e in queued] == [response_id]  # once
+
+
+def test_a_client_that_leaves_an_unstored_stream_is_a_499_row(gw: Gateway, queued: list[Any]) -> None:
+    gw.script(text(*["word "] * 200), delay_s=0.05)
+    body = {
+        "model": "m",
+        "input": "hi",
+        "stream": True,
+        "store": False,
+        "context_management": [{"type": "compaction"}],
+    }
+    with httpx.stream("POST", f"{gw.url}/v1/responses", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        seen = b""
+        for chunk in r.iter_raw():  # until the upstream is streaming to us
+            seen += chunk
+            if b"response.output_text.delta" in seen:
+                break
+    response_id = seen.split(b'"id":"', 1)[1].split(b'"', 1)[0].decode()
+    assert gw.upstream.wait_disconnected(gw.upstream.last(path_for(gw.wire)))
+    (row,) = wait_rows(1, response_id=response_id)
+    check_row(row, response_id, status=499)
+    assert tokens(row) == (None, None, None, None)
+    assert len(queued) == 1
 
 
 @pytest.mark.parametrize("wire", ["responses"])
