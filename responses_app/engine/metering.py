@@ -219,18 +219,15 @@ class DirectCall:
                 end = self.buffer.find(b"\n\n")
                 if end < 0:
                     break
-                block = bytes(self.buffer[:end])
+                if any(kind in self.buffer[: min(end, 160)] for kind in _TERMINAL_TYPES):
+                    self._terminal(bytes(self.buffer[:end]))  # only the terminal event is copied
                 del self.buffer[: end + 2]
-                self._event(block)
             if len(self.buffer) > self.limit:  # an event too long to read: not this one's usage
                 self.buffer.clear()
         except Exception:  # never the relay's problem
             log.debug("usage ledger: could not read a direct answer", exc_info=True)
 
-    def _event(self, block: bytes) -> None:
-        head = block[:160]
-        if not any(kind in head for kind in _TERMINAL_TYPES):
-            return
+    def _terminal(self, block: bytes) -> None:
         for line in block.split(b"\n"):
             if line.startswith(b"data:"):
                 data = orjson.loads(line[5:])
@@ -248,6 +245,8 @@ class DirectCall:
                 with contextlib.suppress(orjson.JSONDecodeError):
                     answer = orjson.loads(self.buffer)
                     self.answer = answer if isinstance(answer, dict) else None
+            if status == CLIENT_LEFT and self.answer is not None:
+                status = None  # the whole answer passed: the client only left after it
             answer = self.answer or {}
             response_id = answer.get("id")
             tokens = tokens_of(answer.get("usage"))
