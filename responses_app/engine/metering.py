@@ -75,8 +75,18 @@ def tokens_of(usage: dict[str, Any] | None) -> Tokens:
     return _int(usage.get("input_tokens")), _int(usage.get("output_tokens")), cached, reasoning
 
 
+_MAX_COUNT = 2**63 - 1  # the ledger's BIGINT columns
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _stored(tokens: Tokens) -> Tokens:
+    """``tokens`` as the ledger can store them: a count no column holds (negative, too large: an
+    upstream's nonsense) is null, never the reason a response's write fails."""
+    a, b, c, d = (t if t is not None and 0 <= t <= _MAX_COUNT else None for t in tokens)
+    return a, b, c, d
 
 
 def _detail(details: Any, key: str) -> int | None:
@@ -140,6 +150,7 @@ class Meter:
     def end(self, call: Call, status: int, tokens: Tokens) -> None:
         """The call is over: count it, and keep its row for the final write (stored) or queue it."""
         try:
+            tokens = _stored(tokens)
             entry = ledger.UsageEntry(
                 principal=self.principal,
                 route=self.route,
@@ -249,7 +260,7 @@ class DirectCall:
                 status = None  # the whole answer passed: the client only left after it
             answer = self.answer or {}
             response_id = answer.get("id")
-            tokens = tokens_of(answer.get("usage"))
+            tokens = _stored(tokens_of(answer.get("usage")))
             ledger.record(
                 ledger.UsageEntry(
                     principal=self.principal,
@@ -262,7 +273,7 @@ class DirectCall:
                     output_tokens=tokens[1],
                     cached_tokens=tokens[2],
                     reasoning_tokens=tokens[3],
-                    response_id=response_id if isinstance(response_id, str) else "",
+                    response_id=response_id[:128] if isinstance(response_id, str) else "",  # the upstream's
                     request_id=self.request_id,
                 )
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from responses_app.storage.group_commit import GroupWriter
 from responses_app.storage.history_cache import history_cache
 from usage_app import ledger, writer
 from usage_app.ledger import UsageEntry
+
+log = logging.getLogger("responses.storage")
 
 
 def lease_until(lease_s: float) -> Any:
@@ -131,7 +134,13 @@ def _usage_rows(write: FinalWrite | InProgressWrite) -> list[Any]:
     """The ledger rows a write stores with its response (an ``in_progress`` row has none yet)."""
     if isinstance(write, InProgressWrite) or not write.outcome.usage_entries:
         return []
-    return rawsql.usage_rows(ledger.rows(write.outcome.usage_entries))
+    entries = write.outcome.usage_entries
+    try:
+        return rawsql.usage_rows(ledger.rows(entries))
+    except Exception:  # never the reason a response is not stored: the batch writer tries them
+        log.exception("usage ledger: response %s's rows left to the batch writer", write.prepared.response_id)
+        transaction.on_commit(lambda: writer_queue(entries))
+        return []
 
 
 def _queue_usage_on_commit(writes: list[FinalWrite]) -> None:

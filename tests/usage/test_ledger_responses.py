@@ -310,6 +310,15 @@ def test_a_cancelled_background_response_has_a_499_row_written_once(gw: Gateway,
     assert [e.response_id for e in queued] == [created.id]
 
 
+def test_a_count_no_column_holds_is_null_and_the_response_is_still_stored(gw: Gateway) -> None:
+    gw.script(text("big"), usage=usage(2**63, 5, cached=0, reasoning=0))
+    r = gw.post({"model": "m", "input": "x"})
+    assert r.status_code == 200, r.text
+    assert Response.objects.get(id=r.json()["id"]).status == "completed"
+    (row,) = rows_of(r.json()["id"])
+    assert tokens(row) == (None, 5, 0, 0)
+
+
 # --- unstored responses: the batch writer ----------------------------------------------------------
 
 
