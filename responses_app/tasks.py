@@ -9,6 +9,7 @@ lease expired (``docs/operations.md``). A broker that refuses the task is a 503,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -20,8 +21,10 @@ from gateway.core import errors
 from gateway.core.config import Config, get_config
 from gateway.core.db import run_orm
 from gateway.core.lifecycle import drain
+from gateway.core.principal import Limits, Principal
 from responses_app.engine.domain import Prepared
 from responses_app.engine.executor import Executor
+from responses_app.engine.metering import current_request_id
 from responses_app.storage.leases import HOST, lease_owner_alive, runner_id, start_heartbeat
 
 log = logging.getLogger("responses.background")
@@ -57,6 +60,8 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
     that refuses it is a 503 and the row is removed, so nothing is left that nobody will run."""
     from responses_app.storage import services
 
+    # The usage ledger charges its calls to this request's principal and id, wherever it runs.
+    prepared.request_id = prepared.request_id or current_request_id()
     if not config.broker_enabled:
         snapshot: dict[str, Any] = await run_orm(
             services.response_create_queued,
@@ -70,7 +75,7 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
         return snapshot
     snapshot = await run_orm(services.response_create_queued, prepared=prepared)
     try:
-        await asyncio.get_running_loop().run_in_executor(None, _send_task, prepared.response_id)
+        await asyncio.get_running_loop().run_in_executor(None, _send_task, prepared)
     except Exception as exc:
         log.error("background response %s: the broker refused its task: %s", prepared.response_id, exc)
         await run_orm(services.response_delete_unsent, id=prepared.response_id)
@@ -81,9 +86,24 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
     return snapshot
 
 
-def _send_task(response_id: str) -> None:
+def _send_task(prepared: Prepared) -> None:
     # No retries: a broker that is down refuses the request now rather than holding it.
-    run_background_task.apply_async(args=[response_id], queue="responses", retry=False)
+    run_background_task.apply_async(
+        args=[prepared.response_id],
+        kwargs={"principal": dataclasses.asdict(prepared.principal), "request_id": prepared.request_id},
+        queue="responses",
+        retry=False,
+    )
+
+
+def _principal(fields: dict[str, Any] | None, owner: str) -> Principal:
+    """The principal a task was sent with (:func:`_send_task`); the row's owner alone without it."""
+    if not isinstance(fields, dict) or fields.get("owner") != owner:
+        return Principal(owner=owner)
+    try:
+        return Principal(**{**fields, "limits": Limits(**(fields.get("limits") or {}))})
+    except TypeError:  # sent by another version of the gateway
+        return Principal(owner=owner)
 
 
 def cancel_local(response_id: str) -> None:
@@ -186,23 +206,30 @@ class _NotStarted(Exception):
     retry_backoff_max=10,
     max_retries=None,
 )
-def run_background_task(response_id: str) -> None:
-    """Celery entry point: rebuild the prepared request from the stored record and run it."""
-    asyncio.run(_run_stored_and_close(response_id))
+def run_background_task(
+    response_id: str, principal: dict[str, Any] | None = None, request_id: str = ""
+) -> None:
+    """Celery entry point: rebuild the prepared request from the stored record and run it
+    (``principal`` and ``request_id``: the creating request's, for the usage ledger)."""
+    asyncio.run(_run_stored_and_close(response_id, principal, request_id))
 
 
-async def _run_stored_and_close(response_id: str) -> None:
+async def _run_stored_and_close(
+    response_id: str, principal: dict[str, Any] | None = None, request_id: str = ""
+) -> None:
     from inference_app.upstream.http import close_upstreams
 
     try:
-        await _run_stored(response_id)
+        await _run_stored(response_id, principal, request_id)
     finally:
         # This task's event loop ends here: close its upstream connections with it, or every
         # task would leave a pool of open sockets (and its loop) behind in the worker.
         await close_upstreams()
 
 
-async def _run_stored(response_id: str) -> None:
+async def _run_stored(
+    response_id: str, principal: dict[str, Any] | None = None, request_id: str = ""
+) -> None:
     from django.utils.http import http_date  # noqa: F401  (ensures Django is set up in the worker)
 
     from inference_app.upstream.http import forward_headers
@@ -241,6 +268,8 @@ async def _run_stored(response_id: str) -> None:
             config=config,
             response_id=row.id,
             created_at=int(row.created_at.timestamp()),
+            principal=_principal(principal, row.owner),
+            request_id=request_id,
         )
     except (OperationalError, InterfaceError) as exc:
         raise _NotStarted(str(exc)) from exc

@@ -120,7 +120,8 @@ class WebSocketSession:
         self.scope = scope
         self.config = config
         self.limits = config.websocket
-        self.owner = scope_principal(scope).owner
+        self.principal = scope_principal(scope)
+        self.owner = self.principal.owner
         # A weak reference: the consumer holds the session, so a strong one would be a cycle.
         self.connection = weakref.ref(connection)
         self.lanes: dict[str | None, Lane] = {}
@@ -310,6 +311,7 @@ class WebSocketSession:
                 headers=self._upstream_headers(),
                 config=self.config,
                 cached_history=cached.items if cached is not None else None,
+                principal=self.principal,
             )
         except errors.GatewayError as exc:
             if exc.code == "previous_response_not_found":

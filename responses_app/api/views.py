@@ -18,7 +18,7 @@ from gateway.core.principal import Principal, credential_consumed, request_princ
 from gateway.core.sse import Event
 from inference_app.upstream.http import HOP_BY_HOP, forward_headers, get_upstream
 from responses_app import tasks
-from responses_app.engine import runs
+from responses_app.engine import metering, runs
 from responses_app.engine.domain import Prepared
 from responses_app.engine.executor import Executor
 from responses_app.engine.tool_loop import ToolLoop, history_model_items
@@ -91,11 +91,12 @@ async def create(call: Call) -> Outcome:
     parsed, raw = parse_create_request(call.body)
     config = get_config()
     if not prepare.needs_executor(parsed, raw, config):
-        return await _direct(call)
+        return await _direct(call, parsed.model or "")
     arguments: dict[str, Any] = {
         "request": parsed,
         "raw": raw,
         "owner": call.principal.owner,
+        "principal": call.principal,
         "headers": _upstream_headers(call.headers, call.credential_consumed),
         "config": config,
     }
@@ -178,23 +179,40 @@ def _sse(frames: AsyncIterator[bytes]) -> HttpResponse:
     return django_response(_stream(frames))
 
 
-async def _direct(call: Call) -> Outcome:
-    """Stateless pass-through: the body goes to the upstream byte for byte, the answer comes back as it arrives."""
+async def _direct(call: Call, model: str) -> Outcome:
+    """Stateless pass-through: the body goes to the upstream byte for byte, the answer comes back as it
+    arrives; its usage-ledger row is read from it as it passes (:class:`metering.DirectCall`)."""
     config = get_config()
     headers = forward_headers(call.headers, config, caller_credential_consumed=call.credential_consumed)
     headers.pop("accept-encoding", None)
-    upstream = await get_upstream().send("POST", "/v1/responses", body=call.body, headers=headers)
+    metered = metering.DirectCall(call.principal, model, config.responses.max_upstream_sse_line_bytes)
+    try:
+        upstream = await get_upstream().send("POST", "/v1/responses", body=call.body, headers=headers)
+    except BaseException as exc:
+        metered.end(metering.failed_status(exc, None))
+        raise
     relayed = [
         (key, value)
         for key, value in upstream.headers
         if key.lower() not in HOP_BY_HOP and key.lower() != "content-length"
     ]
+    metered.answered(upstream.status, upstream.content_type or "")
 
     async def relay() -> AsyncIterator[bytes]:
-        async for chunk in upstream:
-            yield chunk
+        try:
+            async for chunk in upstream:
+                metered.feed(chunk)
+                yield chunk
+        except BaseException as exc:
+            metered.end(metering.failed_status(exc, upstream.status))
+            raise
+        metered.end()
 
-    return Outcome(status=upstream.status, headers=relayed, frames=relay(), close=upstream.aclose)
+    async def close() -> None:
+        metered.end(metering.CLIENT_LEFT)  # a relay that never ran (else already recorded)
+        await upstream.aclose()
+
+    return Outcome(status=upstream.status, headers=relayed, frames=relay(), close=close)
 
 
 def sse_tail(response_id: str, starting_after: int) -> HttpResponse:
@@ -274,11 +292,13 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
     fields = {k: v for k, v in raw.items() if k in _COMPACT_FIELDS}
     parsed, fields = parse_create_request(orjson.dumps({**fields, "store": True}))
     config = get_config()
+    principal = request_principal(request)
     prepared = await run_orm(
         prepare.response_prepare,
         request=parsed,
         raw=fields,
-        owner=request_principal(request).owner,
+        owner=principal.owner,
+        principal=principal,
         headers=_upstream_headers(_request_headers(request), credential_consumed(request)),
         config=config,
         model_turn=False,  # a history ending in a call that awaits its output is summarized too
@@ -289,15 +309,22 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
     if prepared.agent_tree is not None:  # a multi-agent chain: the root agent is compacted
         items, kept = compaction_parts(items)
         model_items = root_model_view(items)
-    summary = await compaction.summarize(
-        upstream=get_upstream(),
-        config=config,
-        headers=prepared.headers,
-        model=parsed.model,
-        model_items=history_model_items(model_items),
-        instructions=parsed.instructions,
-        forwarded=compaction.forwarded_fields(fields, prepared.prompt_cache_options),
-    )
+    # The summary's ledger row is stored with the checkpoint; if that never happens, batch-written.
+    meter = metering.Meter(prepared, route=metering.COMPACT_ROUTE)
+    try:
+        summary = await compaction.summarize(
+            upstream=get_upstream(),
+            config=config,
+            headers=prepared.headers,
+            model=parsed.model,
+            model_items=history_model_items(model_items),
+            instructions=parsed.instructions,
+            forwarded=compaction.forwarded_fields(fields, prepared.prompt_cache_options),
+            meter=meter,
+        )
+    except BaseException:
+        meter.settle()
+        raise
     retained = compaction.retained_messages(items)
     item = compaction.compaction_item(summary.text)
     # Required by the SDK's CompactedResponse: zeros when the upstream reported none.
@@ -309,14 +336,20 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
         "output": [*retained, item],
         "usage": usage,
     }
-    await run_orm(
-        writes.response_compaction_store,
-        prepared=prepared,
-        retained=retained,
-        item=item,
-        kept=kept,
-        usage=usage,
-    )
+    entries = meter.take()
+    try:
+        await run_orm(
+            writes.response_compaction_store,
+            prepared=prepared,
+            retained=retained,
+            item=item,
+            kept=kept,
+            usage=usage,
+            usage_entries=entries,
+        )
+    except Exception:
+        meter.unwritten(entries)  # rolled back: the batch writer writes them
+        raise
     return json_response(answer)
 
 

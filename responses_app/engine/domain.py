@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.core.principal import DEFAULT_PRINCIPAL, Principal
 from inference_app.tools import strip_credentials as strip_tool
 from responses_app.engine.echo import echoed_tool, tool_usage
 
@@ -50,6 +51,10 @@ class Prepared:
     tool_map: ToolMap | None = None
     # The agent tree a multi-agent continuation restores (``responses_app.features.multi_agent``).
     agent_tree: dict[str, Any] | None = None
+    # Who the usage ledger charges each upstream call to, and the request that caused it (a
+    # background response may run in another context: ``responses_app.engine.metering``).
+    principal: Principal = DEFAULT_PRINCIPAL
+    request_id: str = ""
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Usage:
     input_details: dict[str, int] = field(default_factory=dict)
     output_details: dict[str, int] = field(default_factory=dict)
     reported: bool = False
+    reports: int = 0  # how many usage objects were added (a round's own report: the ledger's delta)
 
     @staticmethod
     def _add_details(into: dict[str, int], details: Any) -> None:
@@ -75,6 +81,7 @@ class Usage:
         self, *, input_tokens: Any, output_tokens: Any, total: Any, input_details: Any, output_details: Any
     ) -> None:
         self.reported = True
+        self.reports += 1
         self.input_tokens += input_tokens if isinstance(input_tokens, int) else 0
         self.output_tokens += output_tokens if isinstance(output_tokens, int) else 0
         if isinstance(total, int):

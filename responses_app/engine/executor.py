@@ -9,14 +9,17 @@ overrides.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.core import errors
 from gateway.core.config import Config
 from gateway.core.sse import Event, StreamFailure
 from inference_app.upstream.http import get_upstream
-from responses_app.engine import parsers, translate, wire
+from responses_app.engine import metering, parsers, translate, wire
 from responses_app.engine.domain import Prepared, RoundState
 from responses_app.engine.lifecycle import Lifecycle
 from responses_app.engine.tool_loop import ROUND_CAP_REASON, ToolLoop, web_search_available
@@ -52,6 +55,9 @@ class Executor(Lifecycle):
         # WebSocket steering: the consumer sets ``steer.requested``; the response stops at a boundary.
         self.steer = steering.Boundary()
         self.async_rounds = async_tools.AsyncRounds()  # async-only rounds in a row (the stop rule)
+        # The usage ledger's rows of this response's upstream calls (a multi-agent response's agents
+        # share their coordinator's).
+        self.meter = metering.Meter(prepared)
         # False: nobody reads this response's events as they come (a JSON client), so each round
         # asks the upstream for one answer instead of a stream (``run_round``).
         self.stream_rounds = True
@@ -84,8 +90,10 @@ class Executor(Lifecycle):
             self.round = RoundState(number)
             self.emitter.start_round()
             tools.start_round()
-            async for event in self.run_round(self.round):
-                yield event
+            # Closed with the response's run (its upstream call ends and is accounted then).
+            async with contextlib.aclosing(self.run_round(self.round)) as round_events:
+                async for event in round_events:
+                    yield event
             for event in self.emitter.close():
                 yield event
             self.end_status = self.round.status
@@ -132,7 +140,21 @@ class Executor(Lifecycle):
             terminal,
             window=self.checkpoint(output_items) if self.compactor.compacted else None,
         )
-        self.stored = await writes.store_final(self.p, outcome)
+        await self.store_outcome(outcome)
+
+    async def store_outcome(self, outcome: writes.Outcome) -> None:
+        """Store ``outcome`` with the ledger rows of this response's calls, in one transaction."""
+        outcome = dataclasses.replace(outcome, usage_entries=self.meter.take())
+        try:
+            self.stored = await writes.store_final(self.p, outcome)
+        except asyncio.CancelledError:
+            raise  # the write goes on without its caller: it stores the rows or queues them
+        except BaseException:
+            self.meter.unwritten(outcome.usage_entries)  # rolled back: the batch writer writes them
+            raise
+
+    def run_ended(self) -> None:
+        self.meter.settle()
 
     # --- one upstream round ---------------------------------------------------------------------
 
@@ -153,29 +175,40 @@ class Executor(Lifecycle):
             items = self.tools.model_items(prior, self.output)
         return [self.client_tools.upstream_item(item) for item in self.compactor.window(items)]
 
-    async def run_round(self, state: RoundState) -> AsyncIterator[Event]:
+    async def run_round(self, state: RoundState) -> AsyncGenerator[Event, None]:
         """One inference round over :meth:`model_items`: the upstream's stream (or, with
         :attr:`stream_rounds` off, its one answer) read into our events."""
         chat = self.config.upstream_api == "chat_completions"
         path, body = wire.round_request(
             chat, self.p, self.client_tools, self.tools, self.model_items(), self.stream_rounds
         )
-        response = await wire.send(self.upstream, path, body, self.p.headers)
+        call = self.meter.start()
+        before = metering.Reading.of(self.usage)
+        status = 200
         try:
-            if response.status != 200:
-                self.http_error = await wire.status_error(response)
-                raise StreamFailure(self.http_error.message, status=response.status)
-            parser = parsers.for_round(chat, self.emitter, state, self.usage)
-            limit = self.config.responses.max_upstream_sse_line_bytes
-            if not self.stream_rounds and response.content_type != "text/event-stream":
-                events = await parsers.read_whole(parser, response, limit)
-                if not self.sink.unread:  # nobody reads a JSON client's events: made, not passed on
-                    for event in events:
-                        yield event
-                return
-            async for event in parsers.read(parser, response, limit, self.steer.waiting):
-                yield event
+            response = await wire.send(self.upstream, path, body, self.p.headers)
+            call.received = status = response.status
+            try:
+                if response.status != 200:
+                    self.http_error = await wire.status_error(response)
+                    raise StreamFailure(self.http_error.message, status=response.status)
+                parser = parsers.for_round(chat, self.emitter, state, self.usage)
+                limit = self.config.responses.max_upstream_sse_line_bytes
+                if not self.stream_rounds and response.content_type != "text/event-stream":
+                    events = await parsers.read_whole(parser, response, limit)
+                    if not self.sink.unread:  # nobody reads a JSON client's events: made, not passed on
+                        for event in events:
+                            yield event
+                    return
+                async for event in parsers.read(parser, response, limit, self.steer.waiting):
+                    yield event
+            finally:
+                if state.incomplete_details is not None:
+                    self.incomplete_details = state.incomplete_details
+                await response.aclose()
+        except BaseException as exc:
+            status = metering.failed_status(exc, call.received)
+            raise
         finally:
-            if state.incomplete_details is not None:
-                self.incomplete_details = state.incomplete_details
-            await response.aclose()
+            # One ledger row per upstream call, with the tokens this round reported.
+            self.meter.end(call, status, metering.Reading.of(self.usage).since(before))

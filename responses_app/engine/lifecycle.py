@@ -160,6 +160,8 @@ class Lifecycle:
             )
             async for event in self.interrupt("The gateway failed while generating this response."):
                 yield event
+        finally:
+            self.run_ended()
 
     @property
     def ended(self) -> bool:
@@ -196,6 +198,9 @@ class Lifecycle:
 
     def settle(self) -> None:
         """Runs once the work ended (failed included), before the terminal snapshot; nothing here."""
+
+    def run_ended(self) -> None:
+        """Runs when :meth:`run` is over, however it ended (closed or cancelled included); nothing here."""
 
     async def store(
         self, status: str, snapshot: dict[str, Any], terminal: tuple[int, bytes] | None = None

@@ -80,6 +80,9 @@ async def _drive(executor: Executor, on_event: OnEvent, lease: _StreamLease | No
                 if taken is not None:
                     await taken
     finally:
+        # A run its caller stopped taking events from (a cancelled background response) is closed now,
+        # not when collected: its upstream call ends and is accounted (Lifecycle.run_ended).
+        await events.aclose()  # type: ignore[attr-defined]
         if lease is not None:
             await lease.release()
 

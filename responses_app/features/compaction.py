@@ -21,6 +21,7 @@ from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.sse import StreamFailure
 from responses_app.engine import upstream_events
+from responses_app.engine.metering import Meter, failed_status, tokens_of
 from responses_app.features import async_tools
 
 COMPACTION = "compaction"
@@ -317,29 +318,42 @@ async def summarize(
     model_items: list[dict[str, Any]],
     instructions: str | None,
     forwarded: dict[str, Any],
+    meter: Meter,
 ) -> Summary:
-    """Run the summary round; an upstream refusal or an empty summary raises a
-    :class:`errors.GatewayError` (4xx: the upstream's message; else 502)."""
+    """Run the summary round (one usage-ledger row on ``meter``); an upstream refusal or an empty
+    summary raises a :class:`errors.GatewayError` (4xx: the upstream's message; else 502)."""
     path, body = summary_body(
         config=config, model=model, model_items=model_items, instructions=instructions, forwarded=forwarded
     )
     sent = dict(headers)
     sent["content-type"] = "application/json"
     sent["accept"] = "application/json"
-    response = await upstream.send("POST", path, body=orjson.dumps(body), headers=sent)
+    call = meter.start()
+    status = 200
+    summary: Summary | None = None
     try:
-        # The executor's one-answer rounds read and check an answer the same way (parsers.read_whole).
-        payload = await upstream_events.read_answer(response, config.responses.max_upstream_sse_line_bytes)
-        if response.status != 200:
-            raise upstream_events.status_error(response.status, payload, "the compaction summary request")
-        if path == "/v1/chat/completions":
-            summary = _chat_summary(upstream_events.chat_answer(payload))
-        else:
-            summary = _responses_summary(upstream_events.responses_answer(payload))
-    except StreamFailure as exc:  # cut short, over the limit or malformed: the upstream's fault
-        raise errors.UpstreamError(exc.message) from None
+        response = await upstream.send("POST", path, body=orjson.dumps(body), headers=sent)
+        call.received = status = response.status
+        try:
+            # The executor's one-answer rounds read and check an answer the same way (parsers.read_whole).
+            payload = await upstream_events.read_answer(
+                response, config.responses.max_upstream_sse_line_bytes
+            )
+            if response.status != 200:
+                raise upstream_events.status_error(response.status, payload, "the compaction summary request")
+            if path == "/v1/chat/completions":
+                summary = _chat_summary(upstream_events.chat_answer(payload))
+            else:
+                summary = _responses_summary(upstream_events.responses_answer(payload))
+        except StreamFailure as exc:  # cut short, over the limit or malformed: the upstream's fault
+            raise errors.UpstreamError(exc.message) from None
+        finally:
+            await response.aclose()
+    except BaseException as exc:
+        status = failed_status(exc, call.received)
+        raise
     finally:
-        await response.aclose()
+        meter.end(call, status, tokens_of(summary.usage if summary is not None else None))
     if not summary.text.strip():
         raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
     return summary
@@ -468,6 +482,7 @@ class Compactor:
                 model_items=model_items,
                 instructions=ex.p.request.instructions,
                 forwarded=forwarded_fields(ex.p.raw, ex.p.prompt_cache_options),
+                meter=ex.meter,
             )
         except errors.GatewayError as exc:
             if exc.status < 500:

@@ -284,8 +284,9 @@ async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
             agent.emitter.start_round()
             agent.loop.start_round()
             agent.collab.calls = []
-            async for event in agent.run_round(state):
-                await queue.put(("event", agent.name, event))
+            async with contextlib.aclosing(agent.run_round(state)) as round_events:  # closed if cancelled
+                async for event in round_events:
+                    await queue.put(("event", agent.name, event))
             for event in agent.emitter.close():
                 await queue.put(("event", agent.name, event))
             end.tier, end.tier_reported = state.tier, True
@@ -393,6 +394,7 @@ class Coordinator(Executor):
         assert self.tools is not None
         loop = self.tools if name == ROOT else await ToolLoop.prepare(p, self.config)
         agent = Agent(name, AgentExecutor(name, p, self.config, self.upstream, loop))
+        agent.ex.meter = self.meter  # every agent's calls are this response's (stored with it)
         self.agents[name] = agent
         return agent
 
@@ -746,7 +748,7 @@ class Coordinator(Executor):
             terminal_event=terminal,
             agent_tree=self.agent_tree or self._tree(),
         )
-        self.stored = await writes.store_final(self.p, outcome)
+        await self.store_outcome(outcome)
 
 
 CLIENT_CALL_TYPES = frozenset(

@@ -14,6 +14,7 @@ from conversations_app.models import Item
 from gateway.core import errors
 from gateway.core.config import Config
 from gateway.core.ids import new_id
+from gateway.core.principal import Principal
 from responses_app.engine import translate
 from responses_app.engine.domain import Prepared
 from responses_app.engine.tool_loop import PRIVATE_KEY, web_search_available
@@ -82,6 +83,8 @@ def response_prepare(
     created_at: int | None = None,
     cached_history: list[dict[str, Any]] | None = None,
     model_turn: bool = True,
+    principal: Principal | None = None,
+    request_id: str = "",
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
@@ -89,6 +92,8 @@ def response_prepare(
     (the WebSocket transport's connection-local state); then the database is not consulted for it.
     ``model_turn`` False (``POST /v1/responses/compact``): the history is summarized, not answered,
     so the rules on tool calls and their outputs do not apply (a call may await its output).
+    ``principal`` and ``request_id``: who the usage ledger charges (by default the owner alone) and
+    for which request (by default the one the executor is built in).
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -163,6 +168,8 @@ def response_prepare(
         background=bool(request.background),
         tool_map=tool_map,
         agent_tree=agent_tree,
+        principal=principal if principal is not None else Principal(owner=owner),
+        request_id=request_id,
     )
 
 

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from conversations_app.models import Item
 from responses_app.models import Response
+from usage_app.models import UsageRecord
 
 _OPTS = orjson.OPT_NON_STR_KEYS
 _OPEN = (Response.Status.QUEUED, Response.Status.IN_PROGRESS)
@@ -73,22 +74,35 @@ def _sql(vendor: str) -> dict[str, Any]:
     update = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in FINAL_COLUMNS)
     statuses = ", ".join(f"'{status}'" for status in _OPEN)
 
-    def recordset(name: str, model: type[models.Model]) -> str:
-        """``name``'s JSON document as rows of ``model``'s columns, with their database types."""
-        types = ", ".join(f"{q(str(f.column))} {f.db_type(connection)}" for f in model._meta.concrete_fields)
+    def recordset(name: str, fields: Any) -> str:
+        """``name``'s JSON document as rows of ``fields``' columns, with their database types."""
+        types = ", ".join(f"{q(str(f.column))} {f.db_type(connection)}" for f in fields)
         return f"SELECT * FROM jsonb_to_recordset(%({name})s::jsonb) AS {name}({types})"
 
     listed, item_listed = ", ".join(q(c) for c in columns), ", ".join(q(c) for c in item_columns)
+    usage_table = q(UsageRecord._meta.db_table)
+    usage_fields = _usage_fields()
+    usage_listed = ", ".join(q(str(f.column)) for f in usage_fields)
     return {
-        # PostgreSQL: any number of responses and their items in one statement (store_responses).
+        # PostgreSQL: any number of responses, their items and their ledger rows in one statement
+        # (store_responses); a response's ledger rows only when its row was written.
         "records": (
-            f"WITH new_responses AS ({recordset('responses', Response)}), "
-            f"new_items AS ({recordset('items', Item)}), "
+            f"WITH new_responses AS ({recordset('responses', Response._meta.concrete_fields)}), "
+            f"new_items AS ({recordset('items', Item._meta.concrete_fields)}), "
+            f"new_usage AS ({recordset('usage', usage_fields)}), "
             f"inserted_items AS (INSERT INTO {items} ({item_listed}) SELECT {item_listed} FROM new_items "
-            f"ON CONFLICT DO NOTHING) "
-            f"INSERT INTO {responses} ({listed}) SELECT {listed} FROM new_responses "
+            f"ON CONFLICT DO NOTHING), "
+            f"written AS (INSERT INTO {responses} ({listed}) SELECT {listed} FROM new_responses "
             f"ON CONFLICT ({q('id')}) DO UPDATE SET {update} "
-            f"WHERE {responses}.{q('status')} IN ({statuses}) RETURNING {q('id')}"
+            f"WHERE {responses}.{q('status')} IN ({statuses}) RETURNING {q('id')}), "
+            f"inserted_usage AS (INSERT INTO {usage_table} ({usage_listed}) SELECT {usage_listed} "
+            f"FROM new_usage WHERE {q('response_id')} IN (SELECT {q('id')} FROM written)) "
+            f"SELECT {q('id')} FROM written"
+        ),
+        # SQLite: the ledger rows of one stored response (executemany).
+        "usage": (
+            f"INSERT INTO {usage_table} ({usage_listed}) "
+            f"VALUES ({', '.join(f'%(u{i})s' for i in range(len(usage_fields)))})"
         ),
         "status": f"SELECT {q('status')}, {q('agent_tree')} FROM {responses} {where}",
         "status_ids": (
@@ -185,6 +199,27 @@ def rows(*, items: list[dict[str, Any]], owner: str, response: dict[str, Any]) -
     return [_row(Item, values, adapt) for values in item_values], _row(Response, response_values, adapt)
 
 
+def _usage_fields() -> tuple[Any, ...]:
+    """The ledger's columns a write fills (its id is the database's)."""
+    return tuple(f for f in UsageRecord._meta.concrete_fields if not f.primary_key)
+
+
+def usage_rows(records: list[UsageRecord]) -> list[Any]:
+    """Unsaved ledger ``records`` in the form :func:`store_responses` takes on this database."""
+    fields = _usage_fields()
+    if _vendor() == "postgresql":  # for orjson: aware datetimes as RFC 3339, which timestamptz reads
+        return [{f.column: getattr(record, f.attname) for f in fields} for record in records]
+    adapt = connection.ops.adapt_datetimefield_value
+    return [
+        {
+            f"u{i}": adapt(value) if isinstance(f, models.DateTimeField) else value
+            for i, f in enumerate(fields)
+            for value in (getattr(record, f.attname),)
+        }
+        for record in records
+    ]
+
+
 def _writers_lock() -> int:
     """The descriptor of the lock file the SQLite writers of every server process queue on."""
     global _lock_file
@@ -227,11 +262,13 @@ def store_response(*, item_rows: list[Any], response_row: Any) -> bool:
     return store_responses([(item_rows, response_row)])[0]
 
 
-def store_responses(writes: list[tuple[list[Any], Any]]) -> list[bool]:
+def store_responses(writes: list[tuple[list[Any], Any]], usage: list[list[Any]] | None = None) -> list[bool]:
     """:func:`store_response` for each of ``writes``, atomically (one statement on PostgreSQL, one
-    transaction elsewhere); one answer per write, in order."""
+    transaction elsewhere); one answer per write, in order. ``usage``: each write's ledger rows
+    (:func:`usage_rows`), inserted only with a response row that was written."""
     vendor = _vendor()
     db = connections[DEFAULT_DB_ALIAS]  # the calling thread's connection, looked up once
+    usage = usage or [[] for _ in writes]
     with db.cursor() as cursor:
         if vendor == "postgresql":
             responses = [row for _, row in writes]
@@ -241,6 +278,7 @@ def store_responses(writes: list[tuple[list[Any], Any]]) -> list[bool]:
                 {
                     "responses": orjson.dumps(responses, option=_OPTS).decode(),
                     "items": orjson.dumps(items, option=_OPTS).decode(),
+                    "usage": orjson.dumps([r for rows in usage for r in rows], option=_OPTS).decode(),
                 },
             )
             written = {row[0] for row in cursor.fetchall()}
@@ -248,12 +286,14 @@ def store_responses(writes: list[tuple[list[Any], Any]]) -> list[bool]:
         sql = _sql(vendor)
         stored = []
         with nullcontext() if db.in_atomic_block else writing():
-            for item_rows, response_row in writes:
+            for (item_rows, response_row), usage_rows in zip(writes, usage, strict=True):
                 for start in range(0, len(item_rows), _BATCH):
                     batch = item_rows[start : start + _BATCH]
                     cursor.execute(_items_sql(vendor, len(batch)), _item_params(batch))
                 cursor.execute(sql["response"], dict(zip(_RESPONSE_NAMES, response_row, strict=True)))
                 stored.append(bool(cursor.rowcount))
+                if stored[-1] and usage_rows:
+                    cursor.executemany(sql["usage"], usage_rows)
         return stored
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,10 @@ from responses_app.models import Response, ResponseEvent
 from responses_app.storage import rawsql
 from responses_app.storage.group_commit import GroupWriter
 from responses_app.storage.history_cache import history_cache
+from usage_app import ledger, writer
+from usage_app.ledger import UsageEntry
+
+log = logging.getLogger("responses.storage")
 
 
 def lease_until(lease_s: float) -> Any:
@@ -43,6 +48,9 @@ class Outcome:
     # that compacted (responses_app.features.compaction) continues from its window.
     window: list[dict[str, Any]] | None = None
     agent_tree: dict[str, Any] | None = None  # a multi-agent response's tree snapshot
+    # The usage-ledger rows of the response's upstream calls, written in the same transaction
+    # (queued for the batch writer instead when the response is not stored: cancelled meanwhile).
+    usage_entries: list[UsageEntry] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -74,10 +82,10 @@ def response_store_rows(writes: list[FinalWrite | InProgressWrite]) -> list[bool
         else _in_progress_rows(write)
         for write in writes
     ]
-    stored = rawsql.store_responses(built)
-    _cache_on_commit(
-        [write for write, ok in zip(writes, stored, strict=True) if ok and isinstance(write, FinalWrite)]
-    )
+    stored = rawsql.store_responses(built, [_usage_rows(write) for write in writes])
+    finals = [(write, ok) for write, ok in zip(writes, stored, strict=True) if isinstance(write, FinalWrite)]
+    _cache_on_commit([write for write, ok in finals if ok])
+    _queue_usage_on_commit([write for write, ok in finals if not ok])
     return stored
 
 
@@ -122,6 +130,32 @@ def _final_rows(p: Prepared, outcome: Outcome) -> tuple[list[Any], Any]:
     )
 
 
+def _usage_rows(write: FinalWrite | InProgressWrite) -> list[Any]:
+    """The ledger rows a write stores with its response (an ``in_progress`` row has none yet)."""
+    if isinstance(write, InProgressWrite) or not write.outcome.usage_entries:
+        return []
+    entries = write.outcome.usage_entries
+    try:
+        return rawsql.usage_rows(ledger.rows(entries))
+    except Exception:  # never the reason a response is not stored: the batch writer tries them
+        log.exception("usage ledger: response %s's rows left to the batch writer", write.prepared.response_id)
+        transaction.on_commit(lambda: writer_queue(entries))
+        return []
+
+
+def _queue_usage_on_commit(writes: list[FinalWrite]) -> None:
+    """The ledger rows of responses a batch did not store (cancelled meanwhile) go to the batch
+    writer once it commits (a rolled-back batch is written again, and decides again)."""
+    entries = [entry for write in writes for entry in write.outcome.usage_entries]
+    if entries:
+        transaction.on_commit(lambda: writer_queue(entries))
+
+
+def writer_queue(entries: list[UsageEntry]) -> None:
+    for entry in entries:
+        writer.queue(entry)
+
+
 def _cache_on_commit(writes: list[FinalWrite]) -> None:
     """Cache the checkpoints of stored ``writes`` once committed (a group commit may roll the batch
     back and write it again): one callback for the batch."""
@@ -148,9 +182,12 @@ def response_store_final(*, prepared: Prepared, outcome: Outcome) -> bool:
     if not _writes_alone(p, outcome):
         return response_store_rows([FinalWrite(p, outcome)])[0]
     terminal_event = outcome.terminal_event if p.background else None
-    item_rows, response_row = _final_rows(p, outcome)
+    rows = _final_rows(p, outcome)
+    usage = _usage_rows(FinalWrite(p, outcome))
     with rawsql.writing():
-        stored = rawsql.store_response(item_rows=item_rows, response_row=response_row)
+        stored = rawsql.store_responses([rows], [usage])[0]
+        if not stored:
+            _queue_usage_on_commit([FinalWrite(p, outcome)])
         if stored and terminal_event is not None:
             ResponseEvent.objects.create(
                 response_id=p.response_id,
@@ -182,6 +219,7 @@ def response_compaction_store(
     item: dict[str, Any],
     kept: list[dict[str, Any]],
     usage: dict[str, Any],
+    usage_entries: list[UsageEntry],
 ) -> None:
     """Store a ``POST /v1/responses/compact`` answer as a checkpoint (the retained user messages,
     the compaction item, then ``kept``: a multi-agent chain's subagent items, with its agent tree)
@@ -205,6 +243,7 @@ def response_compaction_store(
         usage,
         window=[*retained, item, *kept],
         agent_tree=prepared.agent_tree,
+        usage_entries=usage_entries,
     )
     response_store_final(prepared=window, outcome=outcome)
 
