@@ -8,4 +8,6 @@ from typing import Any
 
 
 def count(entry: Any) -> None:
-    return None
+    from usage_app import quotas
+
+    quotas.charge(entry)

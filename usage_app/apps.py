@@ -7,3 +7,9 @@ class UsageAppConfig(AppConfig):
     name = "usage_app"
     default_auto_field = "django.db.models.BigAutoField"
     verbose_name = "Usage"
+
+    def ready(self) -> None:
+        from gateway.core import pipeline
+        from usage_app import quotas
+
+        pipeline.quota_gate = quotas.gate  # the kernel's quota rule (it imports no app)
