@@ -45,7 +45,7 @@ class QuotaState(models.Model):
     """One principal's quota windows in the database store (``usage_app.quotas``, used when no
     ``REDIS_URL`` is set): every admission reads and writes this row in one locking transaction.
 
-    ``requests``: the admission times (epoch ms) of the last minute, oldest first; ``slots``:
+    ``requests``: ``[second (epoch ms), admissions]`` pairs of the last minute, oldest first; ``slots``:
     concurrency slot id -> expiry (epoch ms); token counters of the current minute and UTC day."""
 
     owner = models.CharField(max_length=512, primary_key=True)

@@ -79,18 +79,16 @@ class Counts:
     now: int
 
 
-def decide(
-    limits: Limits, requests: list[int], slots: dict[str, int], tokens: tuple[int, int], now: int
-) -> str:
-    """The refusal for these windows ("" admits), in the order the Redis script checks them."""
+def decide(limits: Limits, requests: int, slots: int, tokens: tuple[int, int]) -> str:
+    """The refusal for these counts ("" admits), in the order the Redis script checks them."""
     rpm, tpm, tpd, concurrent = _numbers(limits)
-    if rpm and len(requests) >= rpm:
+    if rpm and requests >= rpm:
         return "requests"
     if tpm and tokens[0] >= tpm:
         return "tokens"
     if tpd and tokens[1] >= tpd:
         return "day_tokens"
-    if concurrent and len(slots) >= concurrent:
+    if concurrent and slots >= concurrent:
         return "concurrency"
     return ""
 
@@ -112,7 +110,11 @@ class DatabaseStore:
     """The principal's :class:`QuotaState` row, read and written in one transaction that holds its
     lock: ``SELECT … FOR UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` (the project's SQLite
     transaction mode) on SQLite. Exact because admissions of one principal are serialized; meant for
-    the processes of one host (``make run``), Redis for a deployment."""
+    the processes of one host (``make run``), Redis for a deployment.
+
+    The request log counts admissions per second (at most 61 pairs, whatever the limit), and a
+    second's admissions leave the window 60 s after the second ends: no 60 s window ever admits
+    more than the limit, and a slot comes back at most a second later than an exact log's."""
 
     async def admit(self, owner: str, limits: Limits, slot: str) -> Counts:
         from gateway.core.db import run_orm
@@ -138,6 +140,9 @@ class DatabaseStore:
     def _locked(owner: str) -> Any:
         from usage_app.models import QuotaState
 
+        found = QuotaState.objects.select_for_update().filter(pk=owner).first()
+        if found is not None:
+            return found
         QuotaState.objects.bulk_create([QuotaState(owner=owner)], ignore_conflicts=True)
         return QuotaState.objects.select_for_update().get(pk=owner)
 
@@ -146,22 +151,29 @@ class DatabaseStore:
 
         with transaction.atomic():
             state = self._locked(owner)
-            requests = [t for t in state.requests if t > now - MINUTE_MS]
+            # [second, admissions] pairs; a second's admissions leave the window 60 s after its end.
+            requests = [pair for pair in state.requests if pair[0] + 1000 + MINUTE_MS > now]
+            admitted = sum(count for _, count in requests)
             slots = {k: v for k, v in state.slots.items() if v > now}
             minute_tokens = state.minute_tokens if state.minute == now // MINUTE_MS else 0
             day_tokens = state.day_tokens if state.day == now // DAY_MS else 0
-            refused = decide(limits, requests, slots, (minute_tokens, day_tokens), now)
+            refused = decide(limits, admitted, len(slots), (minute_tokens, day_tokens))
             if not refused:  # a refusal writes nothing
                 if limits.requests_per_minute:
-                    requests.append(now)
+                    second = now - now % 1000
+                    if requests and requests[-1][0] >= second:  # (another process's clock ran ahead)
+                        requests[-1][1] += 1
+                    else:
+                        requests.append([second, 1])
+                    admitted += 1
                 if limits.max_concurrent:
                     slots[slot] = now + int(SLOT_TTL_S * 1000)
                 state.requests, state.slots = requests, slots
                 state.save(update_fields=["requests", "slots"])
         return Counts(
             refused,
-            len(requests),
-            requests[0] if requests else now,
+            admitted,
+            requests[0][0] + 1000 if requests else now,
             minute_tokens,
             day_tokens,
             len(slots),

@@ -123,7 +123,7 @@ def test_chat_completions_429_after_the_limit_with_openai_headers(
     )
     assert refused.headers["x-ratelimit-limit-requests"] == "2"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
-    assert int(refused.headers["retry-after"]) <= 60
+    assert int(refused.headers["retry-after"]) <= 61  # the database store: per-second buckets
     assert upstream_calls(gw, "/v1/chat/completions") == 2  # no upstream call for the refusal
 
 
@@ -146,7 +146,7 @@ def test_messages_429_in_anthropics_form(gw: Gateway, gateway_config: Callable[.
     assert body["error"]["type"] == "rate_limit_error"
     assert body["error"]["message"].startswith("Rate limit reached on requests per min (RPM)")
     assert refused.headers["anthropic-ratelimit-requests-remaining"] == "0"
-    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert 1 <= int(refused.headers["retry-after"]) <= 61
     assert upstream_calls(gw, "/v1/messages") == 1
 
 
@@ -297,10 +297,18 @@ def _charge(owner: str, tokens: int) -> None:
     ledger.observe(entry)
 
 
+def _clear_of_the_minutes_end(margin: float = 8.0) -> None:
+    """Token windows are clock minutes: start a test that fills one well before its end."""
+    left = 60 - time.time() % 60
+    if left < margin:
+        time.sleep(left + 0.1)
+
+
 @pytest.mark.parametrize("window", ["tokens_per_minute", "tokens_per_day"])
 def test_tokens_charged_from_usage_then_refused(
     gw: Gateway, gateway_config: Callable[..., Any], store: str, window: str
 ) -> None:
+    _clear_of_the_minutes_end()
     limits(gateway_config, **{window: 50})
     first = post(gw, "/v1/chat/completions", CHAT)
     assert first.status_code == 200
@@ -318,6 +326,7 @@ def test_tokens_charged_from_usage_then_refused(
 def test_a_request_is_admitted_while_the_window_has_budget(
     gw: Gateway, gateway_config: Callable[..., Any]
 ) -> None:
+    _clear_of_the_minutes_end()
     limits(gateway_config, tokens_per_minute=50)
     _charge("default", 49)
     eventually(lambda: QuotaState.objects.filter(minute_tokens=49).exists())
