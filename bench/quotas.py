@@ -7,9 +7,10 @@ Starts ``bench/fast_upstream.py`` and, for each store (the database: SQLite, or 
    = ``--limit``; ``--clients`` concurrent clients alternate between them for ``--seconds``. Prints
    the admitted requests (must equal the limit), the 429s and whether each carried ``retry-after``
    and the ``x-ratelimit-*`` headers, and server errors (must be 0).
-2. Cost: one gateway without quotas and one with a limit nobody reaches (every request admitted
-   through the store), measured in interleaved rounds; prints requests/s, p50/p99 latency and the
-   server's CPU time per request (from ``/proc``), and the ratios on/off.
+2. Cost: one gateway without quotas, one with a requests-per-minute limit nobody reaches (every
+   request admitted through the store: one step) and one with a concurrency limit as well (two:
+   the admission and the slot's release), measured in interleaved rounds; prints requests/s,
+   p50/p99 latency and the server's CPU time per request (from ``/proc``), against off.
 
     .venv/bin/python bench/quotas.py [--seconds 10] [--clients 64] [--limit 600]
         [--cost-seconds 3] [--rounds 3] [--redis redis://127.0.0.1:6379/5]
@@ -126,17 +127,16 @@ def cost(args: argparse.Namespace, upstream: str, store: str, tmp: Path) -> dict
     }
     if os.environ.get("DATABASE_URL"):
         base["DATABASE_URL"] = os.environ["DATABASE_URL"]
-    on = {
-        **base,
-        "GATEWAY_QUOTAS_REQUESTS_PER_MINUTE": "1000000000",
-        "GATEWAY_QUOTAS_MAX_CONCURRENT_REQUESTS": "100000",
-    }
+    # Limits nobody reaches: every request goes through the store. "rpm": one step per request
+    # (the admission); "rpm+slots": two (the admission, and the slot's release at the end).
+    rpm = {**base, "GATEWAY_QUOTAS_REQUESTS_PER_MINUTE": "1000000000"}
     if store == "redis":
         redis.Redis.from_url(args.redis).flushdb()
-        on["REDIS_URL"] = args.redis
+        rpm["REDIS_URL"] = args.redis
+    slots = {**rpm, "GATEWAY_QUOTAS_MAX_CONCURRENT_REQUESTS": "100000"}
     servers = {
-        "off": gateway({**base, "GATEWAY_SERVER_DATA_DIR": str(tmp / f"off-{store}")}),
-        "on": gateway({**on, "GATEWAY_SERVER_DATA_DIR": str(tmp / f"on-{store}")}),
+        name: gateway({**env, "GATEWAY_SERVER_DATA_DIR": str(tmp / f"{name}-{store}")})
+        for name, env in (("off", base), ("rpm", rpm), ("rpm+slots", slots))
     }
     best: dict[str, tuple[Tally, float]] = {}
     try:
@@ -192,14 +192,17 @@ def main() -> None:
                     f"| {t.server_errors} | {t.other} | {verdict} |"
                 )
                 best = cost(args, upstream, store, tmp)
-                (off, off_cpu), (on, on_cpu) = best["off"], best["on"]
-                off_rps, on_rps = off.admitted / args.cost_seconds, on.admitted / args.cost_seconds
-                costs.append(
-                    f"| {label} | {off_rps:.0f} | {on_rps:.0f} | {on_rps / off_rps:.2f} "
-                    f"| {off.pct(0.5):.2f} | {on.pct(0.5):.2f} | {on.pct(0.5) - off.pct(0.5):+.2f} "
-                    f"| {on.pct(0.99):.2f} | {off_cpu * 1e6:.0f} | {on_cpu * 1e6:.0f} "
-                    f"| {(on_cpu - off_cpu) * 1e6:+.0f} |"
-                )
+                off, off_cpu = best["off"]
+                off_rps = off.admitted / args.cost_seconds
+                for name in ("rpm", "rpm+slots"):
+                    on, on_cpu = best[name]
+                    on_rps = on.admitted / args.cost_seconds
+                    costs.append(
+                        f"| {label} | {name} | {off_rps:.0f} | {on_rps:.0f} | {on_rps / off_rps:.2f} "
+                        f"| {off.pct(0.5):.2f} | {on.pct(0.5):.2f} | {on.pct(0.5) - off.pct(0.5):+.2f} "
+                        f"| {on.pct(0.99):.2f} | {off_cpu * 1e6:.0f} | {on_cpu * 1e6:.0f} "
+                        f"| {(on_cpu - off_cpu) * 1e6:+.0f} |"
+                    )
     finally:
         upstream_proc.terminate()
         upstream_proc.wait()
@@ -212,10 +215,10 @@ def main() -> None:
     print("\n".join(rows))
     print(f"\nAdmission cost: one gateway process, {args.cost_clients} clients, best of {args.rounds} rounds")
     print(
-        "| store | req/s off | req/s on | ratio | p50 ms off | p50 ms on | p50 added | p99 ms on "
+        "| store | limits | req/s off | req/s on | ratio | p50 ms off | p50 ms on | p50 added | p99 ms on "
         "| CPU µs/req off | CPU µs/req on | CPU added |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(costs))
 
 
