@@ -462,7 +462,7 @@ def test_openai_durations_and_anthropic_times() -> None:
 @pytest.mark.process
 @pytest.mark.parametrize("shared", ["database", "redis"])
 def test_two_processes_admit_exactly_the_limit(upstream: Any, shared: str) -> None:
-    limit, attempts = 25, 60
+    limit, attempts = 50, 150
     data_dir = Path(tempfile.mkdtemp(prefix="quotas-"))
     env, database = process_database(data_dir)
     env.update(
