@@ -511,7 +511,7 @@ def _config_error(
     if kind == "int_type" and loc in (named or {}):
         number = _bound_error(loc, error["input"])
         if number is not None:  # "-1" or "0" from the environment: say what is wrong with the number
-            return ConfigError(f"{(named or {})[loc]}: {number}, got {error['input']!r}")
+            return ConfigError(f"{where}: {number}")  # (as a bound is reported below)
     if kind == "missing":
         return ConfigError(f"{where}: required")
     if kind == "extra_forbidden":

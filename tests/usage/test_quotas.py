@@ -436,7 +436,7 @@ def test_a_crashed_holders_slot_lapses(gw: Gateway, gateway_config: Callable[...
 def test_a_limit_that_is_not_positive_stops_start_up(value: str) -> None:
     with pytest.raises(ConfigError) as refused:
         load_config({"GATEWAY_QUOTAS_TOKENS_PER_DAY": value})
-    assert str(refused.value) == f"GATEWAY_QUOTAS_TOKENS_PER_DAY: must be positive, got '{value}'"
+    assert str(refused.value) == "quotas.tokens_per_day: must be positive"
 
 
 def test_a_limit_that_is_not_an_integer_stops_start_up() -> None:
