@@ -74,7 +74,8 @@ class Counts:
 
     refused: str  # "" admitted; "requests", "tokens", "day_tokens" or "concurrency"
     requests: int  # admitted in the last minute (this one included when admitted)
-    oldest: int  # the oldest of them (``now`` when none)
+    oldest: int  # the oldest of them (``now`` when none): when it leaves, one more is admitted
+    newest: int  # the newest of them: when it leaves, the window is empty again
     minute_tokens: int
     day_tokens: int
     held: int  # concurrency slots held (this one included when admitted)
@@ -214,6 +215,7 @@ class DatabaseStore:
             refused,
             admitted,
             requests[0][0] + 1000 if requests else now,
+            requests[-1][0] + 1000 if requests else now,
             minute_tokens,
             day_tokens,
             len(slots),
@@ -263,11 +265,14 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rpm, tpm, tpd, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local id, ttl = ARGV[5], tonumber(ARGV[6])
-local requests, oldest = 0, now
+local requests, oldest, newest = 0, now, now
 if rpm > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
   requests = redis.call('ZCARD', KEYS[1])
-  if requests > 0 then oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) end
+  if requests > 0 then
+    oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+    newest = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
+  end
 end
 local mt, dt = 0, 0
 if tpm > 0 or tpd > 0 then
@@ -288,6 +293,7 @@ elseif conc > 0 and held >= conc then refused = 'concurrency'
 else
   if rpm > 0 then
     redis.call('ZADD', KEYS[1], now, id)
+    newest = now
     redis.call('PEXPIRE', KEYS[1], 60000)
     requests = requests + 1
   end
@@ -297,7 +303,7 @@ else
     held = held + 1
   end
 end
-return {refused, requests, oldest, mt, dt, held, now}
+return {refused, requests, oldest, newest, mt, dt, held, now}
 """
 
 _CHARGE = """
@@ -360,8 +366,8 @@ class RedisStore:
         result = await self._scripts()[0](
             keys=self._keys(owner), args=[*_numbers(limits), slot, int(SLOT_TTL_S * 1000)]
         )
-        refused, requests, oldest, mt, dt, held, now = result
-        return Counts(refused.decode(), requests, oldest, mt, dt, held, now)
+        refused, requests, oldest, newest, mt, dt, held, now = result
+        return Counts(refused.decode(), requests, oldest, newest, mt, dt, held, now)
 
     async def charge(self, owner: str, tokens: int) -> None:
         await self._scripts()[1](keys=[self._keys(owner)[2]], args=[tokens])
@@ -532,9 +538,15 @@ def _token_window(limits: Limits, counts: Counts) -> tuple[int, int, int] | None
     return None
 
 
-def _requests_reset_ms(counts: Counts) -> int:
+def _retry_requests_ms(counts: Counts) -> int:
     """Until the oldest request of the window leaves it (then one more is admitted)."""
     return max(0, counts.oldest + MINUTE_MS - counts.now) if counts.requests else 0
+
+
+def _requests_reset_ms(counts: Counts) -> int:
+    """Until the window is back to its initial state (its newest request left it): OpenAI's and
+    Anthropic's meaning of the requests' reset."""
+    return max(0, counts.newest + MINUTE_MS - counts.now) if counts.requests else 0
 
 
 def rate_limit_headers(limits: Limits, counts: Counts, *, anthropic: bool) -> RawHeaders:
@@ -583,7 +595,7 @@ def rfc3339(epoch_ms: int) -> str:
 
 def _retry_after_ms(limits: Limits, counts: Counts) -> int:
     if counts.refused == "requests":
-        return _requests_reset_ms(counts)
+        return _retry_requests_ms(counts)
     if counts.refused == "tokens":
         return MINUTE_MS - counts.now % MINUTE_MS
     if counts.refused == "day_tokens":

@@ -91,6 +91,16 @@ def assert_openai_429(response: httpx.Response, kind: str = "requests") -> None:
     assert 1 <= int(response.headers["retry-after"]) <= 86_400
 
 
+def seconds(duration: str) -> float:
+    """An OpenAI reset duration (``1m0.5s``, ``59ms``) in seconds."""
+    if duration.endswith("ms"):
+        return int(duration[:-2]) / 1000
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?([\d.]+)s", duration)
+    assert match, duration
+    hours, minutes, secs = match.groups()
+    return int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(secs)
+
+
 def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -106,6 +116,7 @@ def test_chat_completions_429_after_the_limit_with_openai_headers(
 ) -> None:
     limits(gateway_config, requests_per_minute=2)
     first = post(gw, "/v1/chat/completions", CHAT)
+    time.sleep(1.2)  # the window resets 60 s after its newest request, not its oldest
     second = post(gw, "/v1/chat/completions", {**CHAT, "stream": True})  # a stream: in its head
     assert first.status_code == second.status_code == 200
     assert first.headers["x-ratelimit-limit-requests"] == "2"
@@ -114,6 +125,8 @@ def test_chat_completions_429_after_the_limit_with_openai_headers(
     assert second.headers["content-type"].startswith("text/event-stream")
     for answer in (first, second):
         assert DURATION.match(answer.headers["x-ratelimit-reset-requests"]), answer.headers
+        # Back to its initial state once this request leaves the window (the database: its second).
+        assert 59.9 < seconds(answer.headers["x-ratelimit-reset-requests"]) <= 61
         assert "x-ratelimit-limit-tokens" not in answer.headers  # no token limit set
 
     refused = post(gw, "/v1/chat/completions", CHAT)
