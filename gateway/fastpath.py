@@ -43,7 +43,7 @@ class FastPathApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         passage = passage_of(scope)
         try:
-            auth = await admitted(passage, headers, route.methods)
+            auth = await admitted(passage, headers, route.methods, metered=True)
         except errors.GatewayError as exc:
             await send_error(send, scope, exc, passage.cors)
             return

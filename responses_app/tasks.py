@@ -33,6 +33,8 @@ log = logging.getLogger("responses.background")
 _running: dict[str, asyncio.Task[None]] = {}
 
 _FLUSH_EVENTS = 32
+# How often the gateway that queued a background response on the broker checks whether it ended.
+FINISHED_POLL_S = 1.0
 _FLUSH_SECONDS = 0.05
 
 
@@ -84,6 +86,22 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
             code="broker_unavailable",
         ) from None
     return snapshot
+
+
+async def finished(response_id: str) -> None:
+    """Return once the background response has ended (completed, failed, cancelled or incomplete):
+    its in-process task ends, or with a broker its stored status leaves queued/in_progress."""
+    from responses_app.storage import selectors
+
+    task = _running.get(response_id)
+    if task is not None:
+        await asyncio.wait([task])
+        return
+    while True:
+        status = await run_orm(selectors.response_status, id=response_id)
+        if status not in ("queued", "in_progress"):
+            return
+        await asyncio.sleep(FINISHED_POLL_S)
 
 
 def _send_task(prepared: Prepared) -> None:

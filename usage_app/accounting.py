@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from usage_app import metrics
+from usage_app import metrics, quotas
 from usage_app.ledger import UsageEntry
 
 log = logging.getLogger("gateway.usage")
@@ -16,4 +16,4 @@ def count(entry: UsageEntry) -> None:
         metrics.observe(entry)
     except Exception:
         log.exception("usage metrics: a model call could not be counted")
-    # --- quota charge (issue 58, helper D): quotas.charge(entry) ---
+    quotas.charge(entry)  # never raises; the store is written by a task of its own

@@ -9,8 +9,9 @@ class UsageAppConfig(AppConfig):
     verbose_name = "Usage"
 
     def ready(self) -> None:
-        from gateway.core import lifecycle
-        from usage_app import writer
+        from gateway.core import lifecycle, pipeline
+        from usage_app import quotas, writer
 
         # The rows still pending are written once the server's work in flight has ended (the drain).
         lifecycle.on_shutdown(writer.flush)
+        pipeline.quota_gate = quotas.gate  # the kernel's quota rule (it imports no app)

@@ -39,3 +39,25 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.route} {self.model} ({self.owner})"
+
+
+class QuotaState(models.Model):
+    """One principal's quota windows in the database store (``usage_app.quotas``, used when no
+    ``REDIS_URL`` is set): every admission reads and writes this row in one locking transaction.
+
+    ``requests``: ``[second (epoch ms), admissions]`` pairs of the last minute, oldest first; ``slots``:
+    concurrency slot id -> expiry (epoch ms); token counters of the current minute and UTC day."""
+
+    owner = models.CharField(max_length=512, primary_key=True)
+    requests = models.JSONField(default=list)
+    slots = models.JSONField(default=dict)
+    minute = models.BigIntegerField(default=0)
+    minute_tokens = models.BigIntegerField(default=0)
+    day = models.BigIntegerField(default=0)
+    day_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "quota state"
+
+    def __str__(self) -> str:
+        return self.owner

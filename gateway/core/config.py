@@ -27,6 +27,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     Strict,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -509,6 +510,10 @@ def _config_error(
     error = exc.errors()[0]
     loc = tuple(str(part) for part in error["loc"])
     kind, where = error["type"], ".".join(loc)
+    if kind == "int_type" and loc in (named or {}):
+        number = _bound_error(loc, error["input"])
+        if number is not None:  # "-1" or "0" from the environment: say what is wrong with the number
+            return ConfigError(f"{where}: {number}")  # (as a bound is reported below)
     if kind == "missing":
         return ConfigError(f"{where}: required")
     if kind == "extra_forbidden":
@@ -529,6 +534,24 @@ def _config_error(
     if kind in _TYPE_WORDS or kind in ("literal_error", "greater_than_equal"):
         what += f", got {error['input']!r}"
     return ConfigError(f"{where}: {what}")
+
+
+def _bound_error(loc: tuple[str, ...], value: Any) -> str | None:
+    """Why the integer in the environment value ``value`` is refused for the setting at ``loc``
+    ("must be positive"), or None when ``value`` is no integer (pydantic-settings reads a number
+    first, then complains about the text when the number fails a bound)."""
+    if not isinstance(value, str) or not value.strip().lstrip("+-").isdigit() or len(loc) != 2:
+        return None
+    section = Config.model_fields.get(loc[0])
+    fields = getattr(section.annotation, "model_fields", {}) if section is not None else {}
+    if loc[1] not in fields:
+        return None
+    try:
+        TypeAdapter(fields[loc[1]].annotation).validate_python(int(value))
+    except ValidationError as exc:
+        kind = exc.errors()[0]["type"]
+        return {"greater_than_equal": "must not be negative"}.get(kind, _TYPE_WORDS.get(kind))
+    return None
 
 
 def load_config(env: typing.Mapping[str, str] | None = None) -> Config:

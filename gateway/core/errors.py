@@ -428,6 +428,14 @@ def shutting_down() -> GatewayError:
     )
 
 
+def quota_exceeded(kind: str, message: str, headers: dict[str, str]) -> GatewayError:
+    """The 429 of a quota: OpenAI's envelope carries ``type`` ``requests`` or ``tokens`` (what ran
+    out) and ``code`` ``rate_limit_exceeded``; Anthropic's is its ``rate_limit_error``."""
+    exc = RateLimited(message, headers=headers)
+    exc.type = kind
+    return exc
+
+
 def render(exc: GatewayError, path: str, request_id: str | None) -> tuple[int, bytes, dict[str, str]]:
     """Status, JSON body and extra headers for ``exc`` in the envelope of ``path``."""
     headers = dict(exc.headers)

@@ -133,6 +133,8 @@ class GatewayASGIMiddleware:
                     return
                 state.status = message["status"]
                 message["headers"] = [*message.get("headers", ()), rid_header]
+                if passage.quota is not None:  # an admitted request of a limited principal
+                    message["headers"].extend(passage.quota.headers)
             elif state.refused:
                 return  # the app answers after we already refused: drop it
             await send(message)

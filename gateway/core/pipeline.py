@@ -3,16 +3,18 @@
 
 :class:`Passage` starts a request (request id, log context, gauge, clock, body ceiling);
 :func:`admit` applies CORS, authentication and the route's methods, in that order;
-:func:`finish` records metrics, the access log and 499 for an unfinished answer.
+:func:`meter` the principal's quotas on a route that calls a model (``usage_app.quotas`` registers
+the rule: the kernel imports no app); :func:`finish` records metrics, the access log and 499 for an
+unfinished answer, and frees the request's concurrency slot.
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.urls import Resolver404, resolve
@@ -23,6 +25,7 @@ from gateway.core.config import get_config
 from gateway.core.ids import request_id_for
 from gateway.core.logging import log_access, request_id_var
 from gateway.core.metrics import in_flight, observe_request
+from gateway.core.principal import Principal, request_principal
 
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -34,10 +37,24 @@ REQUEST_ID = "gateway.request_id"
 ANY_METHOD: frozenset[str] = frozenset()
 
 
+class QuotaTicket(Protocol):
+    """An admitted request's quota state: the rate-limit headers of its answer, and its
+    concurrency slot (freed by :meth:`release`)."""
+
+    headers: RawHeaders
+
+    def release(self) -> None: ...
+
+
+# The quota rule, registered by ``usage_app`` in ``AppConfig.ready()``: for a principal and path, None
+# when the principal has no limit (nothing to wait for), else the admission to await (it raises the 429).
+quota_gate: Callable[[Principal, str], Awaitable[QuotaTicket] | None] | None = None
+
+
 class Passage:
     """One HTTP request on its way through the rules (what :func:`admit` and :func:`finish` work on)."""
 
-    __slots__ = ("cors", "method", "path", "refusal", "request_id", "started", "status", "token")
+    __slots__ = ("cors", "method", "path", "quota", "refusal", "request_id", "started", "status", "token")
 
     def __init__(
         self,
@@ -55,6 +72,7 @@ class Passage:
         self.status = 0  # the answer's status once it is complete; 0: not answered (yet)
         self.cors: RawHeaders = _NO_HEADERS
         self.refusal: errors.GatewayError | None = None
+        self.quota: QuotaTicket | None = None  # set by meter(); its headers go on the answer
         limit = get_config().server.max_request_body_size_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             self.refusal = errors.payload_too_large(limit)
@@ -75,14 +93,40 @@ def admit(
 
 
 async def admitted(
-    passage: Passage, headers: Mapping[str, str], methods: frozenset[str] = ANY_METHOD
+    passage: Passage,
+    headers: Mapping[str, str],
+    methods: frozenset[str] = ANY_METHOD,
+    *,
+    metered: bool = False,
 ) -> AuthResult:
-    """:func:`admit`, waiting for authentication when it has to."""
+    """:func:`admit`, waiting for authentication when it has to; ``metered``: a route that calls a
+    model, so the principal's quotas apply (:func:`meter`)."""
     auth = admit(passage, headers, methods)
     if auth is None:
         auth = await authenticate(passage.path, headers)
         _check_method(passage, methods)
+    if metered and quota_gate is not None:
+        await meter(passage, auth.principal)
     return auth
+
+
+async def meter(passage: Passage, principal: Principal) -> None:
+    """The quota rule, once per request, before any upstream call: raises the 429 (nothing is
+    counted then); an admitted request's ticket rides on ``passage`` until :func:`finish`."""
+    gate = quota_gate
+    if gate is None or passage.quota is not None:
+        return
+    pending = gate(principal, passage.path)
+    if pending is not None:
+        passage.quota = await pending
+
+
+async def meter_request(request: Any) -> None:
+    """:func:`meter` for a Django view that calls a model (its passage rides on the ASGI scope)."""
+    scope = getattr(request, "scope", None)
+    passage = scope.get(PASSAGE) if isinstance(scope, dict) else None
+    if passage is not None and quota_gate is not None:
+        await meter(passage, request_principal(request))
 
 
 def _check_method(passage: Passage, methods: frozenset[str]) -> None:
@@ -95,8 +139,10 @@ def _check_method(passage: Passage, methods: frozenset[str]) -> None:
 
 def finish(passage: Passage, status: int, route: str | None = None) -> None:
     """The request is over: metrics, in-flight, the access log (status 0: the client went away
-    before a complete answer, logged 499), and the log context reset."""
+    before a complete answer, logged 499), the concurrency slot freed, and the log context reset."""
     in_flight(-1)
+    if passage.quota is not None:
+        passage.quota.release()
     path = passage.path
     record_request(
         passage.method,

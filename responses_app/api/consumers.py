@@ -22,7 +22,9 @@ from gateway.core import errors, memory
 from gateway.core.auth.websocket import ensure_not_expired
 from gateway.core.config import get_config
 from gateway.core.lifecycle import drain
+from gateway.core.principal import scope_principal
 from responses_app.api.session import MAX_STREAM_ID, Counted, WebSocketSession
+from usage_app import quotas
 
 log = logging.getLogger("responses.websocket")
 
@@ -126,6 +128,12 @@ class ResponsesConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             ensure_not_expired(self.scope)
             session.admit(job)
         except errors.GatewayError as exc:
+            await session.error(exc, echo)
+            return
+        try:
+            job.quota = await quotas.admit_principal(scope_principal(self.scope))
+        except errors.GatewayError as exc:  # a quota's 429: the connection stays open
+            session.withdraw(job)
             await session.error(exc, echo)
             return
         session.enqueue(job)

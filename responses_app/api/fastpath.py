@@ -54,7 +54,7 @@ async def serve_create(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
             try:
-                auth = await admitted(passage, headers, _METHODS)
+                auth = await admitted(passage, headers, _METHODS, metered=True)
                 call = Call(
                     content_type=_media_type(headers.get("content-type", "")),
                     body=body,

@@ -74,6 +74,7 @@ class Job:
     size: int  # bytes of the client frame, held against the outstanding-bytes budget
     successor_of: Target | None = None  # an automatic successor: built from this target when it runs
     steered: Target | None = None  # an explicit continuation that carries this target's steering
+    quota: Any = None  # the quota ticket (usage_app.quotas): its concurrency slot until the job ends
 
 
 @dataclass
@@ -237,21 +238,34 @@ class WebSocketSession:
         self.outstanding += 1
         self.outstanding_bytes += job.size
 
+    def withdraw(self, job: Job) -> None:
+        """Undo :meth:`admit` for a job refused afterwards (a quota), before it was queued."""
+        self.outstanding -= 1
+        self.outstanding_bytes -= job.size
+
     # --- lanes -----------------------------------------------------------------------------
 
     async def _run_lane(self, lane: Lane) -> None:
-        while lane.queue and not self.closing:
-            job = lane.queue.popleft()
-            try:
-                await self._execute(lane, job)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("WebSocket request on lane %r failed", lane.key)
-                await self.error(errors.server_error(), job.stream_id)
-            finally:
-                self.outstanding -= 1
-                self.outstanding_bytes -= job.size
+        try:
+            while lane.queue and not self.closing:
+                job = lane.queue.popleft()
+                try:
+                    await self._execute(lane, job)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("WebSocket request on lane %r failed", lane.key)
+                    await self.error(errors.server_error(), job.stream_id)
+                finally:
+                    self.outstanding -= 1
+                    self.outstanding_bytes -= job.size
+                    if job.quota is not None:
+                        job.quota.release()
+        finally:
+            if self.closing:  # jobs that will never run give their concurrency slots back
+                for job in lane.queue:
+                    if job.quota is not None:
+                        job.quota.release()
 
     async def _execute(self, lane: Lane, job: Job) -> None:
         if job.successor_of is not None:

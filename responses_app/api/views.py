@@ -14,6 +14,7 @@ from gateway.core import errors
 from gateway.core.config import get_config
 from gateway.core.db import run_orm
 from gateway.core.http import allow_methods, json_response, parse_json_body
+from gateway.core.pipeline import meter_request
 from gateway.core.principal import Principal, credential_consumed, request_principal
 from gateway.core.sse import Event
 from inference_app.upstream.http import HOP_BY_HOP, forward_headers, get_upstream
@@ -26,6 +27,7 @@ from responses_app.features.multi_agent import Coordinator, compaction_parts, is
 from responses_app.protocol.features import REFUSED_FIELDS, refuse_hosted_fields
 from responses_app.protocol.schemas import ResponseCreateRequest, parse_create_request
 from responses_app.storage import prepare, selectors, writes
+from usage_app import quotas
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -110,6 +112,7 @@ async def create(call: Call) -> Outcome:
         # MCP discovery happens when the work runs.
         await ToolLoop.prepare(prepared, config, discover=False)
         snapshot = await tasks.create_background(prepared, config)
+        quotas.hold_until(tasks.finished(prepared.response_id))  # its slot: until the work ends
         if parsed.stream:
             return _stream(_tail(prepared.response_id, -1))
         return _json(snapshot)
@@ -140,6 +143,7 @@ async def create(call: Call) -> Outcome:
 async def responses_create(request: HttpRequest) -> HttpResponse:
     """Django's route for ``POST /v1/responses``; the ASGI fast path (``responses_app.api.fastpath``)
     normally serves it first, through the same :func:`create`."""
+    await meter_request(request)
     call = Call(
         content_type=request.content_type or "",
         body=request.body,
@@ -266,6 +270,7 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
     ``previous_response_id`` chain, answered as a ``response.compaction`` and stored as a checkpoint."""
     from responses_app.features import compaction
 
+    await meter_request(request)  # before anything is read or stored
     _check_json(request.content_type or "")
     try:
         raw = orjson.loads(request.body) if request.body else None
