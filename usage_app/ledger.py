@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.core.config import get_config
@@ -100,26 +101,26 @@ def rows(entries: list[UsageEntry]) -> list[Any]:
     none while the ledger is off."""
     if not enabled():
         return []
-    from datetime import UTC, datetime
-
     from usage_app.models import UsageRecord
 
-    return [
-        UsageRecord(
-            created_at=datetime.fromtimestamp(e.started_at, UTC),
-            owner=e.principal.owner,
-            api_key_id=e.principal.api_key_id,
-            route=e.route,
-            kind=e.kind,
-            model=e.model[:256],
-            response_id=e.response_id,
-            request_id=e.request_id,
-            input_tokens=e.input_tokens,
-            output_tokens=e.output_tokens,
-            cached_tokens=e.cached_tokens,
-            reasoning_tokens=e.reasoning_tokens,
-            status=e.status,
-            latency_ms=e.latency_ms,
-        )
-        for e in entries
-    ]
+    return [UsageRecord(**values(e)) for e in entries]
+
+
+def values(e: UsageEntry) -> dict[str, Any]:
+    """The ``UsageRecord`` field values of an entry, by attribute name."""
+    return {
+        "created_at": datetime.fromtimestamp(e.started_at, UTC),
+        "owner": e.principal.owner,
+        "api_key_id": e.principal.api_key_id,
+        "route": e.route,
+        "kind": e.kind,
+        "model": e.model[:256],
+        "response_id": e.response_id,
+        "request_id": e.request_id,
+        "input_tokens": e.input_tokens,
+        "output_tokens": e.output_tokens,
+        "cached_tokens": e.cached_tokens,
+        "reasoning_tokens": e.reasoning_tokens,
+        "status": e.status,
+        "latency_ms": e.latency_ms,
+    }
