@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +110,12 @@ def start_gateway(
     *,
     wrapper: Sequence[str] = (),
     start_timeout: float = 60,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[Any], str]:
-    """Our gateway as ``make run`` starts it (``wrapper``: a command it runs under, such as valgrind)."""
+    """Our gateway as ``make run`` starts it (``wrapper``: a command it runs under, such as valgrind;
+    ``settings``: more environment settings, such as ``GATEWAY_USAGE_LEDGER``)."""
     env = {"LLM_API_BASE": upstream, "LOG_LEVEL": "WARNING", "GATEWAY_SERVER_DATA_DIR": data_dir}
+    env.update(settings or {})
     if database_url:
         env["DATABASE_URL"] = database_url
     if workers:

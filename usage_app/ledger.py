@@ -4,15 +4,17 @@ Callers build a :class:`UsageEntry` when the call is over (its usage read from t
 passed) and hand it to :func:`record`, which counts the metrics, charges the principal's token quotas
 and queues the row for the batch writer; a stored response's rounds use :func:`observe` instead and
 write their rows in the response's own final write (:func:`rows`). Neither ever raises to the caller
-nor waits for the database.
+nor waits for the database. With ``[usage] ledger = false`` (:func:`enabled`) all three do nothing.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+from gateway.core.config import get_config
 from gateway.core.principal import Principal
 
 # Routes whose calls OpenAI's Usage API counts under /usage/completions and /usage/embeddings.
@@ -69,44 +71,56 @@ def since(started: float) -> int:
     return max(0, int((time.perf_counter() - started) * 1000))
 
 
+def enabled() -> bool:
+    """Whether the ledger is on (``[usage] ledger``): off, nothing is counted, charged or written."""
+    return get_config().usage.ledger
+
+
 def record(entry: UsageEntry) -> None:
     """Count ``entry`` (metrics, token quotas) and queue its row for the batch writer."""
-    observe(entry)
-    from usage_app import writer
+    if not enabled():
+        return
+    from usage_app import accounting, writer
 
+    accounting.count(entry)
     writer.queue(entry)
 
 
 def observe(entry: UsageEntry) -> None:
     """Count ``entry`` (metrics, token quotas) without writing its row: the caller writes it
     (a stored response's final write, :func:`rows`)."""
+    if not enabled():
+        return
     from usage_app import accounting
 
     accounting.count(entry)
 
 
 def rows(entries: list[UsageEntry]) -> list[Any]:
-    """Unsaved ``UsageRecord`` rows for ``entries`` (a stored response's final write saves them)."""
-    from datetime import UTC, datetime
-
+    """Unsaved ``UsageRecord`` rows for ``entries`` (a stored response's final write saves them);
+    none while the ledger is off."""
+    if not enabled():
+        return []
     from usage_app.models import UsageRecord
 
-    return [
-        UsageRecord(
-            created_at=datetime.fromtimestamp(e.started_at, UTC),
-            owner=e.principal.owner,
-            api_key_id=e.principal.api_key_id,
-            route=e.route,
-            kind=e.kind,
-            model=e.model[:256],
-            response_id=e.response_id,
-            request_id=e.request_id,
-            input_tokens=e.input_tokens,
-            output_tokens=e.output_tokens,
-            cached_tokens=e.cached_tokens,
-            reasoning_tokens=e.reasoning_tokens,
-            status=e.status,
-            latency_ms=e.latency_ms,
-        )
-        for e in entries
-    ]
+    return [UsageRecord(**values(e)) for e in entries]
+
+
+def values(e: UsageEntry) -> dict[str, Any]:
+    """The ``UsageRecord`` field values of an entry, by attribute name."""
+    return {
+        "created_at": datetime.fromtimestamp(e.started_at, UTC),
+        "owner": e.principal.owner,
+        "api_key_id": e.principal.api_key_id,
+        "route": e.route,
+        "kind": e.kind,
+        "model": e.model[:256],
+        "response_id": e.response_id,
+        "request_id": e.request_id,
+        "input_tokens": e.input_tokens,
+        "output_tokens": e.output_tokens,
+        "cached_tokens": e.cached_tokens,
+        "reasoning_tokens": e.reasoning_tokens,
+        "status": e.status,
+        "latency_ms": e.latency_ms,
+    }

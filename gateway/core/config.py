@@ -319,6 +319,13 @@ class QuotasConfig(_Section):
     max_concurrent_requests: PositiveInt | None = None
 
 
+class UsageConfig(_Section):
+    """The usage ledger (docs/operations.md, "Usage ledger"). Off: no ledger rows, no per-model
+    metrics, no usage read from answers; token quotas need it and are refused without it."""
+
+    ledger: bool = True
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -375,6 +382,7 @@ class Config(BaseSettings):
     mcp: McpConfig = McpConfig()
     auth: AuthConfig = AuthConfig()
     quotas: QuotasConfig = QuotasConfig()
+    usage: UsageConfig = UsageConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
@@ -611,6 +619,13 @@ def _validate(c: Config) -> None:
             f"responses.heartbeat_s ({r.heartbeat_s:g}) must be shorter than responses.lease_s "
             f"({r.lease_s:g}), or a live runner's lease would expire between two heartbeats"
         )
+    if not c.usage.ledger:
+        for name in ("tokens_per_minute", "tokens_per_day"):
+            if getattr(c.quotas, name) is not None:
+                raise ConfigError(
+                    f"quotas.{name}: a token quota is charged from the usage ledger; "
+                    "set usage.ledger = true or leave the token quotas unset"
+                )
     if bool(auth.oidc_issuer) != bool(auth.oidc_audience):
         missing, present = (
             ("OIDC_AUDIENCE", "OIDC_ISSUER") if auth.oidc_issuer else ("OIDC_ISSUER", "OIDC_AUDIENCE")

@@ -1,8 +1,8 @@
 """Forwarding one HTTP request to the upstream byte for byte and relaying the answer as it arrives:
 status, headers (minus hop-by-hop) and every body chunk, with no JSON parsing and no per-chunk work
-beyond the usage ledger's tap (:mod:`usage_app.tap`: one substring search per chunk, the bytes untouched).
-Every call is recorded in the ledger once, however it ends. The pass-through routes and the Anthropic
-Messages routes use it (a :class:`Route` each)."""
+beyond the usage ledger's tap (:mod:`usage_app.tap`: one substring search per chunk, the bytes untouched;
+none at all with ``[usage] ledger = false``). Every call is recorded in the ledger once, however it
+ends. The pass-through routes and the Anthropic Messages routes use it (a :class:`Route` each)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from inference_app.upstream.http import (
     forward_headers,
     get_upstream,
 )
+from usage_app import ledger
 from usage_app.tap import FORM_PREFIX_BYTES, ModelCall, UsageTap, form_model, request_model
 
 _DONE = b"data: [DONE]\n\n"
@@ -116,10 +117,11 @@ async def forward(
     it has the body; a diverted route that rewrote the body relays its answer with it too)."""
     response: UpstreamResponse | None = None
     call = ModelCall(scope_principal(scope), scope["path"])
-    if isinstance(body, bytes):
-        call.model = request_model(body)
-    else:
-        body = _form_model_tap(body, call)
+    if ledger.enabled():  # off: nothing is read from the request or the answer, nothing recorded
+        if isinstance(body, bytes):
+            call.model = request_model(body)
+        else:
+            body = _form_model_tap(body, call)
     try:
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
             query = scope.get("query_string", b"").decode("latin-1")
@@ -170,7 +172,7 @@ async def _relay_response(
 ) -> None:
     content_type = response.content_type
     tap: UsageTap | None = None
-    if content_type == SSE_CONTENT_TYPE or content_type.endswith("json"):
+    if ledger.enabled() and (content_type == SSE_CONTENT_TYPE or content_type.endswith("json")):
         tap = UsageTap(sse=content_type == SSE_CONTENT_TYPE)
     failure: errors.GatewayError | None = None
     try:

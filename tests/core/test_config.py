@@ -122,6 +122,10 @@ def test_config_is_frozen() -> None:
             "passthrough.extra_routes: '/v1/responses/compact' is served by the gateway itself",
         ),
         ("[passthrough]\nextra_routes = ['/health']\n", "'/health' is served by the gateway itself"),
+        (
+            "[usage]\nledger = false\n[quotas]\ntokens_per_minute = 1000\n",
+            "quotas.tokens_per_minute: a token quota is charged from the usage ledger",
+        ),
     ],
 )
 def test_file_refusals_name_the_setting(tmp_path: Path, text: str, named: str) -> None:
@@ -142,6 +146,10 @@ def test_file_refusals_name_the_setting(tmp_path: Path, text: str, named: str) -
         ({"GATEWAY_RESPONSES_MAX_RETAINED_BYTES": "-1"}, "responses.max_retained_bytes: must be positive"),
         ({"REDIS_URL": "http://x"}, "REDIS_URL: must be a redis:// URL"),
         (
+            {"GATEWAY_USAGE_LEDGER": "false", "GATEWAY_QUOTAS_TOKENS_PER_DAY": "5000"},
+            "quotas.tokens_per_day: a token quota is charged from the usage ledger",
+        ),
+        (
             {"GATEWAY_CONFIG": "/nonexistent/config.toml"},
             "GATEWAY_CONFIG: file /nonexistent/config.toml does not exist",
         ),
@@ -159,6 +167,19 @@ def test_extra_pass_through_routes_from_the_file_and_the_environment(tmp_path: P
     c = load_config({"GATEWAY_PASSTHROUGH_EXTRA_ROUTES": "/v2/rerank, /invocations"})
     assert c.passthrough.extra_routes == ("/v2/rerank", "/invocations")
     assert load_config({}).passthrough.extra_routes == ()
+
+
+def test_ledger_off_keeps_the_request_quotas() -> None:
+    """Only token quotas need the ledger: request and concurrency limits load with it off."""
+    c = load_config(
+        {
+            "GATEWAY_USAGE_LEDGER": "false",
+            "GATEWAY_QUOTAS_REQUESTS_PER_MINUTE": "60",
+            "GATEWAY_QUOTAS_MAX_CONCURRENT_REQUESTS": "4",
+        }
+    )
+    assert (c.usage.ledger, c.quotas.requests_per_minute, c.quotas.max_concurrent_requests) == (False, 60, 4)
+    assert load_config({}).usage.ledger is True
 
 
 def test_oidc_on_loopback_http_is_allowed() -> None:

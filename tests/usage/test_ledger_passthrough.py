@@ -403,6 +403,56 @@ def test_the_hosted_engines_model_is_a_label_before_any_list(
     assert (metrics.model_label("served-here"), metrics.model_label("else")) == ("served-here", "other")
 
 
+# --- [usage] ledger = false ---------------------------------------------------------------------------
+
+
+def test_ledger_off_no_row_no_metrics_no_tap_and_the_bytes_unchanged(
+    gw: LiveServer, upstream: ScriptedUpstream, gateway_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off, a chat/completions call (JSON, and SSE with usage) is relayed as it is, with no row, no
+    model metrics and no chunk fed to the usage tap."""
+    from usage_app.tap import UsageTap
+
+    gateway_config(usage__ledger=False)
+    fed: list[bytes] = []
+    monkeypatch.setattr(UsageTap, "feed", lambda self, chunk: fed.append(chunk))
+    payload = orjson.dumps(chat_completion("Hi", prompt_tokens=21, completion_tokens=8))
+    upstream.script(CHAT, json_answer(payload))
+    events = chat_chunks(["Hel", "lo"], include_usage=True)
+    upstream.script(CHAT, sse(events))
+    before = samples(gw)
+    assert post(gw, CHAT, {"model": "test-model", "messages": []}).content == payload
+    body = {"model": "test-model", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    assert streamed(gw, CHAT, body) == b"".join(events)
+    after = samples(gw)
+    writer.flush_now()
+    assert (writer.writer.pending, UsageRecord.objects.count()) == (0, 0)
+    counted = {
+        k: v - before.get(k, 0.0) for k, v in after.items() if k[0].startswith("gateway_model_requests")
+    }
+    assert not any(counted.values()), counted
+    assert fed == []
+
+
+def test_ledger_off_record_observe_and_rows_do_nothing(
+    gateway_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored-response path's ``observe`` and ``rows`` are off with ``record``: nothing counted
+    (metrics, token quotas), queued or written."""
+    from usage_app import accounting
+
+    counted: list[ledger.UsageEntry] = []
+    monkeypatch.setattr(accounting, "count", counted.append)
+    gateway_config(usage__ledger=False)
+    one = entry("off", 1)
+    ledger.record(one)
+    ledger.observe(one)
+    assert (counted, writer.writer.pending, ledger.rows([one])) == ([], 0, [])
+    gateway_config(usage__ledger=True)
+    ledger.observe(one)
+    assert counted == [one] and len(ledger.rows([one])) == 1
+
+
 # --- the batch writer ---------------------------------------------------------------------------------
 
 
