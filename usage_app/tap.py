@@ -2,8 +2,9 @@
 
 :class:`UsageTap` is fed every chunk of an upstream answer that is relayed untouched: a JSON body's
 ``usage``, an event stream's ``usage`` (OpenAI's last chunk with ``stream_options.include_usage``,
-Anthropic's ``message_start`` / ``message_delta``). Per chunk it does one substring search; only a
-line that mentions ``"usage"`` is parsed. :func:`request_model` reads a request's ``model`` the same
+Anthropic's ``message_start`` / ``message_delta``, a Responses stream's terminal ``response.usage``).
+Per chunk it does one substring search; only a line that mentions ``"usage"`` is parsed. :func:`tokens`
+maps any of those to the ledger's counts, each one a count the ledger's columns hold or None. :func:`request_model` reads a request's ``model`` the same
 way. :class:`ModelCall` times one call and records its ledger entry exactly once.
 """
 
@@ -38,32 +39,47 @@ _FORM_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n'
 FORM_PREFIX_BYTES = 64 * 1024
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+# A Responses stream's terminal events: their ``response`` carries the answer's usage and id.
+_RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+MAX_COUNT = 2**63 - 1  # the ledger's BIGINT token columns
+
+# (input, output, cached input, reasoning): None where the upstream reported nothing usable.
+Tokens = tuple[int | None, int | None, int | None, int | None]
 
 
-def tokens(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
-    """(input, output, cached input, reasoning) of an OpenAI or Anthropic ``usage`` object."""
+def count(value: Any) -> int | None:
+    """``value`` as a ledger token count: an int a BIGINT column holds, else None (negative or too
+    large is an upstream's nonsense: never the reason a batch or a response's write is refused)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
+
+
+def tokens(usage: dict[str, Any] | None) -> Tokens:
+    """(input, output, cached input, reasoning) of an OpenAI, Anthropic or Responses ``usage`` object
+    (None or not an object: all None); each a :func:`count`."""
+    if not isinstance(usage, dict):
+        return None, None, None, None
     if "prompt_tokens" in usage or "completion_tokens" in usage:
         prompt = usage.get("prompt_tokens_details")
         completion = usage.get("completion_tokens_details")
         return (
-            _count(usage.get("prompt_tokens")),
-            _count(usage.get("completion_tokens")),
-            _count(prompt.get("cached_tokens")) if isinstance(prompt, dict) else None,
-            _count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None,
+            count(usage.get("prompt_tokens")),
+            count(usage.get("completion_tokens")),
+            count(prompt.get("cached_tokens")) if isinstance(prompt, dict) else None,
+            count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None,
         )
     # Anthropic's (and the Responses API's) names.
     details = usage.get("input_tokens_details")
     output_details = usage.get("output_tokens_details")
-    cached = _count(usage.get("cache_read_input_tokens"))
+    cached = count(usage.get("cache_read_input_tokens"))
     if cached is None and isinstance(details, dict):
-        cached = _count(details.get("cached_tokens"))
+        cached = count(details.get("cached_tokens"))
     return (
-        _count(usage.get("input_tokens")),
-        _count(usage.get("output_tokens")),
+        count(usage.get("input_tokens")),
+        count(usage.get("output_tokens")),
         cached,
-        _count(output_details.get("reasoning_tokens")) if isinstance(output_details, dict) else None,
+        count(output_details.get("reasoning_tokens")) if isinstance(output_details, dict) else None,
     )
 
 
@@ -93,16 +109,33 @@ def form_model(prefix: bytes) -> str | None:
 
 class UsageTap:
     """Collects the ``usage`` of one answer from the chunks relayed (``sse``: an event stream,
-    else a JSON body)."""
+    else a JSON body). ``max_bytes``: the most bytes kept to read a JSON body whole or an event-stream
+    line (by default :data:`WHOLE_BODY_BYTES` and :data:`LINE_BYTES`). Besides ``usage``, once read:
+    ``complete`` (a whole JSON body or a Responses stream's terminal event was read: the answer ended)
+    and ``answer_id`` (that body's or terminal response's ``id``; "" when none)."""
 
-    __slots__ = ("_buf", "_line", "_truncated", "sse", "usage")
+    __slots__ = (
+        "_body_bytes",
+        "_buf",
+        "_line",
+        "_line_bytes",
+        "_truncated",
+        "answer_id",
+        "complete",
+        "sse",
+        "usage",
+    )
 
-    def __init__(self, sse: bool) -> None:
+    def __init__(self, sse: bool, max_bytes: int | None = None) -> None:
         self.sse = sse
         self.usage: dict[str, Any] = {}
+        self.complete = False
+        self.answer_id = ""
         self._line = b""  # SSE: the incomplete last line, kept while it may hold usage
         self._buf = bytearray()  # JSON: the body, or its tail
         self._truncated = False
+        self._line_bytes = max_bytes or LINE_BYTES
+        self._body_bytes = max_bytes or WHOLE_BODY_BYTES
 
     def feed(self, chunk: bytes) -> None:
         if self.sse:
@@ -110,7 +143,7 @@ class UsageTap:
             return
         buf = self._buf
         buf += chunk
-        if len(buf) > WHOLE_BODY_BYTES:
+        if len(buf) > self._body_bytes:
             del buf[:-TAIL_BYTES]
             self._truncated = True
 
@@ -123,7 +156,7 @@ class UsageTap:
             data = chunk
         end = data.rfind(b"\n")
         complete, rest = (b"", data) if end < 0 else (data[:end], data[end + 1 :])
-        self._line = rest if len(rest) <= LINE_BYTES else b""
+        self._line = rest if len(rest) <= self._line_bytes else b""
         if complete.find(_USAGE) < 0:
             return
         for line in complete.split(b"\n"):
@@ -138,10 +171,20 @@ class UsageTap:
         if not isinstance(data, dict):
             return
         usage = data.get("usage")
-        if data.get("type") == "message_start" and isinstance(data.get("message"), dict):
+        kind = data.get("type")
+        if kind == "message_start" and isinstance(data.get("message"), dict):
             usage = data["message"].get("usage")
+        elif kind in _RESPONSES_TERMINAL and isinstance(data.get("response"), dict):
+            usage = self._answer(data["response"])
         if isinstance(usage, dict):
             self.usage.update(usage)  # Anthropic's message_delta adds to message_start's
+
+    def _answer(self, answer: dict[str, Any]) -> Any:
+        """The whole answer was read: keep its id; its ``usage``."""
+        self.complete = True
+        answer_id = answer.get("id")
+        self.answer_id = answer_id if isinstance(answer_id, str) else ""
+        return answer.get("usage")
 
     def finish(self) -> dict[str, Any]:
         """The usage found (empty: none); a JSON body is read here, once it has ended."""
@@ -153,7 +196,7 @@ class UsageTap:
                 data = orjson.loads(buf)
             except orjson.JSONDecodeError:
                 return self.usage
-            usage = data.get("usage") if isinstance(data, dict) else None
+            usage = self._answer(data) if isinstance(data, dict) else None
             if isinstance(usage, dict):
                 self.usage = usage
             return self.usage
@@ -177,7 +220,18 @@ class UsageTap:
 class ModelCall:
     """One upstream call being accounted: started now, recorded once by :meth:`record`."""
 
-    __slots__ = ("_perf", "_started", "model", "principal", "recorded", "route", "status", "usage")
+    __slots__ = (
+        "_perf",
+        "_started",
+        "model",
+        "principal",
+        "recorded",
+        "request_id",
+        "response_id",
+        "route",
+        "status",
+        "usage",
+    )
 
     def __init__(self, principal: Principal, route: str, model: str = "") -> None:
         self.principal = principal
@@ -185,6 +239,9 @@ class ModelCall:
         self.model = model
         self.status = 0
         self.usage: dict[str, Any] = {}
+        self.response_id = ""  # the answer's id, where the route keeps one (the Responses direct path)
+        rid = request_id_var.get()  # now: a streamed answer may end outside the request's context
+        self.request_id = "" if rid == "-" else rid
         self.recorded = False
         self._started = time.time()
         self._perf = time.perf_counter()
@@ -218,7 +275,6 @@ class ModelCall:
 
     def _record(self) -> None:
         input_tokens, output_tokens, cached, reasoning = tokens(self.usage)
-        rid = request_id_var.get()
         ledger.record(
             ledger.UsageEntry(
                 principal=self.principal,
@@ -231,6 +287,7 @@ class ModelCall:
                 output_tokens=output_tokens,
                 cached_tokens=cached,
                 reasoning_tokens=reasoning,
-                request_id="" if rid == "-" else rid,
+                response_id=self.response_id[:128],
+                request_id=self.request_id,
             )
         )

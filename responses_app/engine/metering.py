@@ -12,13 +12,9 @@ written in its final write (:meth:`Meter.take`); an unstored one's are recorded 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from gateway.core.errors import GatewayError
 from gateway.core.logging import request_id_var
@@ -26,6 +22,7 @@ from gateway.core.principal import Principal
 from gateway.core.sse import StreamFailure
 from responses_app.engine.domain import Prepared, Usage
 from usage_app import ledger, writer
+from usage_app.tap import ModelCall, Tokens, UsageTap, count
 
 log = logging.getLogger("responses.metering")
 
@@ -33,8 +30,6 @@ ROUTE = "/v1/responses"
 COMPACT_ROUTE = "/v1/responses/compact"
 CLIENT_LEFT = 499
 
-# (input, output, cached, reasoning): None where the upstream reported nothing.
-Tokens = tuple[int | None, int | None, int | None, int | None]
 NO_TOKENS: Tokens = (None, None, None, None)
 
 
@@ -64,33 +59,6 @@ def failed_status(exc: BaseException, received: int | None) -> int:
         status = exc.status
         return status if isinstance(status, int) and status >= 500 else 502
     return received if received is not None else 502  # our own failure (an event too large)
-
-
-def tokens_of(usage: dict[str, Any] | None) -> Tokens:
-    """The counters of a usage object in the Responses shape (``usage_dict``'s)."""
-    if not isinstance(usage, dict):
-        return NO_TOKENS
-    cached = _detail(usage.get("input_tokens_details"), "cached_tokens")
-    reasoning = _detail(usage.get("output_tokens_details"), "reasoning_tokens")
-    return _int(usage.get("input_tokens")), _int(usage.get("output_tokens")), cached, reasoning
-
-
-_MAX_COUNT = 2**63 - 1  # the ledger's BIGINT columns
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _stored(tokens: Tokens) -> Tokens:
-    """``tokens`` as the ledger can store them: a count no column holds (negative, too large: an
-    upstream's nonsense) is null, never the reason a response's write fails."""
-    a, b, c, d = (t if t is not None and 0 <= t <= _MAX_COUNT else None for t in tokens)
-    return a, b, c, d
-
-
-def _detail(details: Any, key: str) -> int | None:
-    return _int(details.get(key)) if isinstance(details, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +118,8 @@ class Meter:
     def end(self, call: Call, status: int, tokens: Tokens) -> None:
         """The call is over: count it, and keep its row for the final write (stored) or queue it."""
         try:
-            tokens = _stored(tokens)
+            # An upstream's nonsense count (negative, too large) is null, never a failed write.
+            input_tokens, output_tokens, cached, reasoning = (count(t) for t in tokens)
             entry = ledger.UsageEntry(
                 principal=self.principal,
                 route=self.route,
@@ -158,10 +127,10 @@ class Meter:
                 status=status,
                 started_at=call.started_at,
                 latency_ms=ledger.since(call.started),
-                input_tokens=tokens[0],
-                output_tokens=tokens[1],
-                cached_tokens=tokens[2],
-                reasoning_tokens=tokens[3],
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cached_tokens=cached,
+                reasoning_tokens=reasoning,
                 response_id=self.response_id,
                 request_id=self.request_id,
             )
@@ -195,87 +164,41 @@ class Meter:
             self.unwritten(self.take())
 
 
-# The terminal events of a /v1/responses stream, whose ``response.usage`` is the call's usage.
-_TERMINAL_TYPES = (b"response.completed", b"response.incomplete", b"response.failed")
-
-
 class DirectCall:
     """The ledger row of a request relayed byte for byte to the upstream's ``/v1/responses`` (the
-    direct path): the usage read passively from the answer as it passes (a JSON answer's ``usage``,
-    a stream's terminal event's ``response.usage``), the bytes untouched. :meth:`end` records it once."""
+    direct path): the usage read passively from the answer as it passes (:class:`UsageTap`: a JSON
+    answer's ``usage``, a stream's terminal event's ``response.usage``), the bytes untouched, the
+    upstream's response id kept. :meth:`end` records it once."""
 
     def __init__(self, principal: Principal, model: str, limit: int) -> None:
-        self.principal = principal
-        self.model = model
+        self.call = ModelCall(principal, ROUTE, model)
         self.limit = limit  # the most bytes kept to read an answer or an event from
-        self.request_id = current_request_id()
-        self.call = Meter.start()
-        self.sse = False
-        self.buffer = bytearray()
-        self.answer: dict[str, Any] | None = None  # the answer (JSON) or the terminal event's response
-        self.ended = False
+        self.tap: UsageTap | None = None
+        self.received: int | None = None
 
     def answered(self, status: int, content_type: str) -> None:
-        self.call.received = status
-        self.sse = content_type.startswith("text/event-stream")
+        self.received = status
+        self.tap = UsageTap(sse=content_type.startswith("text/event-stream"), max_bytes=self.limit)
 
     def feed(self, chunk: bytes) -> None:
+        if self.tap is None:
+            return
         try:
-            if not self.sse:
-                if len(self.buffer) + len(chunk) <= self.limit:
-                    self.buffer += chunk
-                return
-            self.buffer += chunk
-            while True:
-                end = self.buffer.find(b"\n\n")
-                if end < 0:
-                    break
-                if any(kind in self.buffer[: min(end, 160)] for kind in _TERMINAL_TYPES):
-                    self._terminal(bytes(self.buffer[:end]))  # only the terminal event is copied
-                del self.buffer[: end + 2]
-            if len(self.buffer) > self.limit:  # an event too long to read: not this one's usage
-                self.buffer.clear()
+            self.tap.feed(chunk)
         except Exception:  # never the relay's problem
             log.debug("usage ledger: could not read a direct answer", exc_info=True)
 
-    def _terminal(self, block: bytes) -> None:
-        for line in block.split(b"\n"):
-            if line.startswith(b"data:"):
-                data = orjson.loads(line[5:])
-                response = data.get("response") if isinstance(data, dict) else None
-                if isinstance(response, dict):
-                    self.answer = response
-
     def end(self, status: int | None = None) -> None:
         """Record the row (once): ``status`` when the call ended otherwise than as the upstream answered."""
-        if self.ended:
+        if self.call.recorded:
             return
-        self.ended = True
-        try:
-            if not self.sse and self.buffer:
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    answer = orjson.loads(self.buffer)
-                    self.answer = answer if isinstance(answer, dict) else None
-            if status == CLIENT_LEFT and self.answer is not None:
+        tap, usage = self.tap, {}
+        if tap is not None:
+            try:
+                usage = tap.finish()
+            except Exception:
+                log.debug("usage ledger: could not read a direct answer", exc_info=True)
+            if status == CLIENT_LEFT and tap.complete:
                 status = None  # the whole answer passed: the client only left after it
-            answer = self.answer or {}
-            response_id = answer.get("id")
-            tokens = _stored(tokens_of(answer.get("usage")))
-            ledger.record(
-                ledger.UsageEntry(
-                    principal=self.principal,
-                    route=ROUTE,
-                    model=self.model,
-                    status=status if status is not None else (self.call.received or 502),
-                    started_at=self.call.started_at,
-                    latency_ms=ledger.since(self.call.started),
-                    input_tokens=tokens[0],
-                    output_tokens=tokens[1],
-                    cached_tokens=tokens[2],
-                    reasoning_tokens=tokens[3],
-                    response_id=response_id[:128] if isinstance(response_id, str) else "",  # the upstream's
-                    request_id=self.request_id,
-                )
-            )
-        except Exception:
-            log.exception("usage ledger: a direct call was not counted")
+            self.call.response_id = tap.answer_id  # the upstream's
+        self.call.record(status if status is not None else (self.received or 502), usage)

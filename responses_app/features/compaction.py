@@ -21,8 +21,9 @@ from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.sse import StreamFailure
 from responses_app.engine import upstream_events
-from responses_app.engine.metering import Meter, failed_status, tokens_of
+from responses_app.engine.metering import Meter, failed_status
 from responses_app.features import async_tools
+from usage_app.tap import tokens
 
 COMPACTION = "compaction"
 TRIGGER = "compaction_trigger"
@@ -353,7 +354,7 @@ async def summarize(
         status = failed_status(exc, call.received)
         raise
     finally:
-        meter.end(call, status, tokens_of(summary.usage if summary is not None else None))
+        meter.end(call, status, tokens(summary.usage if summary is not None else None))
     if not summary.text.strip():
         raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
     return summary

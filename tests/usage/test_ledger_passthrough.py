@@ -161,6 +161,22 @@ def test_chat_stream_without_usage_counts_the_request_with_null_tokens(
     assert (second.status, tokens(second)) == (200, (None, None, None, None))
 
 
+def test_a_count_no_column_holds_is_null_and_the_batch_is_still_written(
+    gw: LiveServer, upstream: ScriptedUpstream
+) -> None:
+    """An upstream's nonsense counts (past the BIGINT columns, negative) are null: the batch writer's
+    insert is never refused for them, and no other row of the batch is lost."""
+    nonsense = chat_completion("x", prompt_tokens=2**63, completion_tokens=8)
+    nonsense["usage"]["prompt_tokens_details"] = {"cached_tokens": -1}
+    upstream.script(CHAT, json_answer(nonsense))
+    upstream.script(CHAT, json_answer(chat_completion("y", prompt_tokens=3, completion_tokens=4)))
+    for _ in range(2):
+        assert post(gw, CHAT, {"model": "test-model", "messages": []}).status_code == 200
+    first, second = rows(2)
+    assert tokens(first) == (None, 8, None, None)
+    assert tokens(second) == (3, 4, None, None)
+
+
 def test_completions_and_embeddings(gw: LiveServer, upstream: ScriptedUpstream) -> None:
     upstream.script("/v1/completions", json_answer(completion(" there")))
     assert post(gw, "/v1/completions", {"model": "test-model", "prompt": "x"}).status_code == 200

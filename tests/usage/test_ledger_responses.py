@@ -361,10 +361,12 @@ def test_a_client_that_leaves_an_unstored_stream_is_a_499_row(gw: Gateway, queue
 
 @pytest.mark.parametrize("wire", ["responses"])
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("length", [6, 2 * 1024 * 1024])  # past UsageTap's own line and body limits
 def test_the_direct_path_is_recorded_from_the_relayed_answer(
-    gw: Gateway, stream: bool, queued: list[Any]
+    gw: Gateway, stream: bool, length: int, queued: list[Any]
 ) -> None:
-    gw.script(text("direct"), usage=usage(19, 8, cached=4, reasoning=2))
+    """Read up to ``max_upstream_sse_line_bytes``: a long answer's terminal event, or JSON body."""
+    gw.script(text("d" * length), usage=usage(19, 8, cached=4, reasoning=2))
     body = {"model": "m", "input": "x", "store": False, "stream": stream}
     r = httpx.post(f"{gw.url}/v1/responses", json=body, timeout=30)
     assert r.status_code == 200, r.text
@@ -380,6 +382,39 @@ def test_the_direct_path_is_recorded_from_the_relayed_answer(
     assert tokens(row) == (19, 8, 4, 2)
     assert row.request_id == r.headers["x-request-id"]
     assert len(queued) == 1
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_direct_path_nulls_a_count_no_column_holds(gw: Gateway, stream: bool) -> None:
+    gw.script(text("big"), usage=usage(2**63, 5, cached=0, reasoning=0))
+    body = {"model": "m", "input": "x", "store": False, "stream": stream}
+    assert httpx.post(f"{gw.url}/v1/responses", json=body, timeout=30).status_code == 200
+    (row,) = wait_rows(1, route=ROUTE)
+    assert row.status == 200 and row.response_id
+    assert tokens(row) == (None, 5, 0, 0)
+
+
+@pytest.mark.parametrize("wire", ["responses"])
+def test_a_client_that_leaves_the_direct_path_after_the_terminal_event_is_not_a_499(gw: Gateway) -> None:
+    """The whole answer passed (its terminal event relayed): the row is the upstream's 200 with its
+    usage, though the stream had not closed when the client left."""
+
+    def linger(events: list[Any]) -> None:  # the upstream's stream goes on after the terminal event
+        events.extend(("response.keepalive", {"type": "response.keepalive"}) for _ in range(60))
+
+    gw.script(text("done"), usage=usage(7, 3), delay_s=0.05, mutate=linger)
+    body = {"model": "m", "input": "x", "store": False, "stream": True}
+    with httpx.stream("POST", f"{gw.url}/v1/responses", json=body, timeout=30) as r:
+        seen = b""
+        for chunk in r.iter_raw():
+            seen += chunk
+            if b"event: response.completed" in seen and seen.endswith(b"\n\n"):
+                break
+    assert gw.upstream.wait_disconnected(gw.upstream.last(path_for(gw.wire)))
+    (row,) = wait_rows(1, route=ROUTE)
+    assert row.status == 200 and row.response_id
+    assert tokens(row) == (7, 3, 0, 0)
 
 
 @pytest.mark.parametrize("wire", ["responses"])
