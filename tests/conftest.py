@@ -197,6 +197,16 @@ def upstream() -> Iterator[Any]:
 
 
 @pytest.fixture
+def provider() -> Iterator[Any]:
+    """A SearXNG-style search provider on a loopback port (tests/tools/tools_servers.py)."""
+    from tests.tools.tools_servers import SearchProvider
+
+    server = SearchProvider().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def idp() -> Iterator[Any]:
     """A real OpenID provider (discovery, JWKS, token endpoints) on a loopback port: tests/oidc_provider.py."""
     from tests.oidc_provider import IdentityProvider

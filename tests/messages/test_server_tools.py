@@ -53,13 +53,6 @@ USER = [{"role": "user", "content": "What is new?"}]
 
 
 @pytest.fixture
-def provider() -> Iterator[SearchProvider]:
-    server = SearchProvider().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def site() -> Iterator[WebSite]:
     server = WebSite().start()
     yield server

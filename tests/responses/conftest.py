@@ -104,5 +104,5 @@ def gw(live_gateway: Any, upstream: Any, gateway_config: Callable[..., Any], wir
     client.close()
 
 
-# The tool-loop fixtures (real search provider, MCP server, sandbox config): tests/responses/tool_fixtures.py.
-from tests.responses.tool_fixtures import mcp_server, provider, tools_gw  # noqa: E402, F401
+# The tool-loop fixtures (MCP server, sandbox config; the search provider is tests/conftest.py's): tests/responses/tool_fixtures.py.
+from tests.responses.tool_fixtures import mcp_server, tools_gw  # noqa: E402, F401

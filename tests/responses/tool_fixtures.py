@@ -47,13 +47,6 @@ class ToolsGateway(Gateway):
 
 
 @pytest.fixture
-def provider() -> Iterator[SearchProvider]:
-    server = SearchProvider().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def tools_gw(
     gw: Gateway, provider: SearchProvider, gateway_config: Callable[..., Config]
 ) -> Iterator[ToolsGateway]:

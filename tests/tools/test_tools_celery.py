@@ -21,13 +21,6 @@ REDIS_URL = "redis://127.0.0.1:6379/9"
 
 
 @pytest.fixture
-def provider() -> Iterator[SearchProvider]:
-    server = SearchProvider().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def tools_config(provider: SearchProvider, gateway_config: Callable[..., Config]) -> Config:
     """The process config (read by the in-thread worker too): broker on, search pointed at ``provider``."""
     return gateway_config(

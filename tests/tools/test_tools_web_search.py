@@ -3,7 +3,6 @@ the in-process round runner: concurrency, timeout, order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -13,13 +12,6 @@ from gateway.core.config import Config, load_config, replace
 from inference_app.tools import ToolCall, classify_tools, run_gateway_calls
 from inference_app.tools.web_search import normalize_domain
 from tests.tools.tools_servers import SearchProvider
-
-
-@pytest.fixture
-def provider() -> Iterator[SearchProvider]:
-    server = SearchProvider().start()
-    yield server
-    server.stop()
 
 
 def searxng(url: str, **changes: Any) -> Config:

@@ -15,7 +15,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -56,13 +55,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CHAT = "/v1/chat/completions"
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 USER = [{"role": "user", "content": "What is new?"}]
-
-
-@pytest.fixture
-def provider() -> Iterator[SearchProvider]:
-    server = SearchProvider().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
