@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import redis
+from celery.contrib.testing.worker import start_worker
+from kombu import pools
+
+from gateway.celery import app as celery_app
 from gateway.celery import configure
 
 
@@ -12,9 +19,29 @@ def rebind(app: Any, config: Any) -> None:
     """Configure ``app`` for ``config`` and drop what it cached for an earlier broker (other tests
     in this process configure the same app for another Redis db)."""
     configure(app, config)
-    if app._pool is not None:
-        app._pool.force_close_all()
+    # kombu keeps its connection and producer pools per broker URL, process-wide: close and forget
+    # them all, or binding the same URL again later would hand back the pool closed here.
+    pools.reset()
     app._pool = None
     if "amqp" in app.__dict__:
         app.__dict__["amqp"]._producer_pool = None
     app._local = threading.local()  # the cached result backend
+
+
+@contextmanager
+def responses_worker(gateway_config: Callable[..., Any], redis_url: str) -> Iterator[None]:
+    """A real Celery worker in this thread consuming the ``responses`` queue from ``redis_url`` (a
+    Redis db of the caller's own, flushed before and after), with the gateway's config pointing at
+    it; background responses then run on the broker path."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    rebind(celery_app, gateway_config(redis_url=redis_url))
+    try:
+        with start_worker(
+            celery_app, queues=["responses"], perform_ping_check=False, pool="solo", loglevel="WARNING"
+        ):
+            yield
+    finally:
+        rebind(celery_app, gateway_config(redis_url=""))
+        client.flushdb()
+        client.close()

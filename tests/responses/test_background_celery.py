@@ -8,10 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-from celery.contrib.testing.worker import start_worker
 
-from gateway.celery import app as celery_app
-from gateway.celery import configure
+from tests.celery_rebind import responses_worker
 from tests.responses.conftest import Gateway
 from tests.responses.scripts import text
 
@@ -25,13 +23,9 @@ def wire() -> str:
 
 @pytest.fixture
 def broker(gw: Gateway, gateway_config: Any) -> Iterator[None]:
-    config = gateway_config(llm_api_base=gw.upstream.url, upstream_api="responses", redis_url=REDIS_URL)
-    configure(celery_app, config)
-    with start_worker(
-        celery_app, queues=["responses"], perform_ping_check=False, pool="solo", loglevel="WARNING"
-    ):
+    gateway_config(llm_api_base=gw.upstream.url, upstream_api="responses")
+    with responses_worker(gateway_config, REDIS_URL):
         yield
-    configure(celery_app, gateway_config(redis_url=""))
 
 
 def test_background_runs_on_a_celery_worker(gw: Gateway, broker: None) -> None:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ import redis
 from gateway.core.auth import apikeys
 from gateway.core.config import ConfigError, load_config
 from gateway.core.principal import Limits, Principal
+from responses_app import tasks
 from responses_app.models import Response
+from tests.celery_rebind import responses_worker
 from tests.responses.conftest import Gateway
 from tests.responses.scripts import Script, handler, text
 from tests.responses.wsutil import Client, connect, create
@@ -34,6 +37,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # A Redis database no other test module uses (flushed by the tests that use it).
 QUOTA_REDIS_URL = "redis://127.0.0.1:6379/6"
+# The broker (and so the quota store) of the background-response test's Celery worker: a db of its own.
+BROKER_REDIS_URL = "redis://127.0.0.1:6379/14"
 
 OPENAI_HEADERS = (
     "x-ratelimit-limit-requests",
@@ -407,27 +412,40 @@ def test_a_cancelled_stream_frees_its_slot(gw: Gateway, gateway_config: Callable
     gate.open()
 
 
+@pytest.mark.parametrize("runner", ["in-process", "broker"])
 @pytest.mark.parametrize("ending", ["completed", "cancelled"])
 def test_a_background_response_holds_its_slot_until_it_ends(
-    gw: Gateway, gateway_config: Callable[..., Any], ending: str
+    gw: Gateway, gateway_config: Callable[..., Any], ending: str, runner: str
 ) -> None:
+    """In process the slot follows the response's task; with a broker (a Celery worker runs it) the
+    creating gateway follows its stored status."""
     limits(gateway_config, max_concurrent_requests=1)
     gate = Gate()
     gw.upstream.script("/v1/responses", _gated(Script([text("slow")]), gate))
-    created = post(gw, "/v1/responses", {"model": "m", "input": "x", "background": True})
-    assert created.status_code == 200, created.text
-    rid = created.json()["id"]
-    gw.upstream.wait_requests(1)
-    time.sleep(0.2)  # the HTTP answer is over; the work is not
-    refused = post(gw, "/v1/chat/completions", CHAT)
-    assert_openai_429(refused)
-    if ending == "cancelled":
-        assert httpx.post(f"{gw.url}/v1/responses/{rid}/cancel", timeout=30).status_code == 200
-    else:
-        gate.open()
-    eventually(lambda: Response.objects.get(id=rid).status == ending)
-    eventually(lambda: post(gw, "/v1/chat/completions", CHAT).status_code == 200)
-    gate.open()
+    with ExitStack() as stack:
+        if runner == "broker":
+            stack.enter_context(responses_worker(gateway_config, BROKER_REDIS_URL))
+        stack.callback(gate.open)  # before the worker stops: it waits for its task
+        created = post(gw, "/v1/responses", {"model": "m", "input": "x", "background": True})
+        assert created.status_code == 200, created.text
+        assert created.json()["status"] == "queued"
+        rid = created.json()["id"]
+        gw.upstream.wait_requests(1)
+        time.sleep(0.2)  # the HTTP answer is over; the work is not
+        refused = post(gw, "/v1/chat/completions", CHAT)
+        assert_openai_429(refused)
+        assert refused.json()["error"]["message"].startswith(
+            "Rate limit reached on concurrent requests: Limit 1, Used 1"
+        )
+        if runner == "broker":
+            time.sleep(tasks.FINISHED_POLL_S + 0.2)  # past a poll of the stored status: still held
+            assert post(gw, "/v1/chat/completions", CHAT).status_code == 429
+        if ending == "cancelled":
+            assert httpx.post(f"{gw.url}/v1/responses/{rid}/cancel", timeout=30).status_code == 200
+        else:
+            gate.open()
+        eventually(lambda: Response.objects.get(id=rid).status == ending)
+        eventually(lambda: post(gw, "/v1/chat/completions", CHAT).status_code == 200)
 
 
 def test_a_crashed_holders_slot_lapses(gw: Gateway, gateway_config: Callable[..., Any], store: str) -> None:
