@@ -41,15 +41,18 @@ FORM_PREFIX_BYTES = 64 * 1024
 
 # A Responses stream's terminal events: their ``response`` carries the answer's usage and id.
 _RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
-MAX_COUNT = 2**63 - 1  # the ledger's BIGINT token columns
+# The largest count taken: past 2**53 a float (Prometheus' counters, the Usage API's sums in JSON)
+# no longer adds small counts exactly, and no real call comes near it (the BIGINT columns hold 2**63).
+MAX_COUNT = 2**53 - 1
 
 # (input, output, cached input, reasoning): None where the upstream reported nothing usable.
 Tokens = tuple[int | None, int | None, int | None, int | None]
 
 
 def count(value: Any) -> int | None:
-    """``value`` as a ledger token count: an int a BIGINT column holds, else None (negative or too
-    large is an upstream's nonsense: never the reason a batch or a response's write is refused)."""
+    """``value`` as a ledger token count: an int up to :data:`MAX_COUNT`, else None (negative or too
+    large is an upstream's nonsense: never the reason a batch or a response's write is refused, nor a
+    counter that stops adding up)."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
         return value
     return None
