@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "gateway",
     "usage_app",
     "inference_app",
+    "files_app",
     "conversations_app",
     "responses_app",
     "passthrough_app",

@@ -326,6 +326,26 @@ class UsageConfig(_Section):
     ledger: bool = True
 
 
+class FilesConfig(_Section):
+    """The Files API's storage (docs/file-search.md). ``storage_backend``: a Django storage class
+    (e.g. ``storages.backends.s3.S3Storage`` from django-storages) with ``storage_options`` as its
+    keyword arguments; "" keeps the bytes in ``directory`` on local disk."""
+
+    max_upload_bytes: PositiveInt = 512 * MiB
+    directory: str = "var/files"
+    storage_backend: str = ""
+    storage_options: dict[str, Any] = {}
+
+
+class FileSearchConfig(_Section):
+    """Vector store retrieval (docs/file-search.md). ``embedding_model`` "": keyword search only."""
+
+    embedding_model: str = ""
+    embedding_base_url: str = ""  # "": the configured upstream
+    max_chunks_per_store: PositiveInt = 200_000
+    ingestion_lease_s: PositiveFloat = 120.0
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -383,6 +403,8 @@ class Config(BaseSettings):
     auth: AuthConfig = AuthConfig()
     quotas: QuotasConfig = QuotasConfig()
     usage: UsageConfig = UsageConfig()
+    files: FilesConfig = FilesConfig()
+    file_search: FileSearchConfig = FileSearchConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
