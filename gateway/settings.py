@@ -162,6 +162,18 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
+# "files": the Files API's bytes (files_app), on local disk or any Django storage backend.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "files": {
+        "BACKEND": CONFIG.files.storage_backend or "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": dict(CONFIG.files.storage_options)
+        if CONFIG.files.storage_backend
+        else {"location": str((BASE_DIR / (CONFIG.files.directory or str(DATA_DIR / "files"))).resolve())},
+    },
+}
+
 # The ASGI layer enforces the request-body ceiling; Django's own in-memory cap would refuse
 # large audio uploads with a 400 of its own.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None

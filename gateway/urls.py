@@ -22,6 +22,7 @@ urlpatterns = [
     path("", include("responses_app.urls")),
     path("", include("conversations_app.urls")),
     path("", include("usage_app.urls")),
+    path("", include("files_app.urls")),
     path("v1/models", models_catalog.models_list),
     # ``path`` matches ids with a slash (``meta-llama/Llama-3.1-8B-Instruct``), encoded or not.
     path("v1/models/<path:model>", models_catalog.model_retrieve),

@@ -91,6 +91,7 @@ WEB_SEARCH_PATH = {"searxng": "/search", "brave": "/res/v1/web/search", "tavily"
 GATEWAY_PATHS = (
     *("/v1/responses", "/v1/conversations", "/v1/messages", "/v1/models", "/v1/openapi.json"),
     *("/health", "/ready", "/metrics", "/admin", "/oidc", "/docs", "/v1/organization"),
+    *("/v1/files", "/v1/vector_stores"),
 )
 _PATH_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
 _LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -329,10 +330,10 @@ class UsageConfig(_Section):
 class FilesConfig(_Section):
     """The Files API's storage (docs/file-search.md). ``storage_backend``: a Django storage class
     (e.g. ``storages.backends.s3.S3Storage`` from django-storages) with ``storage_options`` as its
-    keyword arguments; "" keeps the bytes in ``directory`` on local disk."""
+    keyword arguments; "" keeps the bytes in ``directory`` on local disk ("": ``<data_dir>/files``)."""
 
     max_upload_bytes: PositiveInt = 512 * MiB
-    directory: str = "var/files"
+    directory: str = ""
     storage_backend: str = ""
     storage_options: dict[str, Any] = {}
 
