@@ -26,7 +26,7 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
-def _count(rows: QuerySet[Any], link: str) -> Subquery:
+def _count(rows: QuerySet[Any], link: str) -> Coalesce:
     """``COUNT(*)`` of ``rows`` per parent row (a subquery, so two counts never multiply)."""
     counted = (
         rows.filter(**{link: OuterRef("pk")}).order_by().values(link).annotate(n=Count("pk")).values("n")
@@ -65,7 +65,9 @@ class FileAdmin(ReadOnly):
     fields = readonly_fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[File]:
-        return super().get_queryset(request).annotate(store_count=_count(VectorStoreFile.objects, "file"))
+        return (
+            super().get_queryset(request).annotate(store_count=_count(VectorStoreFile.objects.all(), "file"))
+        )
 
     @admin.display(description="stores", ordering="store_count")
     def stores(self, obj: Any) -> int:
@@ -94,7 +96,7 @@ class VectorStoreFileInline(admin.TabularInline):  # type: ignore[type-arg]
             super()
             .get_queryset(request)
             .select_related("file")
-            .annotate(n_chunks=_count(Chunk.objects, "store_file"))
+            .annotate(n_chunks=_count(Chunk.objects.all(), "store_file"))
         )
 
     @admin.display(description="chunks")
@@ -142,7 +144,7 @@ class VectorStoreAdmin(ReadOnly):
     inlines = (VectorStoreFileInline,)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[VectorStore]:
-        attachments = VectorStoreFile.objects
+        attachments = VectorStoreFile.objects.all()
         used = (
             attachments.filter(vector_store=OuterRef("pk"))
             .order_by()
@@ -157,7 +159,7 @@ class VectorStoreAdmin(ReadOnly):
                 n_files=_count(attachments, "vector_store"),
                 n_in_progress=_count(attachments.filter(status="in_progress"), "vector_store"),
                 n_failed=_count(attachments.filter(status="failed"), "vector_store"),
-                n_chunks=_count(Chunk.objects, "vector_store"),
+                n_chunks=_count(Chunk.objects.all(), "vector_store"),
                 n_usage=Coalesce(Subquery(used, output_field=IntegerField()), 0),
             )
         )
@@ -201,7 +203,7 @@ class VectorStoreFileBatchAdmin(ReadOnly):
     fields = readonly_fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[VectorStoreFileBatch]:
-        return super().get_queryset(request).annotate(n_files=_count(VectorStoreFile.objects, "batch"))
+        return super().get_queryset(request).annotate(n_files=_count(VectorStoreFile.objects.all(), "batch"))
 
     @admin.display(description="files", ordering="n_files")
     def files(self, obj: Any) -> int:
