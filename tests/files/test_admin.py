@@ -11,7 +11,7 @@ from django.test import Client
 
 from files_app import services
 from files_app.models import Chunk, File, VectorStore, VectorStoreFile
-from files_app.schemas import NewAttachment, static_strategy
+from files_app.schemas import static_strategy
 from tests.files.conftest import stored_names
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,15 +98,3 @@ def test_deleting_a_file_in_the_admin_removes_its_bytes_chunks_and_attachments(f
     assert answer.status_code == 302
     assert not VectorStore.objects.filter(id=second.id).exists()
     assert File.objects.filter(id=other.id).exists() and stored_names(file_storage) == [other.storage_name]
-
-
-def test_services_attach_through_the_same_rules() -> None:
-    """The admin's services are the API's: attaching an unknown file is the API's 404."""
-    store = store_with("key:carol", [])
-    with pytest.raises(Exception) as exc:
-        services.store_file_create(
-            vector_store_id=store.id,
-            owner="key:carol",
-            attachment=NewAttachment(file_id="file-nope", param="file_id", attributes={}, chunking={}),
-        )
-    assert getattr(exc.value, "status", None) == 404
