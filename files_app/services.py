@@ -243,19 +243,16 @@ def store_file_create(*, vector_store_id: str, owner: str, attachment: NewAttach
     request attaches nothing twice); ``attributes`` are changed with the update endpoint."""
     store = _locked_store(id=vector_store_id, owner=owner)
     found = selectors.file_get(id=attachment.file_id, owner=owner, param=attachment.param)
-    existing = VectorStoreFile.objects.filter(vector_store=store, file=found).first()
-    if existing is not None:
-        return existing
     check_embedding_space(store)
     try:
-        with transaction.atomic():
+        with transaction.atomic():  # a savepoint: the unique (store, file) index decides
             row = VectorStoreFile.objects.create(
                 vector_store=store,
                 file=found,
                 attributes=attachment.attributes,
                 chunking_strategy=attachment.chunking,
             )
-    except IntegrityError:  # attached by a concurrent request meanwhile
+    except IntegrityError:  # already attached (earlier, or by a concurrent request)
         return VectorStoreFile.objects.get(vector_store=store, file=found)
     vector_store_touch(store)
     pk = row.pk
