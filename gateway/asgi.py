@@ -23,8 +23,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from gateway.core import errors  # noqa: E402
+from gateway.core import errors, tracing  # noqa: E402
 from gateway.core.auth.websocket import WebSocketAuthMiddleware  # noqa: E402
+from gateway.core.config import get_config  # noqa: E402
 from gateway.core.lifecycle import lifespan  # noqa: E402
 from gateway.core.middleware import GatewayASGIMiddleware  # noqa: E402
 from gateway.fastpath import FastPathApp  # noqa: E402
@@ -93,6 +94,9 @@ def websocket_app(patterns: list[Any]) -> Any:
     return WebSocketAuthMiddleware(URLRouter(patterns))
 
 
+# Tracing (the OTEL_* variables) is set up in each server process before it serves; off, the app is
+# not wrapped at all.
+tracing.setup(get_config())
 application = GatewayASGIMiddleware(
     ProtocolTypeRouter(
         {
@@ -104,6 +108,8 @@ application = GatewayASGIMiddleware(
         }
     )
 )
+# The server span is outermost: the request id, limits and access log run inside it (pass-through too).
+application = tracing.instrument_asgi(application)
 
 # Everything imported so far (Django, the apps, the URLconf) lives as long as the process: move it
 # out of the garbage collector's reach, so full collections stay cheap under load.

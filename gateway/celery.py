@@ -42,6 +42,16 @@ def _close_stale_connections(**kwargs: object) -> None:
     close_old_connections()
 
 
+@signals.worker_init.connect
+def _tracing(**kwargs: object) -> None:
+    """A worker traces like the gateway (the OTEL_* variables); its task spans continue the trace the
+    gateway put into each task's headers. Its forked pool processes inherit it (the SDK restarts
+    its export thread after a fork)."""
+    from gateway.core import tracing
+
+    tracing.setup(_loaded_config(), service_name="agentic-gateway-worker")
+
+
 @signals.worker_ready.connect
 def _recover_orphans(**kwargs: object) -> None:
     """Start-up recovery: fail the background responses of this host's processes that are gone

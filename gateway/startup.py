@@ -28,6 +28,9 @@ def run_checks(config: Config) -> None:
         "Redis" if config.broker_enabled else "in-memory / in-process",
     )
     check_auth(config)
+    from gateway.core import tracing
+
+    tracing.check(config)
 
 
 def _active_api_keys() -> int | None:

@@ -9,6 +9,7 @@ lease expired (``docs/operations.md``). A broker that refuses the task is a 503,
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
@@ -77,7 +78,9 @@ async def create_background(prepared: Prepared, config: Config) -> dict[str, Any
         return snapshot
     snapshot = await run_orm(services.response_create_queued, prepared=prepared)
     try:
-        await asyncio.get_running_loop().run_in_executor(None, _send_task, prepared)
+        # In this context, so the task's headers carry the current trace (run_in_executor copies none).
+        context = contextvars.copy_context()
+        await asyncio.get_running_loop().run_in_executor(None, context.run, _send_task, prepared)
     except Exception as exc:
         log.error("background response %s: the broker refused its task: %s", prepared.response_id, exc)
         await run_orm(services.response_delete_unsent, id=prepared.response_id)

@@ -347,6 +347,14 @@ class FileSearchConfig(_Section):
     ingestion_lease_s: PositiveFloat = 120.0
 
 
+class ObservabilityConfig(_Section):
+    """Tracing (docs/operations.md, "Tracing"); the exporter, sampler and resource come from the
+    standard ``OTEL_*`` variables (:func:`otel_environ`). ``capture_content``: prompts and completions
+    in span attributes (off: none; credentials are never recorded)."""
+
+    capture_content: bool = False
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -406,6 +414,7 @@ class Config(BaseSettings):
     usage: UsageConfig = UsageConfig()
     files: FilesConfig = FilesConfig()
     file_search: FileSearchConfig = FileSearchConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
@@ -739,6 +748,15 @@ def replace(config: Config, **changes: Any) -> Config:
 def environ_get(name: str, default: str = "") -> str:
     """Read a process-level variable that is not gateway config (e.g. ``DJANGO_SETTINGS_MODULE``)."""
     return os.environ.get(name, default)
+
+
+def otel_environ(env: typing.Mapping[str, str] | None = None) -> dict[str, str]:
+    """The standard ``OTEL_*`` variables of ``env`` (default: the process environment), as
+    :mod:`gateway.core.tracing` reads them to decide whether and how to trace. The OpenTelemetry SDK
+    also reads its own finer settings (exporter headers, TLS files, batch sizes) from the process
+    environment: that is the standard's configuration surface, not a second gateway config."""
+    environ: typing.Mapping[str, str] = os.environ if env is None else env
+    return {name: value for name, value in environ.items() if name.startswith("OTEL_")}
 
 
 __all__ = ["Config", "ConfigError", "get_config", "load_config", "set_config"]

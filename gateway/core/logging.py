@@ -1,4 +1,5 @@
-"""Structured logging: JSON lines when configured, always tagged with the request id.
+"""Structured logging: JSON lines when configured, always tagged with the request id and, while a
+span is current (tracing on), the trace and span ids.
 
 Bodies and credentials are never logged. The console handler sits behind a ``QueueHandler``
 (:class:`QueuedConsoleHandler`), so formatting and writing happen off the event loop.
@@ -16,18 +17,31 @@ import weakref
 from logging.handlers import QueueHandler, QueueListener
 
 import orjson
+from opentelemetry import trace
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 
 class RequestIdFilter(logging.Filter):
+    """Tags a record with the request id and the current span's ids ("" when none), in the caller's
+    context (before the record is queued)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = request_id_var.get()
+        if "trace_id" not in record.__dict__:
+            span = trace.get_current_span().get_span_context()
+            if span.is_valid:
+                trace_id, span_id = format(span.trace_id, "032x"), format(span.span_id, "016x")
+                ids = f" trace_id={trace_id} span_id={span_id}"
+            else:
+                trace_id = span_id = ids = ""
+            record.__dict__.update(trace_id=trace_id, span_id=span_id, trace_ids=ids)
         return True
 
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+# ``[request-id trace_id=… span_id=…]``; just ``[request-id]`` when no span is current.
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s%(trace_ids)s] %(message)s"
 
 
 class TextFormatter(logging.Formatter):
@@ -36,9 +50,14 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
+    def format(self, record: logging.LogRecord) -> str:
+        if not hasattr(record, "trace_ids"):  # a handler without the filter
+            record.trace_ids = ""
+        return super().format(record)
+
 
 class JsonFormatter(logging.Formatter):
-    _SKIP = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+    _SKIP = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "trace_ids"}
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -48,6 +67,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
             "request_id": getattr(record, "request_id", request_id_var.get()),
+            "trace_id": getattr(record, "trace_id", ""),
+            "span_id": getattr(record, "span_id", ""),
         }
         for key, value in vars(record).items():
             if key not in self._SKIP and key not in entry:

@@ -16,7 +16,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
-from gateway.core import errors
+from gateway.core import errors, tracing
 from gateway.core.config import ServerConfig, get_config
 from gateway.core.ids import request_id_for
 from gateway.core.lifecycle import drain
@@ -113,6 +113,8 @@ class GatewayASGIMiddleware:
         rid = passage.request_id
         scope[REQUEST_ID] = rid
         scope[PASSAGE] = passage
+        if tracing.enabled():  # the server span (tracing.instrument_asgi) is current
+            tracing.tag_request(rid)
         limits = get_config().server
         limit = body_limit(passage.method, passage.path)
         refusal = head_refusal(scope, limits)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.core import errors, memory
+from gateway.core import errors, memory, tracing
 from gateway.core.auth.websocket import ensure_not_expired
 from gateway.core.config import Config
 from gateway.core.db import run_orm
@@ -250,7 +250,9 @@ class WebSocketSession:
             while lane.queue and not self.closing:
                 job = lane.queue.popleft()
                 try:
-                    await self._execute(lane, job)
+                    # Each response is a trace of its own: the connection may live for hours.
+                    with tracing.websocket_response_span(self.scope):
+                        await self._execute(lane, job)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
