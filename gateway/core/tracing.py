@@ -363,6 +363,20 @@ def websocket_response_span(
         yield
 
 
+def with_trace_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` for an engine request made in process (no HTTP client span carries them): any
+    ``traceparent``/``tracestate`` replaced by the current span's, so vLLM's own spans (when its
+    ``--otlp-traces-endpoint`` is set) continue this trace. Unchanged when tracing is off."""
+    if _state.provider is None:
+        return headers
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return headers
+    kept = [(k, v) for k, v in headers if k.lower() not in carrier]
+    return [*kept, *carrier.items()]
+
+
 def tag_request(request_id: str) -> None:
     """Record the gateway's request id on the current (server) span."""
     trace.get_current_span().set_attribute("gateway.request_id", request_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 
-from gateway.core import errors
+from gateway.core import errors, tracing
 from gateway.core.config import Config
 from inference_app.engine.host import EngineHost, Served, get_engine_host
 from inference_app.upstream.types import Body, UpstreamResponse, read_body
@@ -55,7 +55,8 @@ class EmbeddedUpstream:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[object] = asyncio.Queue()
         host = self.host
-        header_list = list((headers or {}).items())
+        # In the caller's context: the engine loop's thread does not see the current span.
+        header_list = tracing.with_trace_headers(list((headers or {}).items()))
 
         async def pump() -> Served:
             """On the engine loop: serve, then forward every chunk to the caller's loop."""

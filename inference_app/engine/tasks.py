@@ -21,6 +21,7 @@ import orjson
 from celery import shared_task
 from celery.signals import worker_init, worker_shutdown
 
+from gateway.core import tracing
 from gateway.core.aio import keep_cancellation
 from gateway.core.config import Config, get_config
 from inference_app.engine.host import EngineHost, get_engine_host
@@ -261,7 +262,10 @@ def generate_task(
     runtime = get_runtime()
     body = base64.b64decode(body_b64)
     started = time.monotonic()
-    outcome = runtime.host.run(runtime.handle(request_id, method, path, query, headers, body)).result()
+    # The task's span (Celery's instrumentation) is the engine request's parent: the engine loop's
+    # thread does not see it, so it travels in the headers as for an HTTP upstream.
+    traced = [[k, v] for k, v in tracing.with_trace_headers([(k, v) for k, v in headers])]
+    outcome = runtime.host.run(runtime.handle(request_id, method, path, query, traced, body)).result()
     log.info(
         "inference request %s %s %s: %s in %.3fs",
         request_id,

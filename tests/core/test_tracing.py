@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 from gateway.core import tracing
 from gateway.core.config import ConfigError, get_config, load_config, otel_environ
 from gateway.core.logging import JsonFormatter, RequestIdFilter, TextFormatter
-from tests.core.tracing_fixtures import Traced, traced_gateway  # noqa: F401
+from tests.core.tracing_fixtures import Traced, memory_spans, traced_gateway  # noqa: F401
 from tests.servers import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -259,7 +259,7 @@ def _formatted(formatter: logging.Formatter) -> str:
     return formatter.format(record)
 
 
-def test_log_lines_carry_the_trace_and_span_ids(traced_gateway: Traced) -> None:  # noqa: F811
+def test_log_lines_carry_the_trace_and_span_ids(memory_spans: Any) -> None:  # noqa: F811
     with trace.get_tracer("test").start_as_current_span("work") as span:
         trace_id = format(span.get_span_context().trace_id, "032x")
         span_id = format(span.get_span_context().span_id, "016x")
@@ -296,6 +296,24 @@ def test_the_access_log_line_has_the_server_spans_ids(traced_gateway: Traced) ->
     (server,) = server_spans(spans)
     (record,) = seen
     assert (record.trace_id, record.span_id) == hexid(server)  # type: ignore[attr-defined]
+
+
+# --- the in-process engine ----------------------------------------------------------------------
+
+
+def test_engine_requests_carry_the_current_span(memory_spans: Any) -> None:  # noqa: F811
+    """The embedded engine and the inference worker hand vLLM the trace in its request headers."""
+    given = [("content-type", "application/json"), ("traceparent", TRACEPARENT)]
+    with trace.get_tracer("test").start_as_current_span("round") as span:
+        headers = dict(tracing.with_trace_headers(given))
+    assert headers["content-type"] == "application/json"
+    trace_id, parent = parent_of(headers["traceparent"])
+    assert (trace_id, parent) == (
+        format(span.get_span_context().trace_id, "032x"),
+        format(span.get_span_context().span_id, "016x"),
+    )
+    tracing.shutdown()
+    assert tracing.with_trace_headers(given) == given  # off: as given
 
 
 # --- WebSocket ----------------------------------------------------------------------------------------

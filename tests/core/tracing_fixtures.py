@@ -64,6 +64,17 @@ class Traced:
 
 
 @pytest.fixture
+def memory_spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on in this process (no server), its spans in the returned exporter."""
+    exporter = InMemorySpanExporter()
+    tracing.setup(get_config(), otel={}, processor=SimpleSpanProcessor(exporter))
+    try:
+        yield exporter
+    finally:
+        reset_tracing()
+
+
+@pytest.fixture
 def traced_gateway(
     transactional_db: None, upstream: Any, gateway_config: Callable[..., Any]
 ) -> Iterator[Traced]:
