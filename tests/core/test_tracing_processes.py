@@ -96,3 +96,38 @@ def test_a_celery_worker_response_is_one_trace(
     _, trace_id, parent, _ = sent.split("-")
     assert trace_id == CLIENT_TRACE
     assert by_id[parent].kind == CLIENT and by_id[parent].service == "agentic-gateway-worker"
+    # The database driver's spans, in both processes (the worker stores the response).
+    statements = {
+        (s.service, s.name) for s in ours if s.attributes.get("db.system") in ("sqlite", "postgresql")
+    }
+    assert ("agentic-gateway", "INSERT") in statements, statements
+    assert ("agentic-gateway-worker", "UPDATE") in statements or (
+        "agentic-gateway-worker",
+        "INSERT",
+    ) in statements
+
+
+def test_an_exporter_the_gateway_cannot_run_stops_start_up(tmp_path: Path) -> None:
+    """gRPC without its exporter: one clear message from `manage.py serve`, no traceback."""
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "serve"],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "GATEWAY_SERVER_DATA_DIR": str(tmp_path),
+            "LLM_API_BASE": "http://127.0.0.1:9",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL: grpc is not supported" in proc.stderr
+    assert "Traceback" not in proc.stderr
