@@ -179,19 +179,10 @@ def setup(
     # The SDK is imported only when tracing is on.
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace import sampling as s
 
     if chosen is None:
         chosen = TracingSettings((), "", "parentbased_always_on", None, {"service.name": service_name})
-    ratio = chosen.sampler_arg if chosen.sampler_arg is not None else 1.0
-    sampler = {
-        "always_on": s.ALWAYS_ON,
-        "always_off": s.ALWAYS_OFF,
-        "traceidratio": s.TraceIdRatioBased(ratio),
-        "parentbased_always_on": s.ParentBased(s.ALWAYS_ON),
-        "parentbased_always_off": s.ParentBased(s.ALWAYS_OFF),
-        "parentbased_traceidratio": s.ParentBased(s.TraceIdRatioBased(ratio)),
-    }[chosen.sampler]
+    sampler = _sampler(chosen)
     provider = TracerProvider(resource=Resource.create(chosen.resource), sampler=sampler)
     for processor_ in _processors(chosen) if processor is None else [processor]:
         provider.add_span_processor(processor_)
@@ -200,6 +191,48 @@ def setup(
     _state.capture_content = config.observability.capture_content
     _instrument(provider)
     return True
+
+
+def _sampler(chosen: TracingSettings) -> Any:
+    """The configured sampler, except that a client span with no parent (a database statement or an
+    outbound call of a periodic job: the lease sweep, the ledger's batched writes, heartbeats) is
+    not recorded: a trace starts at a request, a WebSocket response or a task."""
+    from opentelemetry.sdk.trace import sampling as s
+
+    ratio = chosen.sampler_arg if chosen.sampler_arg is not None else 1.0
+    configured = {
+        "always_on": s.ALWAYS_ON,
+        "always_off": s.ALWAYS_OFF,
+        "traceidratio": s.TraceIdRatioBased(ratio),
+        "parentbased_always_on": s.ParentBased(s.ALWAYS_ON),
+        "parentbased_always_off": s.ParentBased(s.ALWAYS_OFF),
+        "parentbased_traceidratio": s.ParentBased(s.TraceIdRatioBased(ratio)),
+    }[chosen.sampler]
+
+    class NoOrphanClientSpans(s.Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: trace.SpanKind | None = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> s.SamplingResult:
+            if (
+                kind is trace.SpanKind.CLIENT
+                and not trace.get_current_span(parent_context).get_span_context().is_valid
+            ):
+                return s.SamplingResult(s.Decision.DROP)
+            return configured.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"NoOrphanClientSpans{{{configured.get_description()}}}"
+
+    return NoOrphanClientSpans()
 
 
 def _processors(chosen: TracingSettings) -> list[SpanProcessor]:

@@ -295,6 +295,21 @@ def test_the_access_log_line_has_the_server_spans_ids(traced_gateway: Traced) ->
     assert (record.trace_id, record.span_id) == hexid(server)  # type: ignore[attr-defined]
 
 
+def test_a_statement_outside_any_trace_is_not_recorded(memory_spans: Any) -> None:  # noqa: F811
+    """Periodic jobs' statements (sweeps, batched ledger writes) start no trace; within one they count."""
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")  # through the sqlite3 instrumentation
+    db.cursor().execute("SELECT 1").fetchall()
+    assert memory_spans.get_finished_spans() == ()
+    with trace.get_tracer("test").start_as_current_span("task") as task:
+        db.cursor().execute("SELECT 2").fetchall()
+    db.close()
+    statement, _task = memory_spans.get_finished_spans()
+    assert statement.name == "SELECT" and statement.kind == SpanKind.CLIENT
+    assert statement.parent is not None and statement.parent.span_id == task.get_span_context().span_id
+
+
 # --- the in-process engine ----------------------------------------------------------------------
 
 
