@@ -145,6 +145,7 @@ def check(config: Config, otel: Mapping[str, str] | None = None) -> TracingSetti
 class _State:
     provider: TracerProvider | None = None
     capture_content = False
+    excluded_urls: str | None = None  # OTEL_PYTHON_ASGI_EXCLUDED_URLS: no server span for these
     instrumentors: list[Any] = []
 
 
@@ -173,7 +174,8 @@ def setup(
     exporter). Idempotent; returns whether tracing is on."""
     if _state.provider is not None:
         return True
-    chosen = settings_from(otel_environ() if otel is None else otel, service_name=service_name)
+    otel = otel_environ() if otel is None else otel
+    chosen = settings_from(otel, service_name=service_name)
     if chosen is None and processor is None:
         return False
     # The SDK is imported only when tracing is on.
@@ -189,6 +191,7 @@ def setup(
     trace.set_tracer_provider(provider)
     _state.provider = provider
     _state.capture_content = config.observability.capture_content
+    _state.excluded_urls = otel.get("OTEL_PYTHON_ASGI_EXCLUDED_URLS") or otel.get("OTEL_PYTHON_EXCLUDED_URLS")
     _instrument(provider)
     return True
 
@@ -277,6 +280,7 @@ def shutdown() -> None:
         instrumentor.uninstrument()
     _state.instrumentors = []
     _state.capture_content = False
+    _state.excluded_urls = None
     if provider is not None:
         provider.shutdown()
 
@@ -301,6 +305,7 @@ def instrument_asgi(app: Any) -> Any:
 
     http = OpenTelemetryMiddleware(
         app,
+        excluded_urls=_state.excluded_urls,  # e.g. "health,ready,metrics" (regexes, comma-separated)
         default_span_details=span_name,
         tracer_provider=_state.provider,
         http_capture_headers_sanitize_fields=SANITIZED_HEADERS,

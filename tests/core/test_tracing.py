@@ -247,6 +247,34 @@ def test_capture_content_follows_the_config(gateway_config: Any) -> None:
         reset_tracing()
 
 
+def test_probes_can_be_left_out_with_the_standard_variable() -> None:
+    import asyncio
+
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.core.tracing_fixtures import reset_tracing
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def call(path: str) -> None:
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": b""}
+        await traced(scope, None, lambda message: asyncio.sleep(0))
+
+    exporter = InMemorySpanExporter()
+    otel = {"OTEL_PYTHON_ASGI_EXCLUDED_URLS": "health,ready,metrics"}
+    tracing.setup(get_config(), otel=otel, processor=SimpleSpanProcessor(exporter))
+    try:
+        traced = tracing.instrument_asgi(app)
+        for path in ("/health", "/metrics", "/v1/models"):
+            asyncio.run(call(path))
+        assert [s.name for s in exporter.get_finished_spans()] == ["GET /v1/models"]
+    finally:
+        reset_tracing()
+
+
 # --- log lines --------------------------------------------------------------------------------------
 
 
