@@ -452,7 +452,7 @@ def byte_level_tokens(text: str) -> list[str]:
     """A byte-level BPE's tokens of ``text`` as vLLM's ``token_strs`` shows them (GPT-2's byte-to-
     character table): GPT-2's pre-tokenization, each piece cut into tokens of at most five bytes
     (which may split a character's UTF-8 bytes, as real merges do)."""
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     tokens: list[str] = []
     for piece in re.findall(r" ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+", text):
         data = piece.encode()
@@ -460,7 +460,7 @@ def byte_level_tokens(text: str) -> list[str]:
     return tokens
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     printable = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),

@@ -102,7 +102,7 @@ def test_html_keeps_the_main_text_and_pdf_its_text_layer() -> None:
         ("a.txt", b"caf\xe9", "invalid_file", "not UTF-8"),
         ("d.json", b"{nope", "invalid_file", "not valid JSON"),
         ("e.txt", b"  \n\t ", "invalid_file", "no text"),
-        ("r.docx", b"PK\x03\x04", "unsupported_file", ".docx"),
+        ("r.docx", b"PK\x03\x04", "unsupported_file", "convert it to PDF"),
         ("i.png", b"\x89PNG\r\n", "unsupported_file", ".png"),
         ("b.pdf", b"%PDF-1.4 garbage", "invalid_file", "PDF"),
         ("s.pdf", make_pdf([]), "invalid_file", "no text layer"),
@@ -153,6 +153,35 @@ def test_static_windows_and_overlap_under_both_token_counts(
     asked = [r for r in upstream.requests if r.path == "/tokenize"]
     assert len(asked) == 1  # one request for the file, never one per window
     assert asked[0].json() == {"prompt": text, "add_special_tokens": False, "return_token_strs": True}
+    if counting == "approximate":  # an upstream without /tokenize is not asked again for a while
+        assert run(make_attachment(b"another file").pk) == "completed"
+        assert sum(1 for r in upstream.requests if r.path == "/tokenize") == 1
+
+
+def test_chunks_follow_the_tokenizers_own_tokens(
+    upstream: Any, config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the tokenizer and the approximation disagree (" abcdefghij01": four scripted BPE
+    tokens, three approximate ones), the windows are the tokenizer's; a text longer than one /tokenize
+    request is sent in pieces and its offsets still line up."""
+    from tests.upstream import byte_level_tokens, bytes_to_unicode
+
+    monkeypatch.setattr(chunking, "SEGMENT_CHARS", 1000)
+    text = " ".join(f"abcdefghij{n:02d}" for n in range(250))  # 3,249 characters: four requests
+    decode = {c: b for b, c in bytes_to_unicode().items()}
+    pieces = [bytes(decode[c] for c in t).decode() for t in byte_level_tokens(text)]
+    assert len(pieces) == 999 and len(chunking.approximate_starts(text)) == 750
+    row = make_attachment(text.encode(), chunking_strategy=static(100, 30))
+    assert run(row.pk) == "completed"
+    assert sum(1 for r in upstream.requests if r.path == "/tokenize") == 4
+    wanted, begin = [], 0
+    while True:
+        end = min(begin + 100, len(pieces))
+        wanted.append(("".join(pieces[begin:end]), end - begin))
+        if end == len(pieces):
+            break
+        begin = end - 30
+    assert [(c.text, c.tokens) for c in chunks_of(row)] == wanted
 
 
 def test_auto_is_800_and_400_and_counts_come_from_the_tokenizer(config: Callable[..., Config]) -> None:
@@ -265,13 +294,17 @@ def test_a_failing_embedding_model_fails_the_file(upstream: Any, config: Callabl
     assert EMBED in error["message"] and not Chunk.objects.exists()
 
 
-def test_the_store_chunk_limit_fails_the_file_that_passes_it(config: Callable[..., Config]) -> None:
-    config(file_search__max_chunks_per_store=5)
+def test_the_store_chunk_limit_fails_the_file_that_passes_it(
+    upstream: Any, config: Callable[..., Config]
+) -> None:
+    config(file_search__max_chunks_per_store=5, file_search__embedding_model=EMBED)
     store = make_store()
     first = make_attachment(word_text(300)[0].encode(), store=store, chunking_strategy=static(100, 0))
     assert run(first.pk) == "completed"  # 3 chunks
+    embedded = sum(1 for r in upstream.requests if r.path == "/v1/embeddings")
     second = make_attachment(word_text(300)[0].encode(), store=store, chunking_strategy=static(100, 0))
     assert run(second.pk) == "failed"
+    assert sum(1 for r in upstream.requests if r.path == "/v1/embeddings") == embedded  # refused first
     error = wait_status(second.pk, "failed").last_error
     assert error["code"] == "invalid_file" and "max_chunks_per_store" in error["message"]
     assert "5 chunks" in error["message"]
@@ -334,7 +367,9 @@ def test_a_lost_lease_stops_the_work_at_the_next_renewal(
         while not any(r.path == "/v1/embeddings" for r in upstream.requests):
             await asyncio.sleep(0.01)
         await asyncio.to_thread(VectorStoreFile.objects.filter(pk=row.pk).update, status="cancelled")
-        return await asyncio.wait_for(work, 5)
+        await asyncio.wait({work}, timeout=3)  # renewals every 0.1 s; the server never answers
+        assert work.done(), "the work went on after its lease was lost"
+        return work.result()
 
     assert asyncio.run(closing(scenario())) == "gone"
     assert not Chunk.objects.exists()
