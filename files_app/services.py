@@ -216,7 +216,7 @@ def _schedule(pks: list[int]) -> None:
     """Start ingesting the committed attachments (``files_app.ingest``, imported when first needed)."""
     if not pks:
         return
-    from files_app import ingest  # type: ignore[attr-defined, unused-ignore]
+    from files_app import ingest
 
     ingest.schedule(pks)
 

@@ -100,7 +100,9 @@ def test_an_expired_store_says_so(client: openai.OpenAI) -> None:
     assert client.vector_stores.retrieve(store.id).status == "expired"
 
 
-def test_counts_usage_and_status_are_true_at_every_moment(client: openai.OpenAI) -> None:
+def test_counts_usage_and_status_are_true_at_every_moment(
+    client: openai.OpenAI, held_ingestion: list[int]
+) -> None:
     a, b, c = (upload(client, f"{n}.txt") for n in "abc")
     store = client.vector_stores.create(name="s", file_ids=[a, b, c])
     assert store.status == "in_progress"
@@ -130,7 +132,9 @@ def test_counts_usage_and_status_are_true_at_every_moment(client: openai.OpenAI)
     assert failed.last_error is not None and failed.last_error.code == "unsupported_file"
 
 
-def test_store_files_attach_list_update_content_and_detach(client: openai.OpenAI) -> None:
+def test_store_files_attach_list_update_content_and_detach(
+    client: openai.OpenAI, held_ingestion: list[int]
+) -> None:
     store = client.vector_stores.create(name="s")
     a, b, c = (upload(client, f"{n}.txt") for n in "abc")
     attached = client.vector_stores.files.create(
@@ -219,7 +223,9 @@ def test_store_files_attach_list_update_content_and_detach(client: openai.OpenAI
     assert {f.id for f in client.files.list()} == {a, b, c}
 
 
-def test_file_batches_create_retrieve_list_and_cancel(client: openai.OpenAI) -> None:
+def test_file_batches_create_retrieve_list_and_cancel(
+    client: openai.OpenAI, held_ingestion: list[int]
+) -> None:
     store = client.vector_stores.create(name="s")
     ids = [upload(client, f"{i}.txt") for i in range(4)]
     batch = client.vector_stores.file_batches.create(
