@@ -347,6 +347,12 @@ cache = IndexCache()
 
 
 # ------------------------------------------------------------------------------------- searching
+class StoreNotFound(errors.NotFound):
+    """OpenAI answers an unknown vector store id with ``code: null``."""
+
+    code = None  # type: ignore[assignment]
+
+
 @dataclass
 class StorePlan:
     store: VectorStore
@@ -416,7 +422,7 @@ def prepare(
         store = found.get(store_id)
         if store is None:
             param = store_params[i] if store_params is not None else None
-            raise errors.NotFound(f"No vector store found with id '{store_id}'.", param=param, code=None)
+            raise StoreNotFound(f"No vector store found with id '{store_id}'.", param=param)
         embedded = bool(model) and store.embedding_model == model and bool(store.embedding_dimensions)
         if requested is None:
             plans.append(StorePlan(store, "hybrid" if embedded else "keyword"))

@@ -18,7 +18,7 @@ EMBEDDING_MODEL = "test-embedder"
 
 def make_store(*, owner: str = "default", model: str = "", dimensions: int | None = None) -> VectorStore:
     return VectorStore.objects.create(
-        id=new_id("vs_"), owner=owner, name="docs", embedding_model=model, embedding_dimensions=dimensions
+        id=new_id("vs"), owner=owner, name="docs", embedding_model=model, embedding_dimensions=dimensions
     )
 
 
@@ -38,7 +38,7 @@ def add_file(
     """A file attached to ``store`` with its chunks (text, or text and embedding); publishing bumps
     the store's revision as ingestion does."""
     file = File.objects.create(
-        id=new_id("file-"),
+        id=new_id("file"),
         owner=store.owner,
         filename=filename,
         purpose="assistants",
