@@ -551,7 +551,7 @@ async def embed_queries(queries: list[str]) -> list[list[float]]:
     """The queries' embeddings from the configured embedding model (``files_app.embeddings``)."""
     from files_app import embeddings
 
-    return await embeddings.embed(queries, get_config().file_search)
+    return await embeddings.embed(queries, get_config())
 
 
 async def search(

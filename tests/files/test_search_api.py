@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -10,11 +11,13 @@ import pytest
 from files_app import retrieval
 from files_app.models import VectorStoreFile
 from tests.conversations.conftest import OWNER_HEADER, owned_gateway, sdk  # noqa: F401  (a fixture)
-from tests.files.retrieval_rows import add_file, make_store
+from tests.files.retrieval_rows import EMBEDDING_MODEL, add_file, make_store
 from tests.servers import LiveServer
+from tests.upstream import word_vector
 
 CATS = "Cats purr and sleep most of the day; a cat eats fish and chases mice."
 DOGS = "Dogs bark at strangers, fetch sticks and love long walks in the park."
+BIRDS = "Birds build nests, sing at dawn and migrate south for the winter."
 
 
 @pytest.fixture
@@ -130,3 +133,36 @@ def test_another_owners_store_is_404(owned_gateway: LiveServer) -> None:  # noqa
         with pytest.raises(openai.NotFoundError) as exc:
             other.vector_stores.search(store.id, query="cat")
         assert exc.value.body["message"] == f"No vector store found with id '{store.id}'."  # type: ignore[index]
+
+
+def test_hybrid_search_embeds_the_query_upstream(
+    client: openai.OpenAI, upstream: Any, gateway_config: Callable[..., Any]
+) -> None:
+    """With an embedding model configured, a store built with it is searched hybrid by default (the
+    query embedded by the upstream's /v1/embeddings), or semantic alone when the weights say so."""
+    pytest.importorskip("files_app.embeddings")  # helper H2's module; merged separately
+    gateway_config(llm_api_base=upstream.url, file_search__embedding_model=EMBEDDING_MODEL)
+    upstream.word_vectors = 64
+    store = make_store(model=EMBEDDING_MODEL, dimensions=64)
+    for name, text in (("cats.txt", CATS), ("dogs.txt", DOGS), ("birds.txt", BIRDS)):
+        add_file(store, name, [(text, word_vector(text, 64))])
+
+    page = client.vector_stores.search(store.id, query="where do birds build nests")
+    assert page.data[0].filename == "birds.txt"
+    assert page.data[0].score == 1.0  # first in both rankings
+    embedded = [r.json() for r in upstream.requests if r.path == "/v1/embeddings"]
+    assert [(e["model"], e["input"]) for e in embedded] == [(EMBEDDING_MODEL, ["where do birds build nests"])]
+
+    semantic = {"hybrid_search": {"embedding_weight": 1, "text_weight": 0}}
+    page = client.vector_stores.search(store.id, query="birds sing at dawn", ranking_options=semantic)  # type: ignore[typeddict-unknown-key]
+    assert page.data[0].filename == "birds.txt"
+
+    # A store built in another embedding space: keyword by default, a 400 when semantic is asked.
+    other = make_store(model="another-model", dimensions=64)
+    add_file(other, "birds.txt", [(BIRDS, word_vector(BIRDS, 64))])
+    assert [r.filename for r in client.vector_stores.search(other.id, query="nests").data] == ["birds.txt"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.vector_stores.search(other.id, query="nests", ranking_options=semantic)  # type: ignore[typeddict-unknown-key]
+    assert exc.value.body["param"] == "ranking_options.hybrid_search"  # type: ignore[index]
+    assert exc.value.body["code"] == "embedding_model_mismatch"  # type: ignore[index]
+    assert len([r for r in upstream.requests if r.path == "/v1/embeddings"]) == 2
