@@ -65,9 +65,21 @@ def test_keyword_ranks_the_matching_file_first() -> None:
     assert set(names(both)) == {"cats.txt", "birds.txt"}
 
 
+def test_keyword_scores_are_relative_to_the_best_each_term_reaches() -> None:
+    store = make_store()
+    add_file(store, "both.txt", ["cat dog"])
+    add_file(store, "cat.txt", ["cat"])
+    assert [(h.filename, h.score) for h in run(vector_store_ids=[store.id], queries=["dog"])] == [
+        ("both.txt", 1.0)
+    ]
+    cat = run(vector_store_ids=[store.id], queries=["cat"])
+    assert names(cat) == ["cat.txt", "both.txt"]
+    assert cat[0].score == 1.0 and 0 < cat[1].score < 1
+
+
 def test_unpublished_chunks_are_never_returned() -> None:
     store = make_store()
-    add_file(store, "done.txt", ["a cat sat"])
+    add_file(store, "done.txt", ["a cat sat on the mat with a dog"])
     for status in (
         VectorStoreFile.Status.IN_PROGRESS,
         VectorStoreFile.Status.FAILED,
@@ -75,6 +87,18 @@ def test_unpublished_chunks_are_never_returned() -> None:
     ):
         add_file(store, f"{status}.txt", ["cat cat cat cat"], status=status)
     assert names(run(vector_store_ids=[store.id], queries=["cat"], max_num_results=50)) == ["done.txt"]
+    # Not indexed either: the better unpublished chunks take no place among the results.
+    assert names(run(vector_store_ids=[store.id], queries=["cat"], max_num_results=1)) == ["done.txt"]
+
+
+def test_a_chunk_unpublished_since_the_index_was_built_is_left_out() -> None:
+    store = make_store()
+    add_file(store, "stays.txt", ["cat"])
+    leaves = add_file(store, "leaves.txt", ["cat"])
+    assert sorted(names(run(vector_store_ids=[store.id]))) == ["leaves.txt", "stays.txt"]
+    leaves.status = VectorStoreFile.Status.FAILED  # without a new revision: the cached index still has it
+    leaves.save(update_fields=["status"])
+    assert names(run(vector_store_ids=[store.id])) == ["stays.txt"]
 
 
 def test_filters_select_files_by_attributes() -> None:
@@ -202,9 +226,9 @@ def test_hybrid_is_the_default_and_fuses_ranks(gateway_config: Callable[..., Any
     # Keyword: cats.txt only; semantic: felines.txt (0.9), cats.txt (0.3).
     hits = execute(search, [[0.9, 0.0, 0.3, 0.0]])
     assert names(hits) == ["cats.txt", "felines.txt"]
-    k = retrieval.RRF_K
-    assert hits[0].score == pytest.approx((1 / (k + 1) + 1 / (k + 2)) / (2 / (k + 1)), abs=1e-5)
-    assert hits[1].score == pytest.approx((1 / (k + 1)) / (2 / (k + 1)), abs=1e-5)
+    # Reciprocal rank fusion with k = 60: (1/61 + 1/62) / (2/61) and (1/61) / (2/61).
+    assert hits[0].score == pytest.approx(0.991935, abs=1e-5)
+    assert hits[1].score == pytest.approx(0.5, abs=1e-5)
     # Weights: the text side alone is keyword search.
     weights = {"hybrid_search": {"embedding_weight": 0, "text_weight": 1}}
     keyword = prepare(owner="default", vector_store_ids=[store.id], queries=["cat"], ranking_options=weights)
