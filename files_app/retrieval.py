@@ -417,7 +417,9 @@ def prepare(
     )
     options_param = f"{param_prefix}ranking_options" + (".hybrid_search" if options.mode else "")
     requested = mode or options.mode
-    found = {s.id: s for s in VectorStore.objects.filter(id__in=list(vector_store_ids), owner=owner)}
+    # An id holding U+0000 names no store (and PostgreSQL could not even compare it).
+    wanted = [i for i in vector_store_ids if "\x00" not in i]
+    found = {s.id: s for s in VectorStore.objects.filter(id__in=wanted, owner=owner)}
     model = get_config().file_search.embedding_model
     plans: list[StorePlan] = []
     for i, store_id in enumerate(vector_store_ids):

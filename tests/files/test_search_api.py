@@ -115,6 +115,8 @@ def test_missing_query_and_unknown_store(client: openai.OpenAI) -> None:
     assert exc.value.body["param"] == "query"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError) as missing:
         client.vector_stores.search("vs_nope", query="cat")
+    with pytest.raises(openai.NotFoundError):
+        client.vector_stores.search("vs_\x00", query="cat")
     assert missing.value.body == {
         "message": "No vector store found with id 'vs_nope'.",
         "type": "invalid_request_error",
