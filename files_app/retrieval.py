@@ -30,7 +30,7 @@ from typing import Any, Literal
 import bm25s
 import numpy as np
 
-from files_app.filters import Filter
+from files_app.filters import Filter, parse_filters
 from files_app.models import Chunk, VectorStore, VectorStoreFile
 from gateway.core import errors
 from gateway.core.config import get_config
@@ -173,6 +173,28 @@ def parse_ranking_options(raw: Any, param: str = "ranking_options") -> RankingOp
         embedding_weight=embedding_weight,
         text_weight=text_weight,
     )
+
+
+def check_max_num_results(raw: Any, param: str = "max_num_results") -> int:
+    """``max_num_results`` (1 to 50; ``None``: 10), or the 400 naming ``param``."""
+    if raw is None:
+        return 10
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise errors.invalid_type(param, "an integer", raw)
+    if raw < 1:
+        raise errors.BadRequest(
+            f"Invalid '{param}': integer below minimum value. Expected a value >= 1, but got {raw} instead.",
+            param=param,
+            code="integer_below_min_value",
+        )
+    if raw > MAX_NUM_RESULTS:
+        raise errors.BadRequest(
+            f"Invalid '{param}': integer above maximum value. Expected a value <= {MAX_NUM_RESULTS}, "
+            f"but got {raw} instead.",
+            param=param,
+            code="integer_above_max_value",
+        )
+    return raw
 
 
 # ------------------------------------------------------------------------------------ the index
@@ -402,7 +424,7 @@ def prepare(
     vector_store_ids: Sequence[str],
     queries: Sequence[str],
     max_num_results: int = 10,
-    filters: Filter | None = None,
+    filters: Filter | dict[str, Any] | None = None,
     ranking_options: RankingOptions | dict[str, Any] | None = None,
     mode: Mode | None = None,
     param_prefix: str = "",
@@ -410,6 +432,9 @@ def prepare(
 ) -> Search:
     """Check a search and resolve its stores (synchronous ORM work). A store the owner does not have is
     a 404 whose ``param`` is ``store_params[i]`` (``None``: the id came in the URL)."""
+    max_num_results = check_max_num_results(max_num_results, f"{param_prefix}max_num_results")
+    if filters is not None and not isinstance(filters, Filter):
+        filters = parse_filters(filters, f"{param_prefix}filters")
     options = (
         ranking_options
         if isinstance(ranking_options, RankingOptions)
@@ -564,7 +589,7 @@ async def search(
     vector_store_ids: Sequence[str],
     queries: Sequence[str],
     max_num_results: int = 10,
-    filters: Filter | None = None,
+    filters: Filter | dict[str, Any] | None = None,
     ranking_options: RankingOptions | dict[str, Any] | None = None,
     mode: Mode | None = None,
     param_prefix: str = "",
@@ -572,8 +597,8 @@ async def search(
     embed: EmbedFn | None = None,
 ) -> list[Hit]:
     """The best ``max_num_results`` chunks of the owner's ``vector_store_ids`` for ``queries``
-    (best first). ``filters``: :func:`files_app.filters.parse_filters`'s result; ``ranking_options``:
-    parsed or raw (checked, 400s under ``param_prefix``); ``mode``: ``None`` lets each store choose
+    (best first). ``filters`` and ``ranking_options``: parsed (:func:`files_app.filters.parse_filters`,
+    :func:`parse_ranking_options`) or raw (checked here, 400s under ``param_prefix``); ``mode``: ``None`` lets each store choose
     (hybrid where it was built with the configured embedding model, keyword otherwise)."""
     prepared = await run_orm(
         prepare,

@@ -85,27 +85,6 @@ def _queries(raw: Any) -> list[str]:
     return queries
 
 
-def _max_num_results(raw: Any) -> int:
-    if raw is None:
-        return 10
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise errors.invalid_type("max_num_results", "an integer", raw)
-    if raw < 1:
-        raise errors.BadRequest(
-            f"Invalid 'max_num_results': integer below minimum value. Expected a value >= 1, but got {raw} instead.",
-            param="max_num_results",
-            code="integer_below_min_value",
-        )
-    if raw > retrieval.MAX_NUM_RESULTS:
-        raise errors.BadRequest(
-            "Invalid 'max_num_results': integer above maximum value. Expected a value <= "
-            f"{retrieval.MAX_NUM_RESULTS}, but got {raw} instead.",
-            param="max_num_results",
-            code="integer_above_max_value",
-        )
-    return raw
-
-
 def parse_search(body: dict[str, Any]) -> dict[str, Any]:
     """The body's search arguments for :func:`files_app.retrieval.prepare`; anything wrong is a 400."""
     for key in body:
@@ -124,7 +103,7 @@ def parse_search(body: dict[str, Any]) -> dict[str, Any]:
         )
     return {
         "queries": queries,
-        "max_num_results": _max_num_results(body.get("max_num_results")),
+        "max_num_results": retrieval.check_max_num_results(body.get("max_num_results"), "max_num_results"),
         "filters": parse_filters(body.get("filters"), "filters"),
         "ranking_options": retrieval.parse_ranking_options(body.get("ranking_options"), "ranking_options"),
     }

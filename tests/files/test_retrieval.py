@@ -293,7 +293,7 @@ async def test_search_embeds_the_queries_upstream(upstream: Any, gateway_config:
     def rows() -> str:
         store = make_store(model=EMBEDDING_MODEL, dimensions=32)
         for name, text in (("cats.txt", CATS), ("dogs.txt", DOGS), ("birds.txt", BIRDS)):
-            add_file(store, name, [(text, word_vector(text, 32))])
+            add_file(store, name, [(text, word_vector(text, 32))], attributes={"name": name})
         return store.id
 
     store_id = await run_orm(rows)
@@ -303,8 +303,30 @@ async def test_search_embeds_the_queries_upstream(upstream: Any, gateway_config:
         queries=["where do birds build nests"],
         embed=embedder(upstream.url),
     )
+    # The tool's arguments come raw: checked here, refusals under its own param prefix.
+    not_cats = {"type": "ne", "key": "name", "value": "cats.txt"}
+    filtered = await retrieval.search(
+        owner="default",
+        vector_store_ids=[store_id],
+        queries=["cats and birds"],
+        filters=not_cats,
+        embed=embedder(upstream.url),
+    )
+    assert names(filtered)[0] == "birds.txt" and "cats.txt" not in names(filtered)
+    for wrong, param in (
+        ({"filters": {"type": "eq"}}, "tools[0].filters.key"),
+        ({"max_num_results": 0}, "tools[0].max_num_results"),
+        ({"ranking_options": {"ranker": 1}}, "tools[0].ranking_options.ranker"),
+    ):
+        with pytest.raises(errors.BadRequest) as exc:
+            await retrieval.search(
+                owner="default", vector_store_ids=[store_id], queries=["x"], param_prefix="tools[0].", **wrong
+            )
+        assert exc.value.param == param
     assert names(hits)[0] == "birds.txt"
     assert hits[0].score == 1.0  # first in both rankings
+    # One embedding call per search; none for a refused one.
     assert [r.json()["input"] for r in upstream.requests if r.path == "/v1/embeddings"] == [
-        ["where do birds build nests"]
+        ["where do birds build nests"],
+        ["cats and birds"],
     ]
