@@ -42,6 +42,7 @@ class VectorStore(models.Model):
     id = models.CharField(primary_key=True, max_length=64)
     owner = models.CharField(max_length=512)
     name = models.CharField(max_length=512, blank=True, default="")
+    description = models.CharField(max_length=512, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_active_at = models.DateTimeField(auto_now_add=True)

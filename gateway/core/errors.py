@@ -391,6 +391,16 @@ def payload_too_large(limit: int) -> GatewayError:
     )
 
 
+def upload_too_large(limit: int) -> GatewayError:
+    """The 413 for a file upload over ``[files] max_upload_bytes`` (the connection is closed after it)."""
+    return PayloadTooLarge(
+        f"File exceeds the maximum upload size of {limit} bytes.",
+        param="file",
+        code="file_too_large",
+        headers={"Connection": "close"},
+    )
+
+
 def unknown_route(method: str, path: str) -> GatewayError:
     """The 404 for a path nothing serves."""
     return NotFound(f"Invalid URL ({method} {path})", code="unknown_route")

@@ -22,7 +22,7 @@ from gateway.core.ids import request_id_for
 from gateway.core.lifecycle import drain
 from gateway.core.logging import request_id_var
 from gateway.core.metrics import WS_OPEN
-from gateway.core.pipeline import PASSAGE, REQUEST_ID, Passage, finish
+from gateway.core.pipeline import PASSAGE, REQUEST_ID, Passage, body_limit, body_too_large, finish
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -114,7 +114,7 @@ class GatewayASGIMiddleware:
         scope[REQUEST_ID] = rid
         scope[PASSAGE] = passage
         limits = get_config().server
-        limit = limits.max_request_body_size_bytes
+        limit = body_limit(passage.method, passage.path)
         refusal = head_refusal(scope, limits)
         if refusal is None and drain.draining:
             refusal = errors.shutting_down()
@@ -166,7 +166,8 @@ class GatewayASGIMiddleware:
             else:
                 state.received += len(message.get("body", b""))
                 if state.received > limit:
-                    await self._refuse(scope, send_wrapper, state, errors.payload_too_large(limit))
+                    too_large = body_too_large(passage.method, passage.path)
+                    await self._refuse(scope, send_wrapper, state, too_large)
                     return {"type": "http.disconnect"}
                 if not message.get("more_body", False):
                     state.body_read = True

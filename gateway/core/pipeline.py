@@ -73,10 +73,32 @@ class Passage:
         self.cors: RawHeaders = _NO_HEADERS
         self.refusal: errors.GatewayError | None = None
         self.quota: QuotaTicket | None = None  # set by meter(); its headers go on the answer
-        limit = get_config().server.max_request_body_size_bytes
+        limit = body_limit(method, path)
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            self.refusal = errors.payload_too_large(limit)
+            self.refusal = body_too_large(method, path)
         in_flight(1)
+
+
+# The file upload's own ceiling (``[files] max_upload_bytes``) replaces the JSON one on this route;
+# the multipart framing around the file gets this much on top (the file itself is checked exactly
+# while it is parsed, by ``files_app.upload``).
+UPLOAD_ROUTE = ("POST", "/v1/files")
+UPLOAD_FRAMING_BYTES = 64 * 1024
+
+
+def body_limit(method: str, path: str) -> int:
+    """The most body bytes a request may send: the upload route's own ceiling, else ``[server]``'s."""
+    config = get_config()
+    if (method, path) == UPLOAD_ROUTE:
+        return config.files.max_upload_bytes + UPLOAD_FRAMING_BYTES
+    return config.server.max_request_body_size_bytes
+
+
+def body_too_large(method: str, path: str) -> errors.GatewayError:
+    """The 413 for a body over :func:`body_limit` (the connection is closed after it)."""
+    if (method, path) == UPLOAD_ROUTE:
+        return errors.upload_too_large(get_config().files.max_upload_bytes)
+    return errors.payload_too_large(get_config().server.max_request_body_size_bytes)
 
 
 def admit(
