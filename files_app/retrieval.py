@@ -21,6 +21,7 @@ used first). Texts, filenames and attributes are read from the database for ever
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,7 +30,9 @@ from typing import Any, Literal
 
 import bm25s
 import numpy as np
+from django.utils import timezone
 
+from files_app import services
 from files_app.filters import Filter, parse_filters
 from files_app.models import Chunk, VectorStore, VectorStoreFile
 from gateway.core import errors
@@ -46,6 +49,9 @@ MAX_QUERIES = 16
 RRF_K = 60
 RRF_DEPTH = 100
 STOPWORDS = "en"
+# A search moves its stores' last_active_at (and so expires_at) when it is older than this: one
+# write a minute per store at most, not one per search (expiry is counted in days).
+TOUCH_EVERY = datetime.timedelta(seconds=60)
 COMPLETED = VectorStoreFile.Status.COMPLETED
 
 EmbedFn = Callable[[list[str]], Awaitable[list[list[float]]]]
@@ -446,12 +452,18 @@ def prepare(
     wanted = [i for i in vector_store_ids if "\x00" not in i]
     found = {s.id: s for s in VectorStore.objects.filter(id__in=wanted, owner=owner)}
     model = get_config().file_search.embedding_model
+    now = timezone.now()
     plans: list[StorePlan] = []
     for i, store_id in enumerate(vector_store_ids):
         store = found.get(store_id)
         if store is None:
             param = store_params[i] if store_params is not None else None
             raise StoreNotFound(f"No vector store found with id '{store_id}'.", param=param)
+        if store.expires_at is not None and store.expires_at <= now:
+            param = store_params[i] if store_params is not None else None
+            raise errors.BadRequest(
+                f"Vector store with id '{store.id}' has expired.", param=param, code="expired"
+            )
         embedded = bool(model) and store.embedding_model == model and bool(store.embedding_dimensions)
         if requested is None:
             plans.append(StorePlan(store, "hybrid" if embedded else "keyword"))
@@ -509,7 +521,10 @@ def execute(search: Search, query_vectors: Sequence[Sequence[float]] | None = No
     when :attr:`Search.needs_embeddings`."""
     units = [_unit(v) for v in query_vectors] if query_vectors is not None else []
     found: list[tuple[float, int, int, str]] = []  # (score, store order, chunk id, store id)
+    now = timezone.now()
     for order, plan in enumerate(search.stores):
+        if now - plan.store.last_active_at > TOUCH_EVERY:
+            services.vector_store_touch(plan.store)  # a search is activity: expires_at moves along
         index = cache.get(plan.store)
         if not len(index):
             continue

@@ -3,14 +3,16 @@ filters, thresholds, ownership, unpublished chunks and the per-revision index ca
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from files_app import retrieval
 from files_app.filters import parse_filters
-from files_app.models import VectorStoreFile
+from files_app.models import VectorStore, VectorStoreFile
 from files_app.retrieval import Hit, execute, prepare
 from gateway.core import errors
 from gateway.core.db import run_orm
@@ -157,6 +159,33 @@ def test_another_owners_store_is_404() -> None:
         )
     assert exc.value.param == "tools[0].vector_store_ids[0]"
     assert names(run(owner="key:alice", vector_store_ids=[store.id])) == ["secret.txt"]
+
+
+def test_a_search_is_activity_and_an_expired_store_is_refused() -> None:
+    store = make_store()
+    add_file(store, "a.txt", ["cat"])
+    long_ago = timezone.now() - datetime.timedelta(days=2)
+    VectorStore.objects.filter(id=store.id).update(
+        last_active_at=long_ago, expires_after={"anchor": "last_active_at", "days": 7}
+    )
+    run(vector_store_ids=[store.id])
+    store.refresh_from_db()
+    assert timezone.now() - store.last_active_at < datetime.timedelta(seconds=30)
+    assert store.expires_at == store.last_active_at + datetime.timedelta(days=7)
+
+    VectorStore.objects.filter(id=store.id).update(expires_at=long_ago)
+    with pytest.raises(errors.BadRequest) as exc:
+        prepare(
+            owner="default",
+            vector_store_ids=[store.id],
+            queries=["cat"],
+            store_params=["vector_store_ids[0]"],
+        )
+    assert (exc.value.message, exc.value.param, exc.value.code) == (
+        f"Vector store with id '{store.id}' has expired.",
+        "vector_store_ids[0]",
+        "expired",
+    )
 
 
 def test_the_index_is_cached_per_revision() -> None:
