@@ -59,6 +59,7 @@ MODES: dict[str, dict[str, Any]] = {
 }
 LABEL_EVERY = 20
 BATCH = 500  # file ids per file batch (OpenAI's limit)
+INGEST_TIMEOUT_S = 300
 COMMON = [
     "the",
     "of",
@@ -181,15 +182,20 @@ async def ingest_api(base: str, documents: list[tuple[str, str]]) -> tuple[str, 
                 f"{base}/v1/vector_stores/{store}/file_batches", json={"file_ids": ids[i : i + BATCH]}
             ) as r:
                 await _json(r)
+        deadline = time.monotonic() + INGEST_TIMEOUT_S
         while True:
             async with client.get(f"{base}/v1/vector_stores/{store}") as r:
                 counts = (await _json(r))["file_counts"]
             if counts["in_progress"] == 0:
                 break
+            if time.monotonic() > deadline:
+                raise Failed(f"ingestion still in progress after {INGEST_TIMEOUT_S} s: {counts}")
             await asyncio.sleep(0.2)
         total = time.perf_counter() - started
         if counts["completed"] != len(documents):
-            raise Failed(f"ingestion ended with {counts}")
+            async with client.get(f"{base}/v1/vector_stores/{store}/files?filter=failed&limit=1") as r:
+                failed = (await _json(r))["data"]
+            raise Failed(f"ingestion ended with {counts}; {failed[0]['last_error'] if failed else ''}")
         return store, uploaded, total
 
 
