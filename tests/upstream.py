@@ -8,9 +8,11 @@ vLLM's default behaviour for a tiny model. Every request it receives is recorded
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import threading
 import time
+import zlib
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -66,6 +68,9 @@ class ScriptedUpstream:
         self.requests: list[Recorded] = []
         self.scripts: dict[str, deque[Handler]] = defaultdict(deque)
         self.models = [MODEL]
+        # ``/v1/embeddings`` answers with ``word_vector`` of each input when set (its dimensions):
+        # vectors that mean something, for retrieval tests and the file_search bench.
+        self.word_vectors: int | None = None
         # Concurrency, counted rather than timed: requests being answered now, and the most at once.
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -189,8 +194,13 @@ class ScriptedUpstream:
             return await json_answer(tokenize(rec.json()))(request, rec)
         if request.path == "/v1/embeddings":
             body = rec.json()
-            count = len(body["input"]) if isinstance(body.get("input"), list) else 1
-            return await json_answer(embeddings(count))(request, rec)
+            inputs = body["input"] if isinstance(body.get("input"), list) else [body.get("input")]
+            if self.word_vectors and all(isinstance(text, str) for text in inputs):
+                vectors = [word_vector(text, self.word_vectors) for text in inputs]
+                return await json_answer(
+                    embeddings(len(inputs), vectors=vectors, model=body.get("model") or MODEL)
+                )(request, rec)
+            return await json_answer(embeddings(len(inputs)))(request, rec)
         if request.path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
             return await transcription_answer()(request, rec)
         if request.path == "/v1/messages":
@@ -488,7 +498,21 @@ def tokenize(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def embeddings(count: int = 1, dim: int = 4, *, model: str = MODEL) -> dict[str, Any]:
+def word_vector(text: str, dim: int) -> list[float]:
+    """A deterministic embedding: the words of ``text`` hashed into ``dim`` signed buckets, unit length
+    (texts sharing words point the same way)."""
+    vector = [0.0] * dim
+    for word in re.findall(r"\w\w+", text.lower()):
+        digest = zlib.crc32(word.encode())
+        vector[digest % dim] += 1.0 if digest & 0x80000000 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [round(v / norm, 6) for v in vector]
+
+
+def embeddings(
+    count: int = 1, dim: int = 4, *, model: str = MODEL, vectors: list[list[float]] | None = None
+) -> dict[str, Any]:
+    """vLLM's ``/v1/embeddings`` answer: ``vectors``, or ``count`` fixed ones of ``dim`` numbers."""
     return {
         "id": "embd-3f9c0000000000000000000000000000",
         "object": "list",
@@ -498,7 +522,9 @@ def embeddings(count: int = 1, dim: int = 4, *, model: str = MODEL) -> dict[str,
             {
                 "index": i,
                 "object": "embedding",
-                "embedding": [round(0.125 * (i + 1) * (j + 1), 6) for j in range(dim)],
+                "embedding": vectors[i]
+                if vectors
+                else [round(0.125 * (i + 1) * (j + 1), 6) for j in range(dim)],
             }
             for i in range(count)
         ],
