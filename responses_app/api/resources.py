@@ -84,6 +84,13 @@ class ResponseDetailView(ResourceView):
                 OpenApiTypes.INT,
                 description="With `stream`: the sequence number to replay after (-1: from the start).",
             ),
+            OpenApiParameter(
+                "include",
+                OpenApiTypes.STR,
+                many=True,
+                description="Optional output members to include: `file_search_call.results` "
+                "(``include=a&include=b``; ``include[]=`` too).",
+            ),
         ],
         responses={
             (200, "application/json"): RESPONSE,

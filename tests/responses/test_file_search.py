@@ -209,6 +209,10 @@ def test_continuations_replay_the_search_to_the_model(tools_gw: ToolsGateway) ->
     items = httpx.get(f"{gw.url}/v1/conversations/{conversation}/items?order=asc").json()["data"]
     search = next(i for i in items if i["type"] == "file_search_call")
     assert "_gateway" not in search and search["queries"] == ["budget"]
+    assert search["results"] is None  # only with include
+    listed = gw.client.conversations.items.list(conversation, include=["file_search_call.results"])
+    search_item = next(i for i in listed.data if i.type == "file_search_call")
+    assert [r.text for r in search_item.results or ()] == [BUDGET]  # type: ignore[union-attr]
 
 
 def test_store_false_and_a_replayed_item(tools_gw: ToolsGateway) -> None:
