@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from files_app.models import VectorStore
+from tests.responses.conftest import wait_terminal
 from tests.responses.file_search_fixtures import make_store
 from tests.responses.scripts import call, text
 from tests.responses.tool_fixtures import ToolsGateway, args, model_input, offered_tools, types_of
@@ -260,3 +261,28 @@ def test_websocket_streams_the_search_and_the_citation(tools_gw: ToolsGateway) -
     assert part["annotations"] == [
         {"type": "file_citation", "file_id": launch.id, "filename": "launch.txt", "index": 3}
     ]
+
+
+def test_sdk_stream_and_background(tools_gw: ToolsGateway) -> None:
+    gw = tools_gw
+    store, (launch, _budget) = docs()
+    gw.script(call("file_search", args(queries=["launch"])))
+    gw.script(text(f"May[cite:{launch.id}]"))
+    with gw.client.responses.stream(model="m", input="when?", tools=[tool(store)]) as stream:  # type: ignore[list-item]
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[2:7] == FILE_SEARCH_EVENTS
+    assert "response.output_text.annotation.added" in kinds
+    message = final.output[1]
+    assert message.type == "message"
+    annotation = message.content[0].annotations[0]  # type: ignore[union-attr]
+    assert (annotation.type, annotation.file_id, annotation.index) == ("file_citation", launch.id, 3)  # type: ignore[union-attr]
+
+    # Background: checked when queued, run later, retrievable with its results.
+    gw.script(call("file_search", args(queries=["launch"])))
+    gw.script(text("May."))
+    queued = gw.client.responses.create(model="m", input="when?", tools=[tool(store)], background=True)  # type: ignore[list-item]
+    row = wait_terminal(queued.id)
+    assert row.status == "completed"
+    done = gw.client.responses.retrieve(queued.id, include=["file_search_call.results"])
+    assert [r.file_id for r in done.output[0].results or ()] == [launch.id]  # type: ignore[union-attr]

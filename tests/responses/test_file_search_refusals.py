@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import openai
 import pytest
+from django.utils import timezone
 from openai import OpenAI
 
 from conversations_app.models import Item
+from files_app.models import VectorStore
 from responses_app.models import Response
 from tests.responses.file_search_fixtures import make_store
 from tests.responses.wsutil import Client, connect, create
@@ -55,6 +58,13 @@ def test_another_owners_store_and_a_missing_store_are_not_found(sdk: OpenAI, ups
         [{"type": "function", "name": "f"}, {"type": "file_search", "vector_store_ids": [theirs.id]}],
     )
     assert (status, error["param"]) == (404, "tools[1].vector_store_ids[0]")
+
+
+def test_an_expired_store_is_refused(sdk: OpenAI, upstream: Any) -> None:
+    store, _ = make_store([("a.txt", "alpha", {})])
+    VectorStore.objects.filter(id=store.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    status, error = refused(sdk, upstream, [{"type": "file_search", "vector_store_ids": [store.id]}])
+    assert (status, error["param"], error["code"]) == (400, "tools[0].vector_store_ids[0]", "expired")
 
 
 @pytest.mark.parametrize(
