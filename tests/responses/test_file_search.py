@@ -29,6 +29,8 @@ FILE_SEARCH_EVENTS = [
     "response.file_search_call.completed",
     "response.output_item.done",
 ]
+# Wire-independent behaviour runs on one wire (the tool loop's wire handling is covered by the rest).
+ONE_WIRE = pytest.mark.parametrize("wire", ["responses"])
 LAUNCH = "The rocket launch is planned for May on the northern pad."
 BUDGET = "The travel budget for the team is four thousand euros."
 
@@ -113,6 +115,7 @@ def test_file_search_streams_its_item_and_the_answer_cites_the_file(tools_gw: To
     assert stored["output"] == final["output"]
 
 
+@ONE_WIRE
 def test_include_returns_results_at_create_and_on_retrieve(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     store, (launch, _budget) = docs()
@@ -136,6 +139,7 @@ def test_include_returns_results_at_create_and_on_retrieve(tools_gw: ToolsGatewa
     assert included.output[0].model_dump() == item.model_dump()
 
 
+@ONE_WIRE
 def test_filters_narrow_the_results(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     store, (_launch, budget) = docs()
@@ -148,8 +152,10 @@ def test_filters_narrow_the_results(tools_gw: ToolsGateway) -> None:
             "input": "x",
             "tools": [tool(store, filters=filters, max_num_results=5)],
             "include": ["file_search_call.results"],
+            "tool_choice": {"type": "file_search"},
         }
     )
+    assert gw.upstream_bodies()[0]["tool_choice"] == {"type": "function", "name": "file_search"}
     assert [r["file_id"] for r in final["output"][0]["results"]] == [budget.id]
     assert final["tools"][0]["filters"] == filters and final["tools"][0]["max_num_results"] == 5
 
@@ -172,6 +178,7 @@ def test_max_tool_calls_refuses_the_second_search(tools_gw: ToolsGateway) -> Non
     assert offered_tools(gw, 1) == []  # no more gateway tools once one was refused
 
 
+@ONE_WIRE
 def test_a_search_without_results_tells_the_model(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     store, _files = docs()
@@ -240,6 +247,7 @@ def test_store_false_and_a_replayed_item(tools_gw: ToolsGateway) -> None:
     assert LAUNCH in seen[2]["output"][1]
 
 
+@ONE_WIRE
 def test_websocket_streams_the_search_and_the_citation(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     store, (launch, _budget) = docs()
@@ -263,6 +271,7 @@ def test_websocket_streams_the_search_and_the_citation(tools_gw: ToolsGateway) -
     ]
 
 
+@ONE_WIRE
 def test_sdk_stream_and_background(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     store, (launch, _budget) = docs()
