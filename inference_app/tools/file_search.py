@@ -26,10 +26,7 @@ from inference_app.tools.base import ToolCall, ToolResult
 MAX_NUM_RESULTS = 50
 DEFAULT_MAX_NUM_RESULTS = 20
 MAX_QUERIES_PER_CALL = 10
-RANKERS = ("auto", "default-2024-11-15")
 DECLARATION_FIELDS = frozenset({"type", "vector_store_ids", "max_num_results", "filters", "ranking_options"})
-RANKING_FIELDS = frozenset({"ranker", "score_threshold", "hybrid_search"})
-HYBRID_FIELDS = ("embedding_weight", "text_weight")
 
 # ``[cite:file-abc]``: what the model writes after a statement to cite a result (docs/tools.md).
 CITATION_MARKER = re.compile(r"\[cite:([A-Za-z0-9_-]{1,64})\]")
@@ -88,75 +85,38 @@ def check_declaration(tool: Mapping[str, Any], param: str) -> None:
                 param=where,
                 code="integer_above_max_value",
             )
-    if tool.get("filters") is not None:
-        from files_app.filters import parse_filters
+    from files_app import filters, retrieval
 
-        parse_filters(tool["filters"], f"{param}.filters")
-    _check_ranking(tool.get("ranking_options"), f"{param}.ranking_options")
-
-
-def _check_ranking(options: Any, param: str) -> None:
-    if options is None:
-        return
-    if not isinstance(options, Mapping):
-        raise errors.invalid_type(param, "an object", options)
-    for key in options:
-        if key not in RANKING_FIELDS:
-            raise errors.BadRequest(
-                f"Unknown parameter: '{param}.{key}'.", param=f"{param}.{key}", code="unknown_parameter"
-            )
-    ranker = options.get("ranker")
-    if ranker is not None and ranker not in RANKERS:
-        raise errors.invalid_value(f"{param}.ranker", ranker, RANKERS)
-    threshold = options.get("score_threshold")
-    if threshold is not None:
-        if not _number(threshold):
-            raise errors.invalid_type(f"{param}.score_threshold", "a number", threshold)
-        if not 0 <= threshold <= 1:
-            raise errors.BadRequest(
-                f"Invalid '{param}.score_threshold': expected a number between 0 and 1, but got "
-                f"{threshold} instead.",
-                param=f"{param}.score_threshold",
-                code="invalid_value",
-            )
-    hybrid = options.get("hybrid_search")
-    if hybrid is None:
-        return
-    where = f"{param}.hybrid_search"
-    if not isinstance(hybrid, Mapping):
-        raise errors.invalid_type(where, "an object", hybrid)
-    for key in hybrid:
-        if key not in HYBRID_FIELDS:
-            raise errors.BadRequest(
-                f"Unknown parameter: '{where}.{key}'.", param=f"{where}.{key}", code="unknown_parameter"
-            )
-    for key in HYBRID_FIELDS:
-        if key not in hybrid:
-            raise errors.missing_parameter(f"{where}.{key}")
-        if not _number(hybrid[key]) or hybrid[key] < 0:
-            raise errors.invalid_type(f"{where}.{key}", "a non-negative number", hybrid[key])
+    # The search endpoint's own parsers: the same 400s, under this tool's path.
+    filters.parse_filters(tool.get("filters"), f"{param}.filters")
+    retrieval.parse_ranking_options(tool.get("ranking_options"), f"{param}.ranking_options")
 
 
 def check_stores(tools: Sequence[Any] | None, owner: str) -> None:
-    """Every ``file_search`` tool's stores exist, belong to ``owner`` and have not expired (a 404 or
-    400 naming ``tools[i].vector_store_ids[j]``). Synchronous: it reads the database."""
-    from files_app.models import VectorStore
+    """Every ``file_search`` tool's stores exist, belong to ``owner``, have not expired and can serve
+    the ranking asked for (a 404 or 400 naming ``tools[i].vector_store_ids[j]`` or the option).
+    Synchronous: it reads the database."""
+    from files_app import retrieval
 
     for index, tool in enumerate(tools or ()):
         if not isinstance(tool, Mapping) or tool.get("type") != "file_search":
             continue
         ids = [i for i in tool.get("vector_store_ids") or () if isinstance(i, str)]
-        found = {s.id: s for s in VectorStore.objects.filter(owner=owner, id__in=ids)}
-        for position, store_id in enumerate(ids):
-            param = f"tools[{index}].vector_store_ids[{position}]"
-            store = found.get(store_id)
-            if store is None:
-                raise errors.NotFound(
-                    f"Vector store with id '{store_id}' not found.", param=param, code="not_found"
-                )
-            if store.expires_at is not None and store.expires_at <= timezone.now():
+        params = [f"tools[{index}].vector_store_ids[{position}]" for position in range(len(ids))]
+        plan = retrieval.prepare(
+            owner=owner,
+            vector_store_ids=ids,
+            queries=[],
+            ranking_options=tool.get("ranking_options"),
+            param_prefix=f"tools[{index}].",
+            store_params=params,
+        )
+        now = timezone.now()
+        for param, planned in zip(params, plan.stores, strict=True):
+            store = planned.store
+            if store.expires_at is not None and store.expires_at <= now:
                 raise errors.BadRequest(
-                    f"Vector store with id '{store_id}' has expired.", param=param, code="expired"
+                    f"Vector store with id '{store.id}' has expired.", param=param, code="expired"
                 )
 
 
@@ -215,7 +175,7 @@ def model_output(queries: Sequence[str], results: Sequence[Mapping[str, Any]]) -
 
 async def run_file_search(call: ToolCall, config: Config) -> ToolResult:
     """Search the declared stores (``call.tool``) of ``call.owner`` for the model's queries."""
-    from files_app import retrieval
+    from files_app import filters, retrieval
 
     queries = queries_of(call.arguments)
     if not queries:
@@ -232,7 +192,7 @@ async def run_file_search(call: ToolCall, config: Config) -> ToolResult:
         vector_store_ids=list(tool.get("vector_store_ids") or ()),
         queries=queries,
         max_num_results=tool.get("max_num_results") or DEFAULT_MAX_NUM_RESULTS,
-        filters=tool.get("filters"),
+        filters=filters.parse_filters(tool.get("filters")),  # checked when the request was prepared
         ranking_options=tool.get("ranking_options"),
     )
     results = [result_of(hit) for hit in hits]

@@ -45,7 +45,7 @@ def resolve_input_files(items: list[dict[str, Any]], owner: str, config: Config,
     ``input[i].content[j].file_id``. Synchronous: it reads the database and the storage."""
     from django.core.files.storage import storages
 
-    from files_app.extract import Unreadable, extract_text
+    from files_app import extract
     from files_app.models import File
 
     budget = config.server.max_request_body_size_bytes
@@ -72,15 +72,17 @@ def resolve_input_files(items: list[dict[str, Any]], owner: str, config: Config,
                     param=param,
                     code="file_too_large",
                 )
-            with storages["files"].open(row.storage_name, "rb") as handle:
-                data = handle.read()
             try:
-                text = extract_text(data, row.filename, row.content_type)
-            except Unreadable as exc:
+                # An unsupported type is refused before its bytes are read.
+                extract.file_kind(row.filename, row.content_type)
+                with storages["files"].open(row.storage_name, "rb") as handle:
+                    data = handle.read()
+                text = extract.extract_text(data, row.filename, row.content_type)
+            except extract.Unreadable as exc:
                 raise errors.BadRequest(
                     f"File '{row.filename}' ({file_id}) cannot be given to the model: {exc}",
                     param=param,
-                    code="unsupported_file",
+                    code=getattr(exc, "code", "invalid_file"),
                 ) from None
             shown = model_text(row.filename, file_id, text)
             used += len(shown.encode())

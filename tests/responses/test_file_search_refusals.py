@@ -49,8 +49,8 @@ def test_another_owners_store_and_a_missing_store_are_not_found(sdk: OpenAI, ups
         status, error = refused(sdk, upstream, [{"type": "file_search", "vector_store_ids": ids}])
         assert status == 404
         assert error["param"] == f"tools[0].vector_store_ids[{len(ids) - 1}]"
-        assert error["message"] == f"Vector store with id '{ids[-1]}' not found."
-        assert error["type"] == "invalid_request_error"
+        assert error["message"] == f"No vector store found with id '{ids[-1]}'."  # as OpenAI words it
+        assert (error["type"], error["code"]) == ("invalid_request_error", None)
     # The index of the tool is the one declared.
     status, error = refused(
         sdk,
@@ -92,6 +92,17 @@ def test_an_expired_store_is_refused(sdk: OpenAI, upstream: Any) -> None:
             "missing_required_parameter",
         ),
         ({"rewrite_query": True}, "tools[0].rewrite_query", "unknown_parameter"),
+        (
+            {"filters": {"type": "and", "filters": [{"type": "eq", "key": "a"}]}},
+            "tools[0].filters.filters[0].value",
+            "missing_required_parameter",
+        ),
+        (
+            # A keyword-only store cannot serve semantic ranking.
+            {"ranking_options": {"hybrid_search": {"embedding_weight": 1, "text_weight": 0}}},
+            "tools[0].ranking_options.hybrid_search",
+            "embedding_model_mismatch",
+        ),
     ],
 )
 def test_malformed_declarations_are_400(
