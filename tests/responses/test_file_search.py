@@ -120,10 +120,15 @@ def test_include_returns_results_at_create_and_on_retrieve(tools_gw: ToolsGatewa
     gw = tools_gw
     store, (launch, _budget) = docs()
     gw.script(call("file_search", args(queries=["launch"])))
-    gw.script(text("May."))
+    gw.script(text(f"In May[cite:{launch.id}]."))
     response = gw.client.responses.create(
         model="m", input="when?", tools=[tool(store)], include=["file_search_call.results"]
     )
+    assert response.output_text == "In May."  # a JSON answer: markers stripped, annotated all the same
+    annotations = response.output[1].content[0].annotations  # type: ignore[union-attr]
+    assert [(a.type, a.file_id, a.filename, a.index) for a in annotations] == [  # type: ignore[union-attr]
+        ("file_citation", launch.id, "launch.txt", 6)
+    ]
     item = response.output[0]
     assert item.type == "file_search_call" and item.status == "completed"
     assert item.results is not None and len(item.results) == 1
