@@ -96,11 +96,11 @@ def check_stores(tools: Sequence[Any] | None, owner: str) -> None:
     """Every ``file_search`` tool's stores exist, belong to ``owner``, have not expired and can serve
     the ranking asked for (a 404 or 400 naming ``tools[i].vector_store_ids[j]`` or the option).
     Synchronous: it reads the database."""
-    from files_app import retrieval
-
     for index, tool in enumerate(tools or ()):
         if not isinstance(tool, Mapping) or tool.get("type") != "file_search":
             continue
+        from files_app import retrieval  # its numpy and bm25s only once a request needs them
+
         ids = [i for i in tool.get("vector_store_ids") or () if isinstance(i, str)]
         params = [f"tools[{index}].vector_store_ids[{position}]" for position in range(len(ids))]
         plan = retrieval.prepare(

@@ -43,11 +43,6 @@ def resolve_input_files(items: list[dict[str, Any]], owner: str, config: Config,
     """Attach the model's text of every ``input_file`` by ``file_id`` in ``items`` (the request's new
     input, index for index); a missing, foreign or unreadable file is refused naming
     ``input[i].content[j].file_id``. Synchronous: it reads the database and the storage."""
-    from django.core.files.storage import storages
-
-    from files_app import extract
-    from files_app.models import File
-
     budget = config.server.max_request_body_size_bytes
     used = 0
     for index, item in enumerate(items):
@@ -58,6 +53,11 @@ def resolve_input_files(items: list[dict[str, Any]], owner: str, config: Config,
         for part_index, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "input_file":
                 continue
+            from django.core.files.storage import storages
+
+            from files_app import extract  # pypdf and trafilatura only once a request needs them
+            from files_app.models import File
+
             file_id = part.get("file_id")
             param = f"input[{index}].content[{part_index}].file_id"
             if not isinstance(file_id, str):
@@ -95,6 +95,14 @@ def resolve_input_files(items: list[dict[str, Any]], owner: str, config: Config,
             texts[str(part_index)] = shown
         if texts:
             item[private_key] = {INPUT_FILES: texts}
+
+
+def input_file_view(item: dict[str, Any], private_key: str) -> dict[str, Any]:
+    """``item`` as the model reads it when it is a message with input files, else as it is."""
+    view = item.get(private_key)
+    if item.get("type") == "message" and isinstance(view, dict) and INPUT_FILES in view:
+        return model_message(item, view)
+    return item
 
 
 def model_message(item: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:

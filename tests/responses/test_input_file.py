@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from aiohttp import web
 from openai import OpenAI
 
 from conversations_app.models import Item
@@ -133,3 +134,19 @@ def test_file_data_and_file_url_stay_refused_on_the_executor(sdk: OpenAI, upstre
             "input[0].content[1]",
             "unsupported_parameter",
         )
+
+
+def test_input_tokens_count_the_files_text(gw: Gateway) -> None:
+    notes = make_file("notes.txt", NOTES.encode())
+
+    async def tokenize(request: web.Request, rec: Any) -> web.StreamResponse:
+        return web.json_response({"count": 9, "max_model_len": 4096, "tokens": [1] * 9, "token_strs": None})
+
+    gw.upstream.script("/tokenize", tokenize)
+    r = httpx.post(
+        f"{gw.url}/v1/responses/input_tokens",
+        json={"model": "m", "input": user({"type": "input_file", "file_id": notes.id})},
+    )
+    assert r.status_code == 200, r.text
+    sent = gw.upstream.last("/tokenize").json()
+    assert NOTES in sent["messages"][0]["content"]
