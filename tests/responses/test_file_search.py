@@ -148,7 +148,7 @@ def test_include_returns_results_at_create_and_on_retrieve(tools_gw: ToolsGatewa
 def test_filters_narrow_the_results(tools_gw: ToolsGateway) -> None:
     gw = tools_gw
     store, (_launch, budget) = docs()
-    gw.script(call("file_search", args(queries=["the team"])))
+    gw.script(call("file_search", args(queries=["launch", "budget"])))  # each matches one file
     gw.script(text("ok"))
     filters = {"type": "eq", "key": "team", "value": "ops"}
     final = gw.create(

@@ -60,6 +60,13 @@ def test_another_owners_store_and_a_missing_store_are_not_found(sdk: OpenAI, ups
     assert (status, error["param"]) == (404, "tools[1].vector_store_ids[0]")
 
 
+def test_a_malformed_declaration_is_refused_before_the_history_is_read(sdk: OpenAI, upstream: Any) -> None:
+    store, _ = make_store([("a.txt", "alpha", {})])
+    declared = {"type": "file_search", "vector_store_ids": [store.id], "ranking_options": {"ranker": "x"}}
+    status, error = refused(sdk, upstream, [declared], previous_response_id="resp_missing")
+    assert (status, error["param"]) == (400, "tools[0].ranking_options.ranker")
+
+
 def test_an_expired_store_is_refused(sdk: OpenAI, upstream: Any) -> None:
     store, _ = make_store([("a.txt", "alpha", {})])
     VectorStore.objects.filter(id=store.id).update(expires_at=timezone.now() - timedelta(seconds=1))
