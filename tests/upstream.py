@@ -486,9 +486,14 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def tokenize(body: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``POST /tokenize`` answer for a completion-style request (``prompt``), with
-    ``token_strs`` when ``return_token_strs`` is true (vLLM's TokenizeResponse, field order kept)."""
-    strs = byte_level_tokens(body["prompt"])
+    """vLLM's ``POST /tokenize`` answer for a completion-style request (``prompt``) or a chat one
+    (``messages``: their text contents, without a chat template's own tokens), with ``token_strs``
+    when ``return_token_strs`` is true (vLLM's TokenizeResponse, field order kept)."""
+    if "prompt" in body:
+        text = body["prompt"]
+    else:
+        text = "".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
+    strs = byte_level_tokens(text)
     ids = [sum(s.encode()) % 4000 for s in strs]
     return {
         "count": len(ids),
