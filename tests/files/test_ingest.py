@@ -264,6 +264,74 @@ def test_a_store_of_another_embedding_space_gets_keyword_chunks(
     assert (store.embedding_model, store.embedding_dimensions) == ("older-model", 3)
 
 
+def test_an_embedding_server_of_its_own_gets_no_gateway_credential(
+    upstream: Any, config: Callable[..., Config]
+) -> None:
+    """``embedding_base_url`` (here with ``/v1``): the embeddings go there without the upstream's
+    key; the token count still asks the upstream, with it."""
+    from tests.upstream import ScriptedUpstream
+
+    embedder = ScriptedUpstream().start()
+    try:
+        config(
+            openai_api_key="sk-upstream",
+            file_search__embedding_model=EMBED,
+            file_search__embedding_base_url=f"{embedder.url}/v1",
+        )
+        row = make_attachment(b"embedded elsewhere")
+        assert run(row.pk) == "completed"
+        sent = embedder.last("/v1/embeddings")
+        assert sent.json()["input"] == ["embedded elsewhere"] and "authorization" not in sent.headers
+        assert not any(r.path == "/v1/embeddings" for r in upstream.requests)
+        assert upstream.last("/tokenize").headers["authorization"] == "Bearer sk-upstream"
+    finally:
+        embedder.stop()
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"object": "list", "data": [{"index": 0, "embedding": [1.0]}]}, "one float vector per input"),
+        (
+            {
+                "object": "list",
+                "data": [{"index": 0, "embedding": [1.0]}, {"index": 1, "embedding": [1.0, 2.0]}],
+            },
+            "vectors of different sizes",
+        ),
+        (b"<html>bad gateway</html>", "one float vector per input"),
+    ],
+)
+def test_embed_refuses_answers_that_are_not_one_vector_per_input(
+    answer: Any, says: str, upstream: Any, config: Callable[..., Config]
+) -> None:
+    from gateway.core import errors
+
+    settings = config(file_search__embedding_model=EMBED)
+    upstream.script("/v1/embeddings", json_answer(answer))
+    with pytest.raises(errors.UpstreamError) as caught:
+        asyncio.run(closing(embeddings.embed(["a", "b"], settings)))
+    assert says in caught.value.message and EMBED in caught.value.message
+
+
+def test_embed_keeps_the_order_of_its_inputs_across_batches(
+    upstream: Any, config: Callable[..., Config]
+) -> None:
+    settings = config(file_search__embedding_model=EMBED)
+
+    async def by_text(request: Any, rec: Recorded) -> Any:
+        texts = rec.json()["input"]
+        data = [{"index": i, "embedding": [float(t)]} for i, t in reversed(list(enumerate(texts)))]
+        return await json_answer({"object": "list", "data": data, "model": EMBED})(request, rec)
+
+    for _ in range(3):
+        upstream.script("/v1/embeddings", by_text)
+    texts = [str(n) for n in range(2 * embeddings.BATCH_SIZE + 5)]
+    vectors = asyncio.run(closing(embeddings.embed(texts, settings)))
+    assert vectors == [[float(n)] for n in range(len(texts))]
+    assert sorted(len(r.json()["input"]) for r in upstream.requests) == [5, 64, 64]
+
+
 def test_pack_is_float32_little_endian() -> None:
     assert embeddings.pack([1.0, -2.5]) == b"\x00\x00\x80\x3f\x00\x00\x20\xc0"
     assert list(embeddings.unpack(embeddings.pack([0.5, 3.0]))) == [0.5, 3.0]
