@@ -84,3 +84,12 @@ def test_token_offsets_split_characters_as_the_tokenizer_does() -> None:
 def test_pack_is_float32_little_endian() -> None:
     assert embeddings.pack([1.0, -2.5]) == b"\x00\x00\x80\x3f\x00\x00\x20\xc0"
     assert list(embeddings.unpack(embeddings.pack([0.5, 3.0]))) == [0.5, 3.0]
+
+
+def test_a_store_of_another_embedding_model_is_in_another_space() -> None:
+    from gateway.core.config import get_config, replace
+
+    config = replace(get_config(), file_search__embedding_model="m")
+    assert not embeddings.other_space("", config) and not embeddings.other_space("m", config)
+    assert embeddings.other_space("n", config)
+    assert embeddings.other_space("m", replace(config, file_search__embedding_model=""))
