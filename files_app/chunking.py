@@ -62,10 +62,6 @@ class Tokens:
     scale: float
     method: str  # "tokenize" | "calibrated" | "approximate"
 
-    @property
-    def count(self) -> int:
-        return max(1, round(len(self.starts) * self.scale)) if self.starts else 0
-
 
 def strategy_sizes(strategy: Mapping[str, Any] | None) -> tuple[int, int]:
     """(max_chunk_size_tokens, chunk_overlap_tokens) of a stored ``chunking_strategy``: ``auto``

@@ -40,6 +40,13 @@ def unpack(data: bytes | memoryview) -> array[float]:
     return values
 
 
+def other_space(store_embedding_model: str, config: Config) -> bool:
+    """Whether a store was built in another embedding space than the configured one: it is searched
+    by keyword only, and files are not attached to it. A store with no recorded model ("") is not:
+    its first ingested file records the configured model."""
+    return bool(store_embedding_model) and store_embedding_model != config.file_search.embedding_model
+
+
 _own_upstreams: dict[tuple[int, str], Upstream] = {}
 
 

@@ -1,4 +1,4 @@
-"""Ingestion in process (files_app.ingest): extraction, chunking under both token counts, embeddings,
+"""Ingestion in process (files_app.ingest): chunking under both token counts, embeddings,
 failures that publish nothing, cancel and detach, the store's chunk limit, scheduling and the sweep.
 Rows are made with the ORM; the scripted upstream speaks vLLM's /tokenize and /v1/embeddings."""
 
@@ -15,10 +15,9 @@ import pytest
 from django.utils import timezone
 
 from files_app import chunking, embeddings, ingest
-from files_app.extract import Unreadable, extract_text, file_kind
 from files_app.models import Chunk, VectorStore, VectorStoreFile
 from gateway.core.config import Config
-from tests.files.ingest_helpers import make_attachment, make_pdf, make_store, static, wait_status
+from tests.files.ingest_helpers import make_attachment, make_store, static, wait_status
 from tests.upstream import MAX_MODEL_LEN, Gate, Recorded, hang, json_answer, vllm_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,63 +54,6 @@ async def closing(work: Awaitable[T]) -> T:
 
 def chunks_of(row: VectorStoreFile) -> list[Chunk]:
     return list(Chunk.objects.filter(store_file_id=row.pk).order_by("position"))
-
-
-# --- extraction ---------------------------------------------------------------------------------
-HTML = b"""<html><head><title>T</title><script>var hidden = 1;</script></head><body>
-<nav>menu</nav><article><h1>Heading</h1><p>The body paragraph about vector stores and chunking, long
-enough to be the page's main content for the extractor to keep.</p><p>A second paragraph.</p></article>
-</body></html>"""
-
-
-@pytest.mark.parametrize(
-    ("name", "data", "wanted"),
-    [
-        ("a.txt", "plain text ünïcode\n".encode(), "plain text ünïcode\n"),
-        ("README.md", b"# Title\n\n- item\n", "# Title\n\n- item\n"),
-        ("main.py", b"def f():\n    return 1\n", "def f():\n    return 1\n"),
-        ("Makefile", b"all:\n\techo hi\n", "all:\n\techo hi\n"),
-        ("t.csv", b"a,b\n1,2\n", "a,b\n1,2\n"),
-        ("d.json", b'{"k": [1, 2]}', '{"k": [1, 2]}'),
-        ("bom.txt", "\ufeffwith a BOM".encode(), "with a BOM"),
-        ("u16.txt", "UTF-16 text".encode("utf-16"), "UTF-16 text"),
-        ("noext", b"no extension", "no extension"),
-    ],
-)
-def test_text_types_are_read_as_they_are(name: str, data: bytes, wanted: str) -> None:
-    assert extract_text(data, name, "") == wanted
-
-
-def test_html_keeps_the_main_text_and_pdf_its_text_layer() -> None:
-    text = extract_text(HTML, "page.html", "text/html")
-    assert "The body paragraph about vector stores" in text and "A second paragraph." in text
-    assert "var hidden" not in text and "<p>" not in text
-    # A page without a main part: the whole page's text rather than nothing.
-    assert "just a cell" in extract_text(b"<table><tr><td>just a cell</td></tr></table>", "t.htm")
-    pdf = make_pdf(["Hello PDF world", "second (line)"])
-    assert extract_text(pdf, "doc.pdf", "application/pdf") == "Hello PDF world\nsecond (line)"
-    # Types known by their content type alone.
-    assert extract_text(pdf, "download", "application/pdf").startswith("Hello PDF")
-    assert file_kind("x.bin", "text/plain") == "text" and file_kind("x.data", "application/json") == "json"
-
-
-@pytest.mark.parametrize(
-    ("name", "data", "code", "says"),
-    [
-        ("a.txt", b"\x00\x01binary", "invalid_file", "binary"),
-        ("a.txt", b"caf\xe9", "invalid_file", "not UTF-8"),
-        ("d.json", b"{nope", "invalid_file", "not valid JSON"),
-        ("e.txt", b"  \n\t ", "invalid_file", "no text"),
-        ("r.docx", b"PK\x03\x04", "unsupported_file", "convert it to PDF"),
-        ("i.png", b"\x89PNG\r\n", "unsupported_file", ".png"),
-        ("b.pdf", b"%PDF-1.4 garbage", "invalid_file", "PDF"),
-        ("s.pdf", make_pdf([]), "invalid_file", "no text layer"),
-    ],
-)
-def test_unreadable_files_say_why(name: str, data: bytes, code: str, says: str) -> None:
-    with pytest.raises(Unreadable) as caught:
-        extract_text(data, name, "")
-    assert caught.value.code == code and says in caught.value.message
 
 
 # --- chunking ------------------------------------------------------------------------------------
@@ -212,21 +154,6 @@ def test_a_tokenizer_without_token_strings_calibrates_the_approximation(
     assert got == [(t, 2 * n) for t, n in expected_windows(words, 100, 30)]
 
 
-def test_token_offsets_split_characters_as_the_tokenizer_does() -> None:
-    from tests.upstream import byte_level_tokens
-
-    text = "Grüße aus Köln — 漢字テスト, naïve 12345678 end"
-    tokens = byte_level_tokens(text)
-    starts = chunking.token_offsets(text, tokens)
-    assert starts is not None and len(starts) == len(tokens) and starts[0] == 0
-    pieces = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
-    assert "".join(pieces) == text and pieces[:5] == ["Grü", "ße", " aus", " Köl", "n"]
-    # SentencePiece token strings with its dummy prefix and a byte-fallback token.
-    assert chunking.token_offsets("hi\nyou", ["\u2581hi", "<0x0A>", "you"]) == [0, 2, 3]
-    # Token strings that do not spell the text: no offsets (the count calibrates instead).
-    assert chunking.token_offsets("hello", ["<s>", "hello"]) is None
-
-
 # --- embeddings ----------------------------------------------------------------------------------
 def test_chunks_are_embedded_and_the_store_records_its_embedding_space(
     upstream: Any, config: Callable[..., Config]
@@ -264,9 +191,72 @@ def test_a_store_of_another_embedding_space_gets_keyword_chunks(
     assert (store.embedding_model, store.embedding_dimensions) == ("older-model", 3)
 
 
-def test_pack_is_float32_little_endian() -> None:
-    assert embeddings.pack([1.0, -2.5]) == b"\x00\x00\x80\x3f\x00\x00\x20\xc0"
-    assert list(embeddings.unpack(embeddings.pack([0.5, 3.0]))) == [0.5, 3.0]
+def test_an_embedding_server_of_its_own_gets_no_gateway_credential(
+    upstream: Any, config: Callable[..., Config]
+) -> None:
+    """``embedding_base_url`` (here with ``/v1``): the embeddings go there without the upstream's
+    key; the token count still asks the upstream, with it."""
+    from tests.upstream import ScriptedUpstream
+
+    embedder = ScriptedUpstream().start()
+    try:
+        config(
+            openai_api_key="sk-upstream",
+            file_search__embedding_model=EMBED,
+            file_search__embedding_base_url=f"{embedder.url}/v1",
+        )
+        row = make_attachment(b"embedded elsewhere")
+        assert run(row.pk) == "completed"
+        sent = embedder.last("/v1/embeddings")
+        assert sent.json()["input"] == ["embedded elsewhere"] and "authorization" not in sent.headers
+        assert not any(r.path == "/v1/embeddings" for r in upstream.requests)
+        assert upstream.last("/tokenize").headers["authorization"] == "Bearer sk-upstream"
+    finally:
+        embedder.stop()
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"object": "list", "data": [{"index": 0, "embedding": [1.0]}]}, "one float vector per input"),
+        (
+            {
+                "object": "list",
+                "data": [{"index": 0, "embedding": [1.0]}, {"index": 1, "embedding": [1.0, 2.0]}],
+            },
+            "vectors of different sizes",
+        ),
+        (b"<html>bad gateway</html>", "one float vector per input"),
+    ],
+)
+def test_embed_refuses_answers_that_are_not_one_vector_per_input(
+    answer: Any, says: str, upstream: Any, config: Callable[..., Config]
+) -> None:
+    from gateway.core import errors
+
+    settings = config(file_search__embedding_model=EMBED)
+    upstream.script("/v1/embeddings", json_answer(answer))
+    with pytest.raises(errors.UpstreamError) as caught:
+        asyncio.run(closing(embeddings.embed(["a", "b"], settings)))
+    assert says in caught.value.message and EMBED in caught.value.message
+
+
+def test_embed_keeps_the_order_of_its_inputs_across_batches(
+    upstream: Any, config: Callable[..., Config]
+) -> None:
+    settings = config(file_search__embedding_model=EMBED)
+
+    async def by_text(request: Any, rec: Recorded) -> Any:
+        texts = rec.json()["input"]
+        data = [{"index": i, "embedding": [float(t)]} for i, t in reversed(list(enumerate(texts)))]
+        return await json_answer({"object": "list", "data": data, "model": EMBED})(request, rec)
+
+    for _ in range(3):
+        upstream.script("/v1/embeddings", by_text)
+    texts = [str(n) for n in range(2 * embeddings.BATCH_SIZE + 5)]
+    vectors = asyncio.run(closing(embeddings.embed(texts, settings)))
+    assert vectors == [[float(n)] for n in range(len(texts))]
+    assert sorted(len(r.json()["input"]) for r in upstream.requests) == [5, 64, 64]
 
 
 # --- failures publish nothing -------------------------------------------------------------------

@@ -75,14 +75,14 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 def test_a_worker_ingests_and_a_killed_one_leaves_its_file_failed(
     upstream: Any, worker_env: dict[str, str]
 ) -> None:
-    words = " ".join(f"w{n}" for n in range(300))
-    first = make_attachment(words.encode(), chunking_strategy=static(100, 20))
-    second = make_attachment(b"held in the embedding call")
-    third = make_attachment(b"after the crash")
     workers: list[CeleryWorker] = []
     try:
         worker = CeleryWorker(worker_env, queues="tools").wait_ready()
         workers.append(worker)
+        # Each file is attached just before it is scheduled: a worker's start-up sweep sends again
+        # the files attached a lease period (3 s here) before it, and would take them first.
+        words = " ".join(f"w{n}" for n in range(300))
+        first = make_attachment(words.encode(), chunking_strategy=static(100, 20))
         schedule(worker_env, first.pk)
         done = wait_status(first.pk, "completed", timeout=30)
         chunks = list(Chunk.objects.filter(store_file_id=first.pk).order_by("position"))
@@ -91,6 +91,7 @@ def test_a_worker_ingests_and_a_killed_one_leaves_its_file_failed(
 
         upstream.script("/v1/embeddings", hang())
         embedded = sum(1 for r in upstream.requests if r.path == "/v1/embeddings")
+        second = make_attachment(b"held in the embedding call")
         schedule(worker_env, second.pk)
         wait_until(
             lambda: sum(1 for r in upstream.requests if r.path == "/v1/embeddings") > embedded,
@@ -108,10 +109,14 @@ def test_a_worker_ingests_and_a_killed_one_leaves_its_file_failed(
         assert failed.last_error == {"code": "server_error", "message": ingest.WORKER_LOST}
         assert not Chunk.objects.filter(store_file_id=second.pk).exists()
 
+        third = make_attachment(b"after the crash")
         schedule(worker_env, third.pk)
         assert [c.text for c in wait_status(third.pk, "completed", timeout=30).chunks.all()] == [
             "after the crash"
         ]
+    except AssertionError as failure:
+        logs = "\n".join(each.output()[-3000:] for each in workers)
+        raise AssertionError(f"{failure}\n--- worker logs ---\n{logs}") from None
     finally:
         for each in workers:
             each.stop()
