@@ -155,12 +155,15 @@ def test_a_tokenizer_without_token_strings_calibrates_the_approximation(
 
 
 # --- embeddings ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("created_with", [EMBED, ""])
 def test_chunks_are_embedded_and_the_store_records_its_embedding_space(
-    upstream: Any, config: Callable[..., Config]
+    created_with: str, upstream: Any, config: Callable[..., Config]
 ) -> None:
+    """A store is created with the configured model and no dimensions (or, made before a model was
+    configured, with none): its first embedded file records both."""
     config(file_search__embedding_model=EMBED)
     text, _ = word_text(700)
-    store = make_store()
+    store = make_store(embedding_model=created_with)
     row = make_attachment(text.encode(), store=store, chunking_strategy=static(100, 0))
     assert run(row.pk) == "completed"
     chunks = chunks_of(row)
