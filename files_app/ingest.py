@@ -211,7 +211,10 @@ def publish(
             packed: list[bytes | None] = [None] * len(chunks)
             if vectors is not None:
                 dims = len(vectors[0]) if vectors else 0
-                if store.embedding_model == "" and existing == 0:
+                first = store.embedding_model == "" and existing == 0
+                if first or (store.embedding_model == model and store.embedding_dimensions is None):
+                    # The store's first embedded file records its space (a store is created with the
+                    # configured model and no dimensions, or, made before a model was set, with none).
                     store.embedding_model, store.embedding_dimensions = model, dims
                     VectorStore.objects.filter(pk=store.pk).update(
                         embedding_model=model, embedding_dimensions=dims

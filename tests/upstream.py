@@ -464,7 +464,7 @@ def byte_level_tokens(text: str) -> list[str]:
     (which may split a character's UTF-8 bytes, as real merges do)."""
     table = bytes_to_unicode()
     tokens: list[str] = []
-    for piece in re.findall(r" ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+", text):
+    for piece in re.findall(r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+", text):
         data = piece.encode()
         tokens += ["".join(table[b] for b in data[i : i + 5]) for i in range(0, len(data), 5)]
     return tokens

@@ -155,12 +155,16 @@ def test_a_tokenizer_without_token_strings_calibrates_the_approximation(
 
 
 # --- embeddings ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("created_with", [EMBED, ""])
 def test_chunks_are_embedded_and_the_store_records_its_embedding_space(
-    upstream: Any, config: Callable[..., Config]
+    created_with: str, upstream: Any, config: Callable[..., Config]
 ) -> None:
+    """A store is created with the configured model and no dimensions (or, made before a model was
+    configured, with none): its first embedded file records both."""
     config(file_search__embedding_model=EMBED)
     text, _ = word_text(700)
-    store = make_store()
+    store = make_store(embedding_model=created_with, expires_after={"anchor": "last_active_at", "days": 2})
+    created = store.last_active_at
     row = make_attachment(text.encode(), store=store, chunking_strategy=static(100, 0))
     assert run(row.pk) == "completed"
     chunks = chunks_of(row)
@@ -173,6 +177,9 @@ def test_chunks_are_embedded_and_the_store_records_its_embedding_space(
     assert {body["model"] for body in sent} == {EMBED}
     store.refresh_from_db()
     assert (store.embedding_model, store.embedding_dimensions, store.revision) == (EMBED, 4, 1)
+    assert store.last_active_at > created and store.expires_at == store.last_active_at + datetime.timedelta(
+        days=2
+    )
     row.refresh_from_db()
     assert row.usage_bytes == sum(len(c.text.encode()) + 16 for c in chunks)
     assert row.last_error is None and row.lease_owner == "" and row.lease_expires_at is None
