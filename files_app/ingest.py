@@ -189,6 +189,10 @@ def publish(
     ``"failed"`` (the store's chunk limit, or another embedding space: nothing published)."""
     try:
         with transaction.atomic():
+            # The store's row first, as deleting a store locks it before its attachments: taking them
+            # in the same order, a publish and a store delete never deadlock.
+            if not VectorStore.objects.select_for_update().filter(pk=claimed.store_id).exists():
+                return "gone"
             done = VectorStoreFile.objects.filter(
                 pk=claimed.pk, status=IN_PROGRESS, lease_owner=owner
             ).update(
@@ -200,7 +204,7 @@ def publish(
             if not done:
                 return "gone"
             now = timezone.now()
-            # Locks the store's row: its chunk count and embedding space are decided one file at a time.
+            # The store's lock (above) decides its chunk count and embedding space one file at a time.
             VectorStore.objects.filter(pk=claimed.store_id).update(
                 revision=F("revision") + 1, last_active_at=now
             )
