@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from files_app import views
+from files_app import search_api, views
 from gateway.core.drf import async_view
 
 urlpatterns: list = [
@@ -33,4 +33,9 @@ urlpatterns: list = [
         "v1/vector_stores/<str:vector_store_id>/file_batches/<str:batch_id>/files",
         async_view(views.FileBatchFilesView),
     ),
+]
+
+# Search (files_app.search_api), kept on its own line for merges.
+urlpatterns += [
+    path("v1/vector_stores/<str:vector_store_id>/search", async_view(search_api.VectorStoreSearchView))
 ]

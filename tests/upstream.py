@@ -8,8 +8,11 @@ vLLM's default behaviour for a tiny model. Every request it receives is recorded
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import threading
 import time
+import zlib
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -65,6 +68,9 @@ class ScriptedUpstream:
         self.requests: list[Recorded] = []
         self.scripts: dict[str, deque[Handler]] = defaultdict(deque)
         self.models = [MODEL]
+        # ``/v1/embeddings`` answers with ``word_vector`` of each input when set (its dimensions):
+        # vectors that mean something, for retrieval tests and the file_search bench.
+        self.word_vectors: int | None = None
         # Concurrency, counted rather than timed: requests being answered now, and the most at once.
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -184,10 +190,17 @@ class ScriptedUpstream:
             if body.get("stream"):
                 return await sse(completion_chunks([" world", "!"]))(request, rec)
             return await json_answer(completion(" world!"))(request, rec)
+        if request.path == "/tokenize":
+            return await json_answer(tokenize(rec.json()))(request, rec)
         if request.path == "/v1/embeddings":
             body = rec.json()
-            count = len(body["input"]) if isinstance(body.get("input"), list) else 1
-            return await json_answer(embeddings(count))(request, rec)
+            inputs = body["input"] if isinstance(body.get("input"), list) else [body.get("input")]
+            if self.word_vectors and all(isinstance(text, str) for text in inputs):
+                vectors = [word_vector(text, self.word_vectors) for text in inputs]
+                return await json_answer(
+                    embeddings(len(inputs), vectors=vectors, model=body.get("model") or MODEL)
+                )(request, rec)
+            return await json_answer(embeddings(len(inputs)))(request, rec)
         if request.path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
             return await transcription_answer()(request, rec)
         if request.path == "/v1/messages":
@@ -445,7 +458,66 @@ def completion_chunks(pieces: Iterable[str], *, model: str = MODEL) -> list[byte
     return events
 
 
-def embeddings(count: int = 1, dim: int = 4, *, model: str = MODEL) -> dict[str, Any]:
+def byte_level_tokens(text: str) -> list[str]:
+    """A byte-level BPE's tokens of ``text`` as vLLM's ``token_strs`` shows them (GPT-2's byte-to-
+    character table): GPT-2's pre-tokenization, each piece cut into tokens of at most five bytes
+    (which may split a character's UTF-8 bytes, as real merges do)."""
+    table = bytes_to_unicode()
+    tokens: list[str] = []
+    for piece in re.findall(r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+", text):
+        data = piece.encode()
+        tokens += ["".join(table[b] for b in data[i : i + 5]) for i in range(0, len(data), 5)]
+    return tokens
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tokenize(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``POST /tokenize`` answer for a completion-style request (``prompt``) or a chat one
+    (``messages``: their text contents, without a chat template's own tokens), with ``token_strs``
+    when ``return_token_strs`` is true (vLLM's TokenizeResponse, field order kept)."""
+    if "prompt" in body:
+        text = body["prompt"]
+    else:
+        text = "".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
+    strs = byte_level_tokens(text)
+    ids = [sum(s.encode()) % 4000 for s in strs]
+    return {
+        "count": len(ids),
+        "max_model_len": MAX_MODEL_LEN,
+        "tokens": ids,
+        "token_strs": strs if body.get("return_token_strs") else None,
+    }
+
+
+def word_vector(text: str, dim: int) -> list[float]:
+    """A deterministic embedding: the words of ``text`` hashed into ``dim`` signed buckets, unit length
+    (texts sharing words point the same way)."""
+    vector = [0.0] * dim
+    for word in re.findall(r"\w\w+", text.lower()):
+        digest = zlib.crc32(word.encode())
+        vector[digest % dim] += 1.0 if digest & 0x80000000 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [round(v / norm, 6) for v in vector]
+
+
+def embeddings(
+    count: int = 1, dim: int = 4, *, model: str = MODEL, vectors: list[list[float]] | None = None
+) -> dict[str, Any]:
+    """vLLM's ``/v1/embeddings`` answer: ``vectors``, or ``count`` fixed ones of ``dim`` numbers."""
     return {
         "id": "embd-3f9c0000000000000000000000000000",
         "object": "list",
@@ -455,7 +527,9 @@ def embeddings(count: int = 1, dim: int = 4, *, model: str = MODEL) -> dict[str,
             {
                 "index": i,
                 "object": "embedding",
-                "embedding": [round(0.125 * (i + 1) * (j + 1), 6) for j in range(dim)],
+                "embedding": vectors[i]
+                if vectors
+                else [round(0.125 * (i + 1) * (j + 1), 6) for j in range(dim)],
             }
             for i in range(count)
         ],
