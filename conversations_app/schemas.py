@@ -753,8 +753,14 @@ def query_include(query: Any) -> list[str]:
 
 def render_item(data: dict[str, Any], include: tuple[str, ...] = ()) -> dict[str, Any]:
     """An item as the API returns it; members only sent when asked for with ``include``."""
+    view = data.get("_gateway")
     if "_gateway" in data:  # the model's private view of a gateway tool item (responses_app.engine.tool_loop)
         data = {k: v for k, v in data.items() if k != "_gateway"}
+    if data.get("type") == "file_search_call":
+        # Results are kept with the model's view; shown only when asked for, whatever the create asked.
+        results = view.get("results") if isinstance(view, dict) else data.get("results")
+        shown = "file_search_call.results" in include and isinstance(results, list)
+        data = {**data, "results": results if shown else None}
     if (
         data.get("type") == "reasoning"
         and "reasoning.encrypted_content" not in include

@@ -98,6 +98,21 @@ def file_remove(found: File) -> None:
     transaction.on_commit(lambda: _delete_bytes(name))
 
 
+def files_expired_delete(*, limit: int = 500) -> int:
+    """Delete up to ``limit`` files whose ``expires_after`` passed, as ``file_delete`` would (their
+    attachments, chunks and bytes); the number deleted. The API already answers them 404; a periodic
+    sweep calls this so that they stop being searched and their bytes leave the storage."""
+    deleted = 0
+    with transaction.atomic():
+        expired = File.objects.filter(expires_at__lte=timezone.now()).order_by("expires_at")[:limit]
+        for found in File.objects.select_for_update(skip_locked=True).filter(
+            pk__in=list(expired.values_list("pk", flat=True))
+        ):
+            file_remove(found)
+            deleted += 1
+    return deleted
+
+
 def _bump(store_ids: list[str]) -> None:
     if store_ids:
         VectorStore.objects.filter(id__in=store_ids).update(revision=F("revision") + 1)
@@ -201,7 +216,7 @@ def _schedule(pks: list[int]) -> None:
     """Start ingesting the committed attachments (``files_app.ingest``, imported when first needed)."""
     if not pks:
         return
-    from files_app import ingest  # type: ignore[attr-defined, unused-ignore]
+    from files_app import ingest
 
     ingest.schedule(pks)
 

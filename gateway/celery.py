@@ -29,7 +29,9 @@ def _loaded_config() -> Config:
 
 
 app = configure(Celery("gateway"), _loaded_config())
-app.autodiscover_tasks(["inference_app.engine", "inference_app.tools", "responses_app", "conversations_app"])
+app.autodiscover_tasks(
+    ["inference_app.engine", "inference_app.tools", "files_app", "responses_app", "conversations_app"]
+)
 
 
 @signals.task_prerun.connect
@@ -44,8 +46,8 @@ def _close_stale_connections(**kwargs: object) -> None:
 
 @signals.worker_ready.connect
 def _recover_orphans(**kwargs: object) -> None:
-    """Start-up recovery: fail the background responses of this host's processes that are gone
-    (a worker killed mid-response), and any whose lease expired."""
+    """Start-up recovery: fail the background responses and file ingestions of this host's processes
+    that are gone (a worker killed mid-response), and any whose lease expired."""
     from responses_app.tasks import sweep_once
 
     try:

@@ -39,9 +39,17 @@ _FLUSH_SECONDS = 0.05
 
 
 def sweep_once() -> int:
+    """One pass of the lease sweep: background responses (their number failed is returned), then file
+    ingestions (files_app.ingest.sweep, which logs its own)."""
+    from files_app import ingest
     from responses_app.storage import services
 
-    return services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{HOST}/")
+    failed = services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{HOST}/")
+    try:
+        ingest.sweep()
+    except Exception:  # one sweep's failure does not stop the other's
+        log.exception("ingestion lease sweep failed")
+    return failed
 
 
 async def sweep_forever() -> None:

@@ -190,6 +190,8 @@ class ScriptedUpstream:
             if body.get("stream"):
                 return await sse(completion_chunks([" world", "!"]))(request, rec)
             return await json_answer(completion(" world!"))(request, rec)
+        if request.path == "/tokenize":
+            return await json_answer(tokenize(rec.json()))(request, rec)
         if request.path == "/v1/embeddings":
             body = rec.json()
             inputs = body["input"] if isinstance(body.get("input"), list) else [body.get("input")]
@@ -454,6 +456,51 @@ def completion_chunks(pieces: Iterable[str], *, model: str = MODEL) -> list[byte
     )
     events.append(DONE)
     return events
+
+
+def byte_level_tokens(text: str) -> list[str]:
+    """A byte-level BPE's tokens of ``text`` as vLLM's ``token_strs`` shows them (GPT-2's byte-to-
+    character table): GPT-2's pre-tokenization, each piece cut into tokens of at most five bytes
+    (which may split a character's UTF-8 bytes, as real merges do)."""
+    table = bytes_to_unicode()
+    tokens: list[str] = []
+    for piece in re.findall(r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+", text):
+        data = piece.encode()
+        tokens += ["".join(table[b] for b in data[i : i + 5]) for i in range(0, len(data), 5)]
+    return tokens
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tokenize(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``POST /tokenize`` answer for a completion-style request (``prompt``) or a chat one
+    (``messages``: their text contents, without a chat template's own tokens), with ``token_strs``
+    when ``return_token_strs`` is true (vLLM's TokenizeResponse, field order kept)."""
+    if "prompt" in body:
+        text = body["prompt"]
+    else:
+        text = "".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
+    strs = byte_level_tokens(text)
+    ids = [sum(s.encode()) % 4000 for s in strs]
+    return {
+        "count": len(ids),
+        "max_model_len": MAX_MODEL_LEN,
+        "tokens": ids,
+        "token_strs": strs if body.get("return_token_strs") else None,
+    }
 
 
 def word_vector(text: str, dim: int) -> list[float]:

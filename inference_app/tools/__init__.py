@@ -1,4 +1,4 @@
-"""Gateway-executed tools (web search, web fetch, code interpreter, MCP), re-exported for the
+"""Gateway-executed tools (web search, web fetch, code interpreter, file search, MCP), re-exported for the
 Responses executor and the Messages server-tool loop (``docs/tools.md``)."""
 
 from inference_app.tools.base import (

@@ -21,18 +21,19 @@ from gateway.core.config import Config
 
 # ``tool_search``: the Responses executor's own search of the request's deferred tools (it runs in
 # the executor, never through :func:`run_gateway_calls`).
-GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp", "tool_search"]
+GatewayKind = Literal["web_search", "web_fetch", "code_interpreter", "mcp", "tool_search", "file_search"]
 Owner = Literal["client", "gateway", "unknown"]
 
 CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "shell", "apply_patch", "local_shell"})
 WEB_SEARCH_TYPES = frozenset(
     {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
 )
-GATEWAY_TOOL_TYPES = WEB_SEARCH_TYPES | {"code_interpreter", "mcp"}
+GATEWAY_TOOL_TYPES = WEB_SEARCH_TYPES | {"code_interpreter", "mcp", "file_search"}
 
-# Names the model sees for the two built-in gateway tools.
+# Names the model sees for the built-in gateway tools.
 WEB_SEARCH_FUNCTION = "web_search"
 CODE_INTERPRETER_FUNCTION = "code_interpreter"
+FILE_SEARCH_FUNCTION = "file_search"
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -128,6 +129,8 @@ class ToolCall:
     tool: dict[str, Any] = field(default_factory=dict, repr=False)
     server_label: str | None = None
     mcp_tool_name: str | None = None
+    # Whose stored objects the call may read (file_search: the principal's vector stores).
+    owner: str = ""
 
     def to_payload(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -169,6 +172,10 @@ class ToolResult:
     error_type: str | None = None
     # What the Anthropic Messages result blocks show, and ``error_code`` on a failure.
     details: dict[str, Any] | None = None
+    # file_search: the ``file_search_call`` item's ``queries`` and ``results`` ({file_id, filename,
+    # score, attributes, text}).
+    queries: list[str] | None = None
+    results: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -285,6 +292,30 @@ def code_interpreter_function(tool: Mapping[str, Any], index: int, config: Confi
     )
 
 
+def file_search_function(tool: Mapping[str, Any], index: int, config: Config) -> FunctionDef:
+    return FunctionDef(
+        name=FILE_SEARCH_FUNCTION,
+        kind="file_search",
+        description=(
+            "Search the user's uploaded files. Give one or more short search queries; the results come "
+            "back as passages with the file id and filename of each, to quote and cite."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "queries": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": 1,
+                    "description": "Search queries, run together.",
+                }
+            },
+            "required": ["queries"],
+        },
+        tool_index=index,
+    )
+
+
 def mcp_function_name(label: str, tool_name: str) -> str:
     """``mcp__<label>__<tool>`` (never shadowing a built-in or client function), sanitized, and past 64
     characters kept distinct by a digest."""
@@ -333,6 +364,7 @@ class ToolSet:
     unknown: tuple[int, ...] = ()
     ambiguous: frozenset[str] = frozenset()
     declarations: tuple[dict[str, Any], ...] = ()
+    caller: str = ""  # the request's owner: whose stores a file_search call reads
 
     def owner(self, name: str) -> Owner:
         """Who runs a call of ``name``: the client, the gateway, or nobody (unknown/ambiguous)."""
@@ -373,6 +405,7 @@ class ToolSet:
             tool=tool,
             server_label=fn.server_label,
             mcp_tool_name=fn.mcp_tool_name,
+            owner=self.caller,
         )
 
     def with_mcp_tools(self, listings: Sequence[McpListing]) -> ToolSet:

@@ -15,6 +15,7 @@ from inference_app.tools.base import (
     McpServer,
     ToolSet,
     code_interpreter_function,
+    file_search_function,
     web_search_function,
 )
 from inference_app.tools.mcp import resolve_mcp_declaration
@@ -44,7 +45,7 @@ def _client_names(tool: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None) -> ToolSet:
+def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None, owner: str = "") -> ToolSet:
     """Classify the request's ``tools`` into client and gateway tools, validating MCP declarations (a 400
     naming ``tools[<i>]…``); network checks come later, before any connection."""
     config = config or get_config()
@@ -80,6 +81,8 @@ def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None)
             claim(web_search_function(tool, index, config))
         elif kind == "code_interpreter":
             claim(code_interpreter_function(tool, index, config))
+        elif kind == "file_search":
+            claim(file_search_function(tool, index, config))
         elif kind == "mcp":
             server = resolve_mcp_declaration(tool, index, config)
             if any(s.label == server.label for s in servers):
@@ -103,4 +106,5 @@ def classify_tools(tools: Sequence[Any] | None, *, config: Config | None = None)
         unknown=tuple(unknown),
         ambiguous=frozenset(ambiguous),
         declarations=tuple(declarations),
+        caller=owner,
     )

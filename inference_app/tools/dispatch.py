@@ -1,7 +1,8 @@
 """Running a round of gateway tool calls: on Celery ``tools`` workers, or in-process.
 
 With a broker each call is a task on the ``tools`` queue (a sandbox crash cannot touch the gateway;
-calls carrying credentials run in process, since task payloads carry no secrets), awaited on the
+calls carrying credentials run in process, since task payloads carry no secrets, and so do
+``file_search`` calls, which read the principal's rows in the gateway's own database), awaited on the
 result backend's pub/sub. Both modes bound concurrency and time per call; a failure becomes a failed
 :class:`ToolResult`, and results come back in call order.
 """
@@ -27,6 +28,7 @@ TOOLS_QUEUE = "tools"
 
 async def execute_call(call: ToolCall, config: Config) -> ToolResult:
     """Run one call here and now (the body of both modes); unexpected errors become failures."""
+    from inference_app.tools.file_search import run_file_search
     from inference_app.tools.mcp import call_mcp_tool
     from inference_app.tools.sandbox import run_code_interpreter
     from inference_app.tools.web_fetch import run_web_fetch
@@ -41,6 +43,8 @@ async def execute_call(call: ToolCall, config: Config) -> ToolResult:
             return await run_code_interpreter(call, config)
         if call.kind == "mcp":
             return await call_mcp_tool(call, config)
+        if call.kind == "file_search":
+            return await run_file_search(call, config)
         return ToolResult.failure(call, f"unknown gateway tool kind {call.kind!r}")
     except Exception as exc:
         logger.exception("gateway tool %s failed", call.kind)
@@ -55,6 +59,13 @@ def carries_credentials(call: ToolCall) -> bool:
     """Whether ``call`` holds MCP header credentials; such a call runs in the gateway process, since a
     task message would leave them in the broker in clear."""
     return call.kind == "mcp" and bool(call.tool.get("headers"))
+
+
+def runs_in_gateway(call: ToolCall) -> bool:
+    """Whether ``call`` runs in the gateway process even with a broker: credentials (above), or a
+    ``file_search``, which is database queries on the principal's own stores (a task would add a
+    round trip and put the owner in a broker message, for no isolation gained)."""
+    return carries_credentials(call) or call.kind == "file_search"
 
 
 async def run_in_process(call: ToolCall, config: Config) -> ToolResult:
@@ -171,7 +182,7 @@ async def run_gateway_calls(
         return []
     limit = asyncio.Semaphore(config.tools.max_concurrent_gateway_calls)
     dispatcher: CeleryDispatcher | None = None
-    if config.broker_enabled:
+    if config.broker_enabled and not all(runs_in_gateway(c) for c in calls):
         if celery_app is None:
             from inference_app.upstream.celery_config import client_app
 
@@ -180,7 +191,7 @@ async def run_gateway_calls(
 
     async def one(call: ToolCall) -> ToolResult:
         async with limit:
-            if dispatcher is not None and not carries_credentials(call):
+            if dispatcher is not None and not runs_in_gateway(call):
                 return await dispatcher.run(call)
             return await run_in_process(call, config)
 

@@ -19,7 +19,7 @@ from gateway.core.drf import LIST_PARAMETERS, ListPage, ListParams, ResourceView
 from gateway.core.openapi import ERROR_RESPONSES, sdk_ref
 from responses_app import tasks
 from responses_app.api.views import sse_tail
-from responses_app.engine.tool_loop import public_item
+from responses_app.engine.tool_loop import RESULTS_INCLUDE, public_item
 from responses_app.storage import selectors, services
 
 TAGS = ["Responses"]
@@ -84,6 +84,13 @@ class ResponseDetailView(ResourceView):
                 OpenApiTypes.INT,
                 description="With `stream`: the sequence number to replay after (-1: from the start).",
             ),
+            OpenApiParameter(
+                "include",
+                OpenApiTypes.STR,
+                many=True,
+                description="Optional output members to include: `file_search_call.results` "
+                "(``include=a&include=b``; ``include[]=`` too).",
+            ),
         ],
         responses={
             (200, "application/json"): RESPONSE,
@@ -108,7 +115,12 @@ class ResponseDetailView(ResourceView):
                 f"Response with id '{response_id}' has no stored snapshot to return.",
                 code="response_snapshot_unavailable",
             )
-        return Response(response.snapshot)
+        include = [*request.query_params.getlist("include"), *request.query_params.getlist("include[]")]
+        return Response(
+            selectors.snapshot_file_search_results(
+                snapshot=response.snapshot, owner=self.owner, include=RESULTS_INCLUDE in include
+            )
+        )
 
     @extend_schema(
         operation_id="responses_delete",

@@ -22,7 +22,7 @@ from responses_app import tasks
 from responses_app.engine import metering, runs
 from responses_app.engine.domain import Prepared
 from responses_app.engine.executor import Executor
-from responses_app.engine.tool_loop import ToolLoop, history_model_items
+from responses_app.engine.tool_loop import PRIVATE_KEY, ToolLoop, history_model_items
 from responses_app.features.multi_agent import Coordinator, compaction_parts, is_multi_agent, root_model_view
 from responses_app.protocol.features import REFUSED_FIELDS, refuse_hosted_fields
 from responses_app.protocol.schemas import ResponseCreateRequest, parse_create_request
@@ -378,8 +378,12 @@ async def response_input_tokens(request: HttpRequest) -> HttpResponse:
         config=config,
     )
     from responses_app.features.compaction import model_view
+    from responses_app.storage.input_files import input_file_view
 
-    items = model_view([*prepared.history, *prepared.new_items])  # a summary counts as the model reads it
+    # A summary, and an input file's text, count as the model reads them.
+    items = model_view(
+        [input_file_view(item, PRIVATE_KEY) for item in (*prepared.history, *prepared.new_items)]
+    )
     messages = translate.items_to_messages(parsed.instructions, items)
     body: dict[str, Any] = {"messages": messages}
     if parsed.model:

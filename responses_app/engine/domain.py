@@ -141,6 +141,7 @@ class OpenItem:
     buffered: bool = False  # custom tool over chat: the JSON arguments are decoded at the end
     hidden: bool = False  # a gateway tool call: nothing streams; the tool loop emits its public item
     deferred: bool = False  # an async call after a gateway call: held until the round's tools ran
+    citations: Any = None  # a message's CitationText once file citations are possible
 
 
 @dataclass
@@ -165,6 +166,7 @@ class Emitting(Protocol):
     sink: EventSink
     client_tools: ToolMap  # what a server-run tool search loads into
     item_fields: dict[str, Any]  # added to every item (multi-agent: the agent that made it)
+    citable: dict[str, str]  # file_id -> filename: the file_search results the model may cite
 
     def retain(self, size: int) -> None: ...
 

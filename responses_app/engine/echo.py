@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference_app.tools.base import WEB_SEARCH_TYPES
+from inference_app.tools.file_search import DEFAULT_MAX_NUM_RESULTS
 
 WEB_SEARCH_LOCATION = {"type": "approximate", "city": None, "country": "US", "region": None, "timezone": None}
 
@@ -32,6 +33,19 @@ def echoed_tool(tool: Any) -> Any:
                 "type": "approximate",
             }
         return out
+    if kind == "file_search":
+        ranking = tool.get("ranking_options")
+        return {
+            **tool,
+            "filters": tool.get("filters"),
+            "max_num_results": tool.get("max_num_results") or DEFAULT_MAX_NUM_RESULTS,
+            "ranking_options": {
+                "hybrid_search": None,
+                "ranker": "auto",
+                "score_threshold": 0.0,
+                **(ranking if isinstance(ranking, dict) else {}),
+            },
+        }
     return tool
 
 

@@ -15,6 +15,7 @@ import orjson
 from gateway.core.ids import new_id
 from gateway.core.sse import Event, EventSink, StreamFailure
 from responses_app.engine import translate
+from responses_app.engine.citations import CitationText
 from responses_app.engine.domain import GatewayCalls, OpenItem
 from responses_app.features import async_tools
 
@@ -62,6 +63,8 @@ class Emitter:
         # (``phase``: ``final_answer``) or the round goes on after it (``commentary``).
         self.phases = False
         self.following: str | None = None  # the kind of the item whose opening closes the open one
+        # file_id -> filename of this response's file_search results: what the model may cite.
+        self.citable: dict[str, str] = {}
 
     def retain(self, size: int) -> None:
         """Count ``size`` bytes against ``max_retained_bytes``; over it the response fails."""
@@ -205,19 +208,41 @@ class Emitter:
     def text(self, key: Any, delta: str) -> list[Event]:
         out = self.ensure(key, "message")
         assert self.open is not None
+        annotations: list[dict[str, Any]] = []
+        if self.citable:
+            if self.open.citations is None:
+                self.open.citations = CitationText(self.citable)
+            delta, annotations = self.open.citations.feed(delta)
+        if delta:
+            out.append(self._text_delta(delta))
+        for annotation in annotations:
+            out.append(self._annotation_added(annotation))
+        return out
+
+    def _text_delta(self, delta: str) -> Event:
+        assert self.open is not None
         self.retain(len(delta))
         self.open.parts.append(delta)
-        out.append(
-            self.sink.make(
-                "response.output_text.delta",
-                item_id=self.open.item["id"],
-                output_index=self.open.index,
-                content_index=0,
-                delta=delta,
-                logprobs=[],
-            )
+        return self.sink.make(
+            "response.output_text.delta",
+            item_id=self.open.item["id"],
+            output_index=self.open.index,
+            content_index=0,
+            delta=delta,
+            logprobs=[],
         )
-        return out
+
+    def _annotation_added(self, annotation: dict[str, Any]) -> Event:
+        assert self.open is not None and self.open.citations is not None
+        self.retain(len(orjson.dumps(annotation)))
+        return self.sink.make(
+            "response.output_text.annotation.added",
+            item_id=self.open.item["id"],
+            output_index=self.open.index,
+            content_index=0,
+            annotation_index=len(self.open.citations.annotations) - 1,
+            annotation=annotation,
+        )
 
     def reasoning(self, key: Any, delta: str) -> list[Event]:
         out = self.ensure(key, "reasoning")
@@ -322,6 +347,13 @@ class Emitter:
         item_id, index = item["id"], current.index
         out: list[Event] = []
         self.open = current  # part_event reads the open item
+        annotations: list[dict[str, Any]] = []
+        if current.kind == "message" and current.citations is not None:
+            held = current.citations.flush()  # an unfinished marker is plain text
+            if held:
+                out.append(self._text_delta(held))
+                text += held
+            annotations = current.citations.annotations
         if current.kind == "message":
             out.append(
                 sink.make(
@@ -333,7 +365,7 @@ class Emitter:
                     logprobs=[],
                 )
             )
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            part = {"type": "output_text", "text": text, "annotations": annotations, "logprobs": []}
             out.append(self.part_event("response.content_part.done", part))
             item["status"] = "completed"
             item["content"] = [part]

@@ -32,11 +32,19 @@ from inference_app.tools import (
     run_gateway_calls,
     validate_max_tool_calls,
 )
-from inference_app.tools.base import GATEWAY_TOOL_TYPES, WEB_SEARCH_TYPES, error_output, mcp_function_name
+from inference_app.tools.base import (
+    FILE_SEARCH_FUNCTION,
+    GATEWAY_TOOL_TYPES,
+    WEB_SEARCH_TYPES,
+    error_output,
+    mcp_function_name,
+)
+from inference_app.tools.file_search import model_output, queries_of
 from inference_app.tools.mcp import check_server_allowed
 from responses_app.engine import tool_search, translate
 from responses_app.features import compaction
 from responses_app.protocol.multi_agent_config import single_agent_view
+from responses_app.storage.input_files import INPUT_FILES, model_message
 
 if TYPE_CHECKING:
     from gateway.core.sse import Event
@@ -44,15 +52,17 @@ if TYPE_CHECKING:
 
 # The model's view of a built-in item, stored with the item and stripped from everything returned.
 PRIVATE_KEY = "_gateway"
-GATEWAY_ITEM_TYPES = frozenset({"web_search_call", "code_interpreter_call", "mcp_call"})
+GATEWAY_ITEM_TYPES = frozenset({"web_search_call", "code_interpreter_call", "file_search_call", "mcp_call"})
 SOURCES_INCLUDE = "web_search_call.action.sources"
 OUTPUTS_INCLUDE = "code_interpreter_call.outputs"
+RESULTS_INCLUDE = "file_search_call.results"
 # incomplete_details.reason when [responses] max_rounds rounds all ended in gateway tool calls: the
 # loop ran out of its output budget, the reason OpenAI reports when its own tool loop stops.
 ROUND_CAP_REASON = "max_output_tokens"
 ID_PREFIX = {
     "web_search_call": "ws",
     "code_interpreter_call": "ci",
+    "file_search_call": "fs",
     "mcp_call": "mcp",
     "mcp_list_tools": "mcpl",
     "mcp_approval_request": "mcpr",
@@ -127,7 +137,7 @@ class ToolLoop:
             declared = [
                 t for t in declared if not (isinstance(t, dict) and t.get("type") in WEB_SEARCH_TYPES)
             ]
-        toolset = classify_tools(declared, config=config)
+        toolset = classify_tools(declared, config=config, owner=prepared.owner)
         approvals = _approvals(prepared.history, prepared.new_items)
         include = frozenset(prepared.request.include or ())
         search = _server_search(prepared)
@@ -207,6 +217,8 @@ class ToolLoop:
             name = "web_search"
         elif kind == "code_interpreter":
             name = "code_interpreter"
+        elif kind == "file_search":
+            name = FILE_SEARCH_FUNCTION
         elif kind == "mcp":
             label, tool = choice.get("server_label"), choice.get("name")
             if not isinstance(tool, str):
@@ -367,6 +379,14 @@ class ToolLoop:
                 "status": "in_progress",
                 "action": _search_action(arguments),
             }
+        if fn.kind == "file_search":
+            return {
+                "id": new_id(ID_PREFIX["file_search_call"]),
+                "type": "file_search_call",
+                "status": "in_progress",
+                "queries": queries_of(arguments),
+                "results": None,
+            }
         if fn.kind == "code_interpreter":
             return {
                 "id": new_id(ID_PREFIX["code_interpreter_call"]),
@@ -395,8 +415,8 @@ class ToolLoop:
         if kind == "mcp_call":
             added["arguments"] = ""
         out = [sink.make("response.output_item.added", output_index=index, item=added)]
-        if kind == "web_search_call":
-            out.append(sink.make("response.web_search_call.in_progress", item_id=item_id, output_index=index))
+        if kind in ("web_search_call", "file_search_call"):
+            out.append(sink.make(f"response.{kind}.in_progress", item_id=item_id, output_index=index))
         elif kind == "code_interpreter_call":
             code = _code_of(arguments)
             out.append(
@@ -439,8 +459,8 @@ class ToolLoop:
     def _dispatch_events(self, ex: Emitting, item: dict[str, Any], index: int) -> list[Event]:
         """The events that say the call is running (or, refused, would have run)."""
         sink, item_id, kind = ex.sink, item["id"], item["type"]
-        if kind == "web_search_call":
-            return [sink.make("response.web_search_call.searching", item_id=item_id, output_index=index)]
+        if kind in ("web_search_call", "file_search_call"):
+            return [sink.make(f"response.{kind}.searching", item_id=item_id, output_index=index)]
         if kind == "code_interpreter_call":
             return [
                 sink.make("response.code_interpreter_call.interpreting", item_id=item_id, output_index=index)
@@ -524,13 +544,19 @@ class ToolLoop:
         for p, result in zip(pending, results, strict=True):
             item = self._finished_item(ex.output[p.index], p, result)
             ex.output[p.index] = item
-            ex.retain(len(orjson.dumps(item)) + len(result.output))
-            self.model_calls[item["id"]] = {
+            view: dict[str, Any] = {
                 "call_id": p.call.call_id,
                 "name": p.call.name,
                 "arguments": p.call.arguments,
                 "output": result.output,
             }
+            if result.results is not None:
+                # Kept with the stored item: a retrieve with include shows them (api.resources).
+                view["results"] = result.results
+                for found in result.results:
+                    ex.citable[found["file_id"]] = found["filename"]
+            ex.retain(len(orjson.dumps(item)) + len(orjson.dumps(view)))
+            self.model_calls[item["id"]] = view
             kind = item["type"]
             if kind == "mcp_call":
                 state = "completed" if result.ok else "failed"
@@ -547,6 +573,10 @@ class ToolLoop:
             if SOURCES_INCLUDE not in self.include:
                 action.pop("sources", None)
             item["action"] = action
+        elif kind == "file_search_call":
+            if result.queries is not None:
+                item["queries"] = result.queries
+            item["results"] = result.results if RESULTS_INCLUDE in self.include and result.ok else None
         elif kind == "code_interpreter_call":
             if result.code is not None:
                 item["code"] = result.code
@@ -625,6 +655,19 @@ def _reconstructed(item: dict[str, Any]) -> dict[str, Any] | None:
             "arguments": _json({"queries": queries}),
             "output": output,
         }
+    if kind == "file_search_call":
+        queries = [q for q in item.get("queries") or () if isinstance(q, str)]
+        results = item.get("results")
+        if isinstance(results, list):
+            output = model_output(queries, [r for r in results if isinstance(r, dict) and "file_id" in r])
+        else:
+            output = _json({"status": status})
+        return {
+            "call_id": call_id,
+            "name": FILE_SEARCH_FUNCTION,
+            "arguments": _json({"queries": queries}),
+            "output": output,
+        }
     if kind == "code_interpreter_call":
         logs = [o.get("logs", "") for o in item.get("outputs") or () if isinstance(o, dict)]
         output = "".join(logs) if logs else _json({"status": status})
@@ -672,6 +715,8 @@ def model_view(
                 "output": denied_output(item.get("reason")),
             }
         )
+    if kind == "message" and isinstance(view, dict) and INPUT_FILES in view:
+        return [model_message(item, view)]  # input files as the text the model was given
     if PRIVATE_KEY in item:
         return [public_item(item)]
     return [item]

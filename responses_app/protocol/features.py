@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.core import errors
 from inference_app.tools.base import CLIENT_TOOL_TYPES, GATEWAY_TOOL_TYPES
+from inference_app.tools.file_search import check_declaration as check_file_search
 from responses_app.features import async_tools, compaction
 from responses_app.protocol.multi_agent_config import AGENT_ITEM_TYPES, multi_agent_config
 from responses_app.protocol.tool_decls import check_declared_tool
@@ -23,7 +24,6 @@ LOADABLE_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
 # Tool types the OpenAI SDK defines that need a capability the gateway does not have.
 UNRUNNABLE_TOOL_TYPES = frozenset(
     {
-        "file_search",
         "computer",
         "computer_use_preview",
         "image_generation",
@@ -42,6 +42,7 @@ KNOWN_ITEM_TYPES = frozenset(
         "custom_tool_call_output",
         "web_search_call",
         "code_interpreter_call",
+        "file_search_call",
         "mcp_list_tools",
         "mcp_approval_request",
         "mcp_approval_response",
@@ -66,7 +67,6 @@ UNRUNNABLE_ITEM_TYPES = frozenset(
     {
         "computer_call",
         "computer_call_output",
-        "file_search_call",
         "image_generation_call",
         "additional_tools",
         "configuration_update",
@@ -129,6 +129,8 @@ def _check_tool(tool: Mapping[str, Any], param: str) -> None:
             f"Invalid value: '{kind}'. Unknown tool type.", param=f"{param}.type", code="invalid_value"
         )
     async_tools.check_tool_declaration(tool, param)
+    if kind == "file_search":
+        check_file_search(tool, param)
     if kind == "tool_search":
         _check_execution(tool.get("execution"), f"{param}.execution")
     if kind == "tool_search" and tool.get("execution") != "client" and tool.get("parameters") is not None:
@@ -249,7 +251,7 @@ def _check_tool_search_item(item: Mapping[str, Any], param: str) -> None:
 
 def refuse_executor_only(raw: Mapping[str, Any]) -> None:
     """Parts the executor cannot serve yet (direct routing passes them to the upstream as sent):
-    files, and images given by ``file_id``, which only a Files API could resolve."""
+    files given as ``file_data`` or ``file_url``, and images given by ``file_id``."""
     items = raw.get("input")
     if not isinstance(items, list):
         return
@@ -260,9 +262,11 @@ def refuse_executor_only(raw: Mapping[str, Any]) -> None:
         for part_index, part in enumerate(content):
             if not isinstance(part, Mapping):
                 continue
-            if part.get("type") == "input_file":
+            if part.get("type") == "input_file" and part.get("file_id") is None:
+                # By file_id the gateway reads its own files (responses_app.storage.input_files).
                 raise _unsupported(
-                    "'input_file' content is not supported on this route yet: the gateway cannot resolve files.",
+                    "'input_file' content is supported by 'file_id' only on this route: upload the file "
+                    "with the Files API and name it by its id ('file_data' and 'file_url' are not supported).",
                     f"input[{index}].content[{part_index}]",
                 )
             if part.get("type") == "input_image" and part.get("file_id") is not None:

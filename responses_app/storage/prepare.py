@@ -15,6 +15,7 @@ from gateway.core import errors
 from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.principal import Principal
+from inference_app.tools.file_search import check_stores
 from responses_app.engine import translate
 from responses_app.engine.domain import Prepared
 from responses_app.engine.tool_loop import PRIVATE_KEY, web_search_available
@@ -25,11 +26,15 @@ from responses_app.protocol.multi_agent_config import AGENT_ITEM_TYPES, INPUT_MA
 from responses_app.protocol.schemas import NOT_FORWARDED, ResponseCreateRequest, check_prompt_cache_options
 from responses_app.storage import rawsql, selectors
 from responses_app.storage.history_cache import history_cache
+from responses_app.storage.input_files import resolve_input_files, wants_files
 
 COMPACTION_TYPES = frozenset({"compaction", "compaction_trigger"})
 # Input items only the executor can serve: compaction and client tool-search state.
 # Multi-agent items too: the executor drops them from the model's input (never sent raw upstream).
-EXECUTOR_ITEM_TYPES = COMPACTION_TYPES | {"tool_search_call", "tool_search_output"} | AGENT_ITEM_TYPES
+# A file_search_call too: the model reads it as the function call and results the executor rebuilds.
+EXECUTOR_ITEM_TYPES = (
+    COMPACTION_TYPES | {"tool_search_call", "tool_search_output", "file_search_call"} | AGENT_ITEM_TYPES
+)
 # Gateway-owned fields vLLM's /v1/responses shares with the same meaning (store: false, stream, a null
 # previous_response_id ...): the direct path may relay them. Any other gateway-owned field, present with
 # any value, sends the request through the executor, which never forwards it (direct is byte for byte).
@@ -53,6 +58,8 @@ def needs_executor(request: ResponseCreateRequest, raw: dict[str, Any], config: 
         return True
     if async_tools.needs_executor(request.tools, request.input):
         return True
+    if wants_files(request.input):
+        return True  # the upstream cannot resolve the gateway's file ids
     return isinstance(request.input, list) and any(
         item.get("type") in EXECUTOR_ITEM_TYPES for item in request.input
     )
@@ -62,6 +69,10 @@ def prepare_reads_database(request: ResponseCreateRequest) -> bool:
     """Whether :func:`response_prepare` consults stored state for ``request`` (else it can run on
     the event loop: nothing but validation and fresh ids)."""
     if request.previous_response_id is not None or request.conversation is not None:
+        return True
+    if any(isinstance(t, dict) and t.get("type") == "file_search" for t in request.tools or ()):
+        return True  # its vector stores are checked
+    if wants_files(request.input):
         return True
     return _references_items(request)
 
@@ -133,7 +144,9 @@ def response_prepare(
             raise
         history = [item.data for item in stored]
 
+    check_stores(request.tools, owner)  # a file_search tool's stores: 404 before any lookup of history
     new_items, to_insert = _resolve_input(translate.normalize_input(request.input), owner)
+    resolve_input_files(new_items, owner, config, PRIVATE_KEY)
     if cached_history is not None and request.stores:
         # A stored response continuing an in-memory (possibly unstored) parent: its checkpoint must
         # only reference stored items, so the parent's items are stored with it (duplicates ignored).

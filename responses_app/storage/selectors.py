@@ -6,6 +6,7 @@ from typing import Any
 
 from conversations_app.models import Item
 from gateway.core import errors
+from responses_app.engine.tool_loop import PRIVATE_KEY
 from responses_app.models import Response, ResponseEvent
 
 
@@ -23,6 +24,30 @@ def items_in_order(*, ids: list[str], owner: str) -> list[Item]:
         return []
     by_id = {item.id: item for item in Item.objects.filter(id__in=ids, owner=owner)}
     return [by_id[i] for i in ids if i in by_id]
+
+
+def snapshot_file_search_results(*, snapshot: dict[str, Any], owner: str, include: bool) -> dict[str, Any]:
+    """``snapshot`` as a retrieve returns it: each ``file_search_call``'s ``results`` read from its
+    stored item (where the tool loop keeps them) when ``include`` asks for them, else null, whatever
+    the create asked for (``include`` applies to each request that returns the response)."""
+    output = snapshot.get("output")
+    if not isinstance(output, list):
+        return snapshot
+    ids = [
+        i["id"] for i in output if isinstance(i, dict) and i.get("type") == "file_search_call" and "id" in i
+    ]
+    if not ids:
+        return snapshot
+    stored = {item.id: item.data for item in items_in_order(ids=ids, owner=owner)} if include else {}
+    filled = []
+    for item in output:
+        if isinstance(item, dict) and item.get("id") in ids:
+            data = stored.get(item["id"])
+            view = data.get(PRIVATE_KEY) if isinstance(data, dict) else None
+            results = view.get("results") if isinstance(view, dict) else None
+            item = {**item, "results": results if isinstance(results, list) else None}
+        filled.append(item)
+    return {**snapshot, "output": filled}
 
 
 def response_input_items(

@@ -27,6 +27,17 @@ def file_storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     yield location
 
 
+@pytest.fixture
+def held_ingestion(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Ingestion held back: attachments stay ``in_progress`` until the test sets their state (the
+    tests of counts, statuses and cancel); the attachments that would have been scheduled are listed."""
+    from files_app import ingest
+
+    held: list[int] = []
+    monkeypatch.setattr(ingest, "schedule", lambda pks: held.extend(pks))
+    return held
+
+
 def stored_names(location: Path) -> list[str]:
     return sorted(p.name for p in location.rglob("*") if p.is_file()) if location.exists() else []
 
@@ -36,4 +47,4 @@ def client(live_gateway: LiveServer) -> openai.OpenAI:
     return sdk(live_gateway.url)
 
 
-__all__ = ["OWNER_HEADER", "client", "file_storage", "owned_gateway", "sdk", "stored_names"]
+__all__ = ["OWNER_HEADER", "client", "file_storage", "held_ingestion", "owned_gateway", "sdk", "stored_names"]

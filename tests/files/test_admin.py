@@ -41,7 +41,7 @@ def store_with(owner: str, files: list[File]) -> VectorStore:
     )
 
 
-def test_lists_show_status_and_chunk_counts(file_storage: Path) -> None:
+def test_lists_show_status_and_chunk_counts(file_storage: Path, held_ingestion: list[int]) -> None:
     done, pending = stored_file("key:alice", "done.txt"), stored_file("key:alice", "pending.txt")
     store = store_with("key:alice", [done, pending])
     finished = VectorStoreFile.objects.get(file=done)
@@ -69,7 +69,9 @@ def test_lists_show_status_and_chunk_counts(file_storage: Path) -> None:
     assert client.get("/admin/files_app/file/add/").status_code == 403
 
 
-def test_deleting_a_file_in_the_admin_removes_its_bytes_chunks_and_attachments(file_storage: Path) -> None:
+def test_deleting_a_file_in_the_admin_removes_its_bytes_chunks_and_attachments(
+    file_storage: Path, held_ingestion: list[int]
+) -> None:
     gone, kept = stored_file("key:bob", "gone.txt"), stored_file("key:bob", "kept.txt")
     store = store_with("key:bob", [gone, kept])
     attachment = VectorStoreFile.objects.get(file=gone)

@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from files_app import services
 from files_app.models import Chunk, File, VectorStore, VectorStoreFile
 from tests.files.conftest import stored_names
 from tests.servers import LiveServer, raw_http
@@ -76,7 +77,9 @@ def test_list_pages_orders_and_filters_by_purpose(client: openai.OpenAI) -> None
     assert exc.value.body["param"] == "after"
 
 
-def test_expires_after_sets_expires_at_and_an_expired_file_is_gone(client: openai.OpenAI) -> None:
+def test_expires_after_sets_expires_at_and_an_expired_file_is_gone(
+    client: openai.OpenAI, file_storage: Path
+) -> None:
     uploaded = client.files.create(
         file=("e.txt", b"soon gone"), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
     )
@@ -85,6 +88,15 @@ def test_expires_after_sets_expires_at_and_an_expired_file_is_gone(client: opena
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
     assert client.files.list().data == []
+    # The sweep deletes it for good: row, attachments and bytes.
+    keeps = client.files.create(file=("k.txt", b"keeps"), purpose="batch")
+    client.vector_stores.create(file_ids=[keeps.id])
+    VectorStoreFile.objects.create(vector_store_id=VectorStore.objects.get().id, file_id=uploaded.id)
+    assert services.files_expired_delete() == 1
+    assert list(File.objects.values_list("id", flat=True)) == [keeps.id]
+    assert list(VectorStoreFile.objects.values_list("file_id", flat=True)) == [keeps.id]
+    assert stored_names(file_storage) == [File.objects.get().storage_name]
+    assert services.files_expired_delete() == 0
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,9 @@ def test_an_expired_store_says_so(client: openai.OpenAI) -> None:
     assert client.vector_stores.retrieve(store.id).status == "expired"
 
 
-def test_counts_usage_and_status_are_true_at_every_moment(client: openai.OpenAI) -> None:
+def test_counts_usage_and_status_are_true_at_every_moment(
+    client: openai.OpenAI, held_ingestion: list[int]
+) -> None:
     a, b, c = (upload(client, f"{n}.txt") for n in "abc")
     store = client.vector_stores.create(name="s", file_ids=[a, b, c])
     assert store.status == "in_progress"
@@ -130,7 +132,9 @@ def test_counts_usage_and_status_are_true_at_every_moment(client: openai.OpenAI)
     assert failed.last_error is not None and failed.last_error.code == "unsupported_file"
 
 
-def test_store_files_attach_list_update_content_and_detach(client: openai.OpenAI) -> None:
+def test_store_files_attach_list_update_content_and_detach(
+    client: openai.OpenAI, held_ingestion: list[int]
+) -> None:
     store = client.vector_stores.create(name="s")
     a, b, c = (upload(client, f"{n}.txt") for n in "abc")
     attached = client.vector_stores.files.create(
@@ -219,7 +223,9 @@ def test_store_files_attach_list_update_content_and_detach(client: openai.OpenAI
     assert {f.id for f in client.files.list()} == {a, b, c}
 
 
-def test_file_batches_create_retrieve_list_and_cancel(client: openai.OpenAI) -> None:
+def test_file_batches_create_retrieve_list_and_cancel(
+    client: openai.OpenAI, held_ingestion: list[int]
+) -> None:
     store = client.vector_stores.create(name="s")
     ids = [upload(client, f"{i}.txt") for i in range(4)]
     batch = client.vector_stores.file_batches.create(
@@ -490,16 +496,24 @@ def test_json_routes_answer_json_errors(live_gateway: LiveServer) -> None:
 
 @needs_ingest
 def test_attached_files_reach_completed_with_chunks(client: openai.OpenAI) -> None:
-    """Needs ``files_app.ingest`` (in process without a broker): an attached text file is ingested."""
+    """Needs ``files_app.ingest`` (in process without a broker): files attached at a store's creation,
+    one by one and in a batch are all ingested, and their chunks are the content the API shows."""
     text = ("The gateway stores files and searches them. " * 200).encode()
-    file_id = upload(client, "doc.txt", text)
-    store = client.vector_stores.create(name="s", file_ids=[file_id])
+    first, second, third = (upload(client, f"doc{n}.txt", text) for n in range(3))
+    store = client.vector_stores.create(name="s", file_ids=[first])
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=second)
+    batch = client.vector_stores.file_batches.create(vector_store_id=store.id, file_ids=[third])
     deadline = time.monotonic() + 60
     while client.vector_stores.retrieve(store.id).status != "completed" and time.monotonic() < deadline:
         time.sleep(0.1)
     done = client.vector_stores.retrieve(store.id)
-    assert done.file_counts.completed == 1 and done.usage_bytes > 0
-    content = client.vector_stores.files.content(file_id, vector_store_id=store.id)
-    assert content.data and "gateway stores files" in (content.data[0].text or "")
-    assert Chunk.objects.filter(file_id=file_id).count() == len(content.data)
-    assert File.objects.filter(id=file_id).exists()
+    assert done.status == "completed", done
+    assert done.file_counts.completed == 3 and done.usage_bytes > 0
+    assert (
+        client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=store.id).status == "completed"
+    )
+    for file_id in (first, second, third):
+        content = client.vector_stores.files.content(file_id, vector_store_id=store.id)
+        assert content.data and "gateway stores files" in (content.data[0].text or "")
+        assert Chunk.objects.filter(file_id=file_id).count() == len(content.data)
+    assert File.objects.count() == 3

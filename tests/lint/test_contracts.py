@@ -20,6 +20,7 @@ PACKAGES = (
     "conversations_app",
     "inference_app",
     "usage_app",
+    "files_app",
 )
 
 # One violation of each rule of the layers contract (DESIGN.md "Where code lives"), and of vLLM's.
@@ -31,6 +32,7 @@ VIOLATIONS = {
     "inference_app/upstream/zz_engine.py": "from inference_app.engine.host import EngineHost\n",
     "inference_app/tools/zz_engine.py": "from inference_app.engine import tasks\n",
     "usage_app/zz_up.py": "import inference_app.upstream.http\n",
+    "files_app/zz_up.py": "def f():\n    from inference_app.tools import dispatch\n",
     "responses_app/zz_torch.py": "import torch\n",
 }
 
@@ -110,6 +112,7 @@ def test_every_contract_fails_when_violated(lint_output: str) -> None:
         "inference_app.upstream.zz_engine -> inference_app.engine.host",
         "inference_app.tools.zz_engine -> inference_app.engine.tasks",
         "usage_app.zz_up -> inference_app.upstream.http",
+        "files_app.zz_up -> inference_app.tools.dispatch",
         "responses_app.zz_torch -> torch",
     ):
         assert line in lint_output, line

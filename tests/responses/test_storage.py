@@ -185,5 +185,10 @@ def test_input_tokens_uses_upstream_tokenize(gw: Gateway) -> None:
         {"role": "user", "content": "Count me"},
     ]
     assert Response.objects.count() == 0
+
+    async def no_tokenizer(request: web.Request, rec: Any) -> web.StreamResponse:
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    gw.upstream.script("/tokenize", no_tokenizer)  # a server without /tokenize
     r = httpx.post(f"{gw.url}/v1/responses/input_tokens", json={"model": "m", "input": "x"})
-    assert r.status_code == 501  # the scripted upstream's default answer for /tokenize is 404
+    assert r.status_code == 501

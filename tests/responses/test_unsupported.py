@@ -123,7 +123,7 @@ REFUSALS: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({"tools": [{"type": "image_generation"}]}, "unsupported_value", "tools[0].type"),
     (
-        {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+        {"tools": [{"type": "computer_use_preview", "display_width": 1, "display_height": 1}]},
         "unsupported_value",
         "tools[0].type",
     ),

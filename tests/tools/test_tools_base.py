@@ -72,7 +72,7 @@ def test_every_web_search_variant_is_gateway_owned(kind: str) -> None:
 def test_unknown_tools_are_never_executed() -> None:
     ts = classify_tools(
         [
-            {"type": "file_search", "vector_store_ids": []},
+            {"type": "computer_use_preview"},
             {"type": "image_generation"},
             {"name": "x"},
             "bogus",
@@ -81,9 +81,9 @@ def test_unknown_tools_are_never_executed() -> None:
     )
     assert ts.unknown == (0, 1, 2, 3)
     assert ts.client_tools == () and dict(ts.functions) == {}
-    assert ts.owner("file_search") == "unknown"
+    assert ts.owner("computer_use_preview") == "unknown"
     with pytest.raises(KeyError):
-        ts.make_call("call_1", "file_search", "{}")
+        ts.make_call("call_1", "computer_use_preview", "{}")
 
 
 def test_a_name_claimed_twice_is_ambiguous_and_never_executed() -> None:
