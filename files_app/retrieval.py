@@ -259,13 +259,13 @@ def _build_index(store_id: str, dimensions: int | None) -> StoreIndex:
     )
     batch: list[str] = []
     limit = get_config().file_search.max_chunks_per_store
+    if rows.count() > limit:  # counted before any row is read: an oversized store costs one query
+        raise errors.BadRequest(
+            f"Vector store '{store_id}' holds more than {limit} chunks, the most one store may hold "
+            "for exact search ([file_search] max_chunks_per_store).",
+            code="vector_store_too_large",
+        )
     for chunk_id, store_file_id, text, embedding in rows.iterator(chunk_size=2000):
-        if len(chunk_ids) == limit:
-            raise errors.BadRequest(
-                f"Vector store '{store_id}' holds more than {limit} chunks, the most one store may hold "
-                "for exact search ([file_search] max_chunks_per_store).",
-                code="vector_store_too_large",
-            )
         chunk_ids.append(chunk_id)
         store_file_ids.append(store_file_id)
         batch.append(text)
@@ -355,13 +355,16 @@ class IndexCache:
                 found = self._entries.get(key)
             if found is not None:
                 return found
-            index = _build_index(store.id, store.embedding_dimensions if store.embedding_model else None)
+            try:
+                index = _build_index(store.id, store.embedding_dimensions if store.embedding_model else None)
+            finally:
+                with self._lock:
+                    self._building.pop(key, None)
             self.builds += 1
             # Cached only when the revision did not move while the chunks were read: otherwise the
             # rows may be newer than the key says (they still answer this search).
             current = VectorStore.objects.filter(id=store.id).values_list("revision", flat=True).first()
             with self._lock:
-                self._building.pop(key, None)
                 if current == store.revision:
                     for old in [k for k in self._entries if k[0] == store.id]:
                         del self._entries[old]
