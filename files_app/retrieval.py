@@ -204,12 +204,9 @@ def check_max_num_results(raw: Any, param: str = "max_num_results") -> int:
 
 
 # ------------------------------------------------------------------------------------ the index
-def tokenize(texts: list[str]) -> list[list[str]]:
+def new_tokenizer() -> bm25s.tokenization.Tokenizer:
     """BM25's terms: lower-cased words of two characters or more, English stop words left out."""
-    tokens: list[list[str]] = bm25s.tokenize(
-        texts, stopwords=STOPWORDS, return_ids=False, show_progress=False
-    )
-    return tokens
+    return bm25s.tokenization.Tokenizer(stopwords=STOPWORDS)
 
 
 @dataclass
@@ -219,6 +216,7 @@ class StoreIndex:
     chunk_ids: np.ndarray  # int64, the Chunk primary keys, in index order
     store_file_ids: np.ndarray  # int64, each chunk's VectorStoreFile
     bm25: bm25s.BM25 | None  # None: no chunk has a term
+    tokenizer: bm25s.tokenization.Tokenizer  # the store's vocabulary (a query reads it, never grows it)
     term_max: np.ndarray  # float32, each term's best score in the store (the keyword scale)
     vectors: np.ndarray | None  # float32 (chunks x dimensions), rows of unit length; None: no embeddings
     nbytes: int = 0
@@ -231,8 +229,9 @@ class StoreIndex:
         scores = np.zeros(len(self), dtype=np.float32)
         if self.bm25 is None:
             return scores
-        terms = len(self.bm25.scores["indptr"]) - 1
-        ids = [i for i in self.bm25.get_tokens_ids(tokenize([query])[0]) if i < terms]
+        empty = self.tokenizer.word_to_id.get("")  # what a document without terms holds
+        (found,) = self.tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)
+        ids = [i for i in found if i != empty]
         if not ids:
             return scores
         scale = float(self.term_max[ids].sum())
@@ -250,7 +249,8 @@ class StoreIndex:
 def _build_index(store_id: str, dimensions: int | None) -> StoreIndex:
     chunk_ids: list[int] = []
     store_file_ids: list[int] = []
-    corpus: list[list[str]] = []
+    corpus: list[list[int]] = []
+    tokenizer = new_tokenizer()
     vectors: list[np.ndarray] = []
     rows = (
         Chunk.objects.filter(vector_store_id=store_id, store_file__status=COMPLETED)
@@ -259,18 +259,18 @@ def _build_index(store_id: str, dimensions: int | None) -> StoreIndex:
     )
     batch: list[str] = []
     limit = get_config().file_search.max_chunks_per_store
+    if rows.count() > limit:  # counted before any row is read: an oversized store costs one query
+        raise errors.BadRequest(
+            f"Vector store '{store_id}' holds more than {limit} chunks, the most one store may hold "
+            "for exact search ([file_search] max_chunks_per_store).",
+            code="vector_store_too_large",
+        )
     for chunk_id, store_file_id, text, embedding in rows.iterator(chunk_size=2000):
-        if len(chunk_ids) == limit:
-            raise errors.BadRequest(
-                f"Vector store '{store_id}' holds more than {limit} chunks, the most one store may hold "
-                "for exact search ([file_search] max_chunks_per_store).",
-                code="vector_store_too_large",
-            )
         chunk_ids.append(chunk_id)
         store_file_ids.append(store_file_id)
         batch.append(text)
         if len(batch) == 2000:
-            corpus.extend(tokenize(batch))
+            corpus.extend(tokenizer.tokenize(batch, update_vocab=True, return_as="ids", show_progress=False))
             batch = []
         if dimensions:
             vector = np.frombuffer(embedding, dtype="<f4") if embedding is not None else None
@@ -280,14 +280,16 @@ def _build_index(store_id: str, dimensions: int | None) -> StoreIndex:
                 else np.zeros(dimensions, np.float32)
             )
     if batch:
-        corpus.extend(tokenize(batch))
+        corpus.extend(tokenizer.tokenize(batch, update_vocab=True, return_as="ids", show_progress=False))
     bm25: bm25s.BM25 | None = None
     term_max = np.zeros(0, dtype=np.float32)
-    if any(corpus):
+    if len(tokenizer.word_to_id) > 1:  # a term besides the empty one
         bm25 = bm25s.BM25(method="lucene")
-        bm25.index(corpus, show_progress=False)
+        bm25.index((corpus, tokenizer.get_vocab_dict()), show_progress=False)
         data, indptr = bm25.scores["data"], bm25.scores["indptr"]
-        term_max = np.maximum.reduceat(data, indptr[:-1]).astype(np.float32)
+        postings = np.diff(indptr) > 0
+        term_max = np.zeros(len(postings), dtype=np.float32)
+        term_max[postings] = np.maximum.reduceat(data, indptr[:-1][postings])
     matrix: np.ndarray | None = None
     if dimensions and vectors:
         matrix = np.vstack(vectors).astype(np.float32)
@@ -297,6 +299,7 @@ def _build_index(store_id: str, dimensions: int | None) -> StoreIndex:
         chunk_ids=np.asarray(chunk_ids, dtype=np.int64),
         store_file_ids=np.asarray(store_file_ids, dtype=np.int64),
         bm25=bm25,
+        tokenizer=tokenizer,
         term_max=term_max,
         vectors=matrix,
     )
@@ -313,7 +316,7 @@ def _index_bytes(index: StoreIndex) -> int:
             a.nbytes
             for a in (index.bm25.scores["data"], index.bm25.scores["indices"], index.bm25.scores["indptr"])
         )
-        size += 100 * len(index.bm25.vocab_dict)  # a dict entry and its string, roughly
+        size += 200 * len(index.bm25.vocab_dict)  # the index's and the tokenizer's entries, roughly
     return size
 
 
@@ -352,13 +355,16 @@ class IndexCache:
                 found = self._entries.get(key)
             if found is not None:
                 return found
-            index = _build_index(store.id, store.embedding_dimensions if store.embedding_model else None)
+            try:
+                index = _build_index(store.id, store.embedding_dimensions if store.embedding_model else None)
+            finally:
+                with self._lock:
+                    self._building.pop(key, None)
             self.builds += 1
             # Cached only when the revision did not move while the chunks were read: otherwise the
             # rows may be newer than the key says (they still answer this search).
             current = VectorStore.objects.filter(id=store.id).values_list("revision", flat=True).first()
             with self._lock:
-                self._building.pop(key, None)
                 if current == store.revision:
                     for old in [k for k in self._entries if k[0] == store.id]:
                         del self._entries[old]

@@ -79,6 +79,15 @@ def test_keyword_scores_are_relative_to_the_best_each_term_reaches() -> None:
     assert cat[0].score == 1.0 and 0 < cat[1].score < 1
 
 
+def test_a_query_of_stop_words_matches_nothing() -> None:
+    store = make_store()
+    add_file(store, "empty.txt", ["", "!!"])
+    add_file(store, "stop.txt", ["the of and"])
+    add_file(store, "cat.txt", ["the cat"])
+    assert run(vector_store_ids=[store.id], queries=["the of", "?"]) == []
+    assert names(run(vector_store_ids=[store.id], queries=["the cat"])) == ["cat.txt"]
+
+
 def test_unpublished_chunks_are_never_returned() -> None:
     store = make_store()
     add_file(store, "done.txt", ["a cat sat on the mat with a dog"])
