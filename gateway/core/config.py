@@ -343,7 +343,7 @@ class FileSearchConfig(_Section):
 
     embedding_model: str = ""
     embedding_base_url: str = ""  # "": the configured upstream
-    max_chunks_per_store: PositiveInt = 200_000
+    max_chunks_per_store: PositiveInt = 50_000
     index_cache_bytes: PositiveInt = (
         512 * MiB
     )  # search indexes kept in memory per process (files_app.retrieval)
