@@ -13,9 +13,7 @@ works end to end; its latency includes one real HTTP call per search.
 Per database: the gateway as ``make run`` starts it (``manage.py serve``, ``[file_search]
 embedding_model`` set), the corpus ingested through the API (``POST /v1/files``, a vector store,
 ``file_batches`` of 500, polled until every file is ``completed``): files/s from the first upload to
-the last completion. Where the running checkout has no Files API yet (a 404), the rows are written
-with the ORM instead (one chunk per file, embeddings computed in process) and no ingestion figure is
-given. Then ``POST /v1/vector_stores/{id}/search`` at C=1 and C=16 for keyword
+the last completion. Then ``POST /v1/vector_stores/{id}/search`` at C=1 and C=16 for keyword
 (``hybrid_search`` weights 0/1), semantic (1/0) and hybrid (the default): req/s, p50 and p99
 latency; recall@5 of the labelled queries per mode; and the first search's latency (the index
 build). Last, in process on SQLite: one store of ``--scale`` chunks, the index build time and size,
@@ -153,13 +151,9 @@ async def _json(response: aiohttp.ClientResponse, expected: int = 200) -> Any:
     return orjson.loads(raw)
 
 
-async def ingest_api(base: str, documents: list[tuple[str, str]]) -> tuple[str, float, float] | None:
-    """The corpus through the Files and vector stores APIs: (store id, upload s, total s); None when
-    the checkout has no Files API."""
+async def ingest_api(base: str, documents: list[tuple[str, str]]) -> tuple[str, float, float]:
+    """The corpus through the Files and vector stores APIs: (store id, upload s, total s)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
-        async with client.get(f"{base}/v1/files") as probe:
-            if probe.status == 404:
-                return None
         started = time.perf_counter()
         ids: list[str] = []
         queue = list(documents)
@@ -197,22 +191,6 @@ async def ingest_api(base: str, documents: list[tuple[str, str]]) -> tuple[str, 
                 failed = (await _json(r))["data"]
             raise Failed(f"ingestion ended with {counts}; {failed[0]['last_error'] if failed else ''}")
         return store, uploaded, total
-
-
-def ingest_orm(env: dict[str, str], documents: list[tuple[str, str]], dims: int) -> str:
-    """The corpus as rows, written by a child process on the gateway's database: the store id."""
-    with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as spec:
-        spec.write(orjson.dumps({"documents": documents, "dims": dims}))
-    out = subprocess.run(
-        [sys.executable, __file__, "--orm-ingest", spec.name],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    os.unlink(spec.name)
-    return str(json.loads(out.stdout.strip().splitlines()[-1])["store"])
 
 
 def _django(env: dict[str, str]) -> None:
@@ -382,17 +360,11 @@ def run_store(
     proc, base = start_gateway(upstream, database, data_dir, settings=settings)
     errors = 0
     try:
-        ingested = asyncio.run(ingest_api(base, documents))
-        if ingested is None:
-            env = {"GATEWAY_SERVER_DATA_DIR": data_dir, **({"DATABASE_URL": database} if database else {})}
-            store = ingest_orm(env, documents, args.dims)
-            print(f"\n[{kind}] {len(documents)} files written with the ORM (this checkout has no Files API)")
-        else:
-            store, uploaded, total = ingested
-            print(
-                f"\n[{kind}] ingestion: {len(documents)} files, {sum(len(t) for _, t in documents) / 1e6:.1f} MB: "
-                f"uploads {len(documents) / uploaded:.0f} files/s, uploads to all completed {len(documents) / total:.1f} files/s"
-            )
+        store, uploaded, total = asyncio.run(ingest_api(base, documents))
+        print(
+            f"\n[{kind}] ingestion: {len(documents)} files, {sum(len(t) for _, t in documents) / 1e6:.1f} MB: "
+            f"uploads {len(documents) / uploaded:.0f} files/s, uploads to all completed {len(documents) / total:.1f} files/s"
+        )
         print(
             f"[{kind}] first search (builds the store's index): {asyncio.run(first_search(base, store)) * 1000:.0f} ms"
         )
@@ -426,14 +398,8 @@ def main() -> None:
     parser.add_argument(
         "--scale", type=int, default=20000, help="chunks in the exact-search cost cell (0: none)"
     )
-    parser.add_argument("--orm-ingest", help=argparse.SUPPRESS)
     parser.add_argument("--scale-cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.orm_ingest:
-        spec = orjson.loads(Path(args.orm_ingest).read_bytes())
-        _django({})
-        print(json.dumps({"store": orm_rows([tuple(d) for d in spec["documents"]], spec["dims"])}))
-        return
     if args.scale_cell:
         _django(
             {
