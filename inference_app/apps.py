@@ -20,5 +20,10 @@ class InferenceAppConfig(AppConfig):
             # The engine (in process or on the GPU workers) serves one known name: the metrics label
             # it before any model list is read.
             usage_metrics.models_listed([served_name(config)])
+        if config.broker_enabled and not config.llm_api_base:  # inference on Celery workers
+            from gateway.core.metrics import register_scrape_collector
+            from inference_app.upstream.queue_metrics import InferenceQueueCollector
+
+            register_scrape_collector(InferenceQueueCollector(config.redis_url))
         # The upstream's session on the server's loop closes with the server.
         lifecycle.on_shutdown(close_upstreams)

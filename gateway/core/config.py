@@ -347,6 +347,12 @@ class FileSearchConfig(_Section):
     ingestion_lease_s: PositiveFloat = 120.0
 
 
+class ObservabilityConfig(_Section):
+    """Tracing (docs/operations.md, "Tracing"); the exporter itself is set by the OTEL_* variables."""
+
+    capture_content: bool = False
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -406,6 +412,7 @@ class Config(BaseSettings):
     usage: UsageConfig = UsageConfig()
     files: FilesConfig = FilesConfig()
     file_search: FileSearchConfig = FileSearchConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
