@@ -25,10 +25,13 @@ _with_exporter: set[int] = set()
 
 def _set_global(provider: Any) -> None:
     """Replace the process's provider (the API allows one ``set``; tests may swap it)."""
+    from gateway.core import spans
+
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace._TRACER_PROVIDER = None
     if provider is not None:
         trace.set_tracer_provider(provider)
+    spans.refresh()
 
 
 def install() -> TracerProvider:
