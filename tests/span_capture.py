@@ -72,6 +72,20 @@ def request_spans(app: Any) -> Any:
     return wrapped
 
 
+def serve_traced_gateway() -> Iterator[Any]:
+    """``tests.conftest.serve_gateway`` with :func:`request_spans` around the application."""
+    from gateway.asgi import application
+    from inference_app.upstream.http import close_upstreams
+    from tests.servers import LiveServer
+    from usage_app import writer
+
+    server = LiveServer(request_spans(application), on_stop=close_upstreams).start()
+    yield server
+    server.stop()
+    if writer.writer.pending:  # this test's ledger rows go to its own database
+        writer.flush_now()
+
+
 def finished() -> list[ReadableSpan]:
     return list(EXPORTER.get_finished_spans())
 

@@ -15,23 +15,24 @@ from typing import Any
 
 import orjson
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from gateway.core.config import get_config
 
 TRACER_NAME = "agentic-gateway"
-_tracer: tuple[TracerProvider | None, Tracer | None] = (None, None)
+# The API's proxy tracer: a no-op until a provider is installed, then that provider's tracer (fetched
+# once). Asking for the provider on every span would cost an environment lookup each time without one.
+_tracer: Tracer = trace.get_tracer(TRACER_NAME)
 
 
 def tracer() -> Tracer:
-    """The gateway's tracer from the provider installed now (a no-op one when there is none)."""
+    return _tracer
+
+
+def refresh() -> None:
+    """Take the tracer from the provider installed now (tests that swap providers call this)."""
     global _tracer
-    provider = trace.get_tracer_provider()
-    cached_provider, cached = _tracer
-    if cached is None or provider is not cached_provider:
-        cached = provider.get_tracer(TRACER_NAME)
-        _tracer = (provider, cached)
-    return cached
+    _tracer = trace.get_tracer(TRACER_NAME)
 
 
 # The semantic conventions' names (gen_ai registry, v1.37+).
@@ -96,6 +97,8 @@ def ended_by(span: Span, exc: BaseException) -> None:
 def current(span: Span) -> contextlib.AbstractContextManager[Span]:
     """``span`` as the current span for a block that does not yield (an ``await`` inside an async
     generator included: the context is restored before the generator gives control back)."""
+    if not span.get_span_context().is_valid:  # no provider: nothing to make current
+        return contextlib.nullcontext(span)
     return trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
 
 
@@ -106,7 +109,7 @@ class ModelRound:
 
     def __init__(self, model: str, *, operation: str = "chat", **attributes: Any) -> None:
         self.model = model
-        self.span = tracer().start_span(f"{operation} {model}" if model else operation, kind=SpanKind.CLIENT)
+        self.span = _tracer.start_span(f"{operation} {model}" if model else operation, kind=SpanKind.CLIENT)
         if self.span.is_recording():
             self.span.set_attributes(
                 {OPERATION: operation, PROVIDER: PROVIDER_NAME, REQUEST_MODEL: model, **attributes}
@@ -156,13 +159,14 @@ class ModelRound:
 @contextlib.contextmanager
 def internal(name: str, **attributes: Any) -> Iterator[Span]:
     """A current INTERNAL span around a block that does not yield; an exception marks it failed."""
-    with tracer().start_as_current_span(
-        name, kind=SpanKind.INTERNAL, record_exception=False, set_status_on_exception=False
-    ) as span:
-        if attributes and span.is_recording():
-            span.set_attributes(attributes)
-        try:
+    span = _tracer.start_span(name, kind=SpanKind.INTERNAL)
+    try:
+        with current(span):
+            if attributes and span.is_recording():
+                span.set_attributes(attributes)
             yield span
-        except BaseException as exc:
-            ended_by(span, exc)
-            raise
+    except BaseException as exc:
+        ended_by(span, exc)
+        raise
+    finally:
+        span.end()

@@ -30,12 +30,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
-    from gateway.asgi import application
-    from inference_app.upstream.http import close_upstreams
-
-    server = LiveServer(span_capture.request_spans(application), on_stop=close_upstreams).start()
-    yield server
-    server.stop()
+    """The gateway with each request in a server span of its own (see the module docstring)."""
+    yield from span_capture.serve_traced_gateway()
 
 
 @pytest.fixture

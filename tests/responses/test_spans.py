@@ -42,15 +42,7 @@ CONTENT_KEYS = (
 @pytest.fixture
 def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
     """The gateway with each request in a server span of its own (see the module docstring)."""
-    from gateway.asgi import application
-    from inference_app.upstream.http import close_upstreams
-    from usage_app import writer
-
-    server = LiveServer(span_capture.request_spans(application), on_stop=close_upstreams).start()
-    yield server
-    server.stop()
-    if writer.writer.pending:
-        writer.flush_now()
+    yield from span_capture.serve_traced_gateway()
 
 
 @pytest.fixture
