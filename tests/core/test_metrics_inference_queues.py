@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -57,13 +58,18 @@ def test_queue_depth_and_live_workers_per_model(prefix: str) -> None:
     assert value("gateway_inference_registry_up") == 1
 
 
-def test_the_collector_is_on_the_metrics_page_and_redis_away_is_reported_quickly(prefix: str) -> None:
+def test_the_collector_is_on_the_metrics_page_and_redis_away_is_reported_quickly(
+    prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     collector = InferenceQueueCollector(REDIS_URL, prefix=prefix)
     metrics.register_scrape_collector(collector)
     try:
         text = metrics.exposition().decode()
         assert 'gateway_inference_queue_depth{queue="inference"} 0.0' in text
         assert "gateway_inference_registry_up 1.0" in text
+        with monkeypatch.context() as several:  # several server processes: each scrape's own registry
+            several.setenv(metrics.MULTIPROC_ENV, str(tmp_path))
+            assert "gateway_inference_registry_up 1.0" in metrics.exposition().decode()
         # Another of its class replaces it (a config reloaded): one set of samples, no duplicates.
         away = InferenceQueueCollector(f"redis://127.0.0.1:{free_port()}/0")
         metrics.register_scrape_collector(away)
