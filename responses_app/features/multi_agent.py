@@ -277,7 +277,8 @@ class SegmentEnd:
 async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
     """Run ``agent``'s rounds until its turn ends or it has collaboration calls; report every event
     and the end to ``queue``. Touches only ``agent``."""
-    if agent.span is not None:  # this task's own context: the agent's rounds and tools nest in its span
+    if agent.span is not None and agent.span.get_span_context().is_valid:
+        # This task's own context: the agent's rounds, compactions and tool calls nest in its span.
         otel_context.attach(trace.set_span_in_context(agent.span))
     end = SegmentEnd("rounds")
     try:
