@@ -18,6 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from gateway.core.config import Config
+from gateway.core.metrics import register_scrape_collector
 from inference_app.upstream import streams
 
 log = logging.getLogger("inference.metrics")
@@ -106,3 +108,12 @@ class InferenceQueueCollector(Collector):
                 "1 when the last scrape read the inference queues and workers from Redis, else 0.",
             ),
         )
+
+
+def register(config: Config) -> bool:
+    """Put the collector on ``/metrics`` when inference runs on Celery workers (a broker and no
+    ``LLM_API_BASE``); whether it did."""
+    if not config.broker_enabled or config.llm_api_base:
+        return False
+    register_scrape_collector(InferenceQueueCollector(config.redis_url))
+    return True

@@ -82,3 +82,23 @@ def test_the_collector_is_on_the_metrics_page_and_redis_away_is_reported_quickly
         for registered in list(metrics._scrape_collectors):
             metrics.REGISTRY.unregister(registered)
             metrics._scrape_collectors.remove(registered)
+
+
+def test_registered_only_when_inference_runs_on_celery_workers() -> None:
+    from gateway.core.config import get_config, replace
+    from inference_app.upstream import queue_metrics
+
+    base = get_config()
+    try:
+        assert not queue_metrics.register(replace(base, redis_url="", llm_api_base=""))
+        assert not queue_metrics.register(
+            replace(base, redis_url=REDIS_URL, llm_api_base="http://127.0.0.1:1")
+        )
+        assert metrics._scrape_collectors == []
+        assert queue_metrics.register(replace(base, redis_url=REDIS_URL, llm_api_base=""))
+        (collector,) = metrics._scrape_collectors
+        assert isinstance(collector, InferenceQueueCollector) and collector.redis_url == REDIS_URL
+    finally:
+        for registered in list(metrics._scrape_collectors):
+            metrics.REGISTRY.unregister(registered)
+            metrics._scrape_collectors.remove(registered)
