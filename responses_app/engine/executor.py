@@ -226,7 +226,7 @@ class Executor(Lifecycle):
         except BaseException as exc:
             status = metering.failed_status(exc, call.received)
             spans.ended_by(span.span, exc)
-            if status != 200 and span.recording:
+            if call.received not in (None, 200) and span.recording:
                 span.span.set_attribute("http.response.status_code", status)
             raise
         finally:
