@@ -1,7 +1,7 @@
 """An in-memory span exporter on the process's tracer provider, for the span tests.
 
-The global provider can be set only once per process: :func:`install` keeps an SDK provider that is
-already installed (adding the exporter to it) and installs one otherwise. :func:`request_spans`
+The global provider can be set only once per process through the API: :func:`installed` swaps the
+process's provider for one with the exporter and puts the earlier one (usually none) back after. :func:`request_spans`
 wraps an ASGI app so that each HTTP request and WebSocket connection runs in a server span of its
 own, as the server instrumentation would make it (the gateway's spans must nest under it).
 """
@@ -20,31 +20,32 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util._once import Once
 
 EXPORTER = InMemorySpanExporter()
-_with_exporter: set[int] = set()
 
 
 def _set_global(provider: Any) -> None:
-    """Replace the process's provider (the API allows one ``set``; tests may swap it)."""
-    from gateway.core import spans
-
+    """Replace the process's provider (the API allows one ``set``; tests swap it), or remove it."""
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace._TRACER_PROVIDER = None
     if provider is not None:
         trace.set_tracer_provider(provider)
-    spans.refresh()
 
 
-def install() -> TracerProvider:
-    """The SDK provider in use, with :data:`EXPORTER` on it; cleared of earlier spans."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        _set_global(provider)
-    if id(provider) not in _with_exporter:
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        _with_exporter.add(id(provider))
+PROVIDER = TracerProvider()
+PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
+
+
+@contextmanager
+def installed() -> Iterator[TracerProvider]:
+    """:data:`PROVIDER` (its spans in :data:`EXPORTER`, cleared) installed while inside; the provider
+    before it (none, usually) is put back after, so tests that expect tracing off still find it off."""
+    before = trace._TRACER_PROVIDER
+    _set_global(PROVIDER)
     EXPORTER.clear()
-    return provider
+    try:
+        yield PROVIDER
+    finally:
+        _set_global(before)
+        EXPORTER.clear()
 
 
 @contextmanager

@@ -15,24 +15,24 @@ from typing import Any
 
 import orjson
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from gateway.core.config import get_config
 
 TRACER_NAME = "agentic-gateway"
-# The API's proxy tracer: a no-op until a provider is installed, then that provider's tracer (fetched
-# once). Asking for the provider on every span would cost an environment lookup each time without one.
-_tracer: Tracer = trace.get_tracer(TRACER_NAME)
+_cached: tuple[TracerProvider, Tracer] | None = None
 
 
 def tracer() -> Tracer:
-    return _tracer
-
-
-def refresh() -> None:
-    """Take the tracer from the provider installed now (tests that swap providers call this)."""
-    global _tracer
-    _tracer = trace.get_tracer(TRACER_NAME)
+    """The gateway's tracer from the provider installed now: a no-op one without a provider, and a
+    provider installed or replaced later (start-up, tests) is followed. The API's own proxy tracer
+    would stay with the first provider it met."""
+    global _cached
+    provider = trace.get_tracer_provider()
+    cached = _cached
+    if cached is None or cached[0] is not provider:
+        cached = _cached = (provider, provider.get_tracer(TRACER_NAME))
+    return cached[1]
 
 
 # The semantic conventions' names (gen_ai registry, v1.37+).
@@ -109,7 +109,7 @@ class ModelRound:
 
     def __init__(self, model: str, *, operation: str = "chat", **attributes: Any) -> None:
         self.model = model
-        self.span = _tracer.start_span(f"{operation} {model}" if model else operation, kind=SpanKind.CLIENT)
+        self.span = tracer().start_span(f"{operation} {model}" if model else operation, kind=SpanKind.CLIENT)
         if self.span.is_recording():
             self.span.set_attributes(
                 {OPERATION: operation, PROVIDER: PROVIDER_NAME, REQUEST_MODEL: model, **attributes}
@@ -159,7 +159,7 @@ class ModelRound:
 @contextlib.contextmanager
 def internal(name: str, **attributes: Any) -> Iterator[Span]:
     """A current INTERNAL span around a block that does not yield; an exception marks it failed."""
-    span = _tracer.start_span(name, kind=SpanKind.INTERNAL)
+    span = tracer().start_span(name, kind=SpanKind.INTERNAL)
     try:
         with current(span):
             if attributes and span.is_recording():

@@ -39,9 +39,8 @@ def gw(
     live_gateway: LiveServer, upstream: ScriptedUpstream, provider: SearchProvider, gateway_config: Any
 ) -> Iterator[LiveServer]:
     gateway_config(llm_api_base=upstream.url, web_search__base_url=provider.url)
-    span_capture.install()
-    yield live_gateway
-    span_capture.EXPORTER.clear()
+    with span_capture.installed():
+        yield live_gateway
 
 
 def test_each_round_of_the_loop_is_a_span_with_its_own_usage(

@@ -47,9 +47,8 @@ def live_gateway(transactional_db: None) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def recorded() -> Iterator[None]:
-    span_capture.install()
-    yield
-    span_capture.EXPORTER.clear()
+    with span_capture.installed():
+        yield
 
 
 def wait_spans(*names: str, count: int = 1, timeout: float = 10) -> list[ReadableSpan]:
