@@ -69,7 +69,8 @@ async def ready(request: HttpRequest) -> HttpResponse:
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
+    # In a thread: the inference queues' collector reads Redis, and several processes' files are read.
+    return HttpResponse(await asyncio.to_thread(exposition), content_type=CONTENT_TYPE_LATEST)
 
 
 async def head_root(request: HttpRequest) -> HttpResponse:

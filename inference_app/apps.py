@@ -9,6 +9,7 @@ class InferenceAppConfig(AppConfig):
         from gateway.core import lifecycle
         from gateway.core.config import get_config
         from inference_app.engine.embedded import EmbeddedUpstream
+        from inference_app.upstream import queue_metrics
         from inference_app.upstream.http import close_upstreams, use_embedded_engine
         from inference_app.upstream.types import served_name
         from usage_app import metrics as usage_metrics
@@ -20,5 +21,6 @@ class InferenceAppConfig(AppConfig):
             # The engine (in process or on the GPU workers) serves one known name: the metrics label
             # it before any model list is read.
             usage_metrics.models_listed([served_name(config)])
+        queue_metrics.register(config)
         # The upstream's session on the server's loop closes with the server.
         lifecycle.on_shutdown(close_upstreams)

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gateway.core import errors
+from gateway.core import errors, spans
 from gateway.core.asgi import (
     SSE_CONTENT_TYPE,
     DisconnectWatch,
@@ -400,6 +400,51 @@ class Outcome:
     results: list[dict[str, Any]]
 
 
+class RoundSpan:
+    """The span of one upstream round (``chat {model}``), current for the round's block: the upstream
+    call's span is its child, the round's gateway tool calls (run after it) its siblings. Its usage is
+    the round's ledger entry's (``call``), its answer what the block sets on :attr:`answer`."""
+
+    def __init__(self, call: ModelCall, messages: Any) -> None:
+        self.call = call
+        self.messages = messages  # the round's input, for capture_content
+        self.answer: Round | None = None
+        self.round = spans.ModelRound(call.model, **{spans.PROVIDER: "anthropic"})
+        self._current = spans.current(self.round.span)
+
+    def __enter__(self) -> RoundSpan:
+        self._current.__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> None:
+        self._current.__exit__(exc_type, exc, traceback)
+        span = self.round.span
+        if span.is_recording():
+            if exc is not None:
+                spans.ended_by(span, exc)
+            elif self.call.status not in (0, 200):
+                span.set_attribute("http.response.status_code", self.call.status)
+                spans.fail(span, str(self.call.status))
+            answer, usage = self.answer, self.call.usage
+            message = answer.message if answer is not None else {}
+            self.round.answered(
+                response_id=message.get("id") if isinstance(message.get("id"), str) else None,
+                response_model=message.get("model") if isinstance(message.get("model"), str) else None,
+                finish_reasons=[answer.stop_reason]
+                if answer is not None and isinstance(answer.stop_reason, str)
+                else None,
+                input_tokens=_token(usage.get("input_tokens")),
+                output_tokens=_token(usage.get("output_tokens")),
+            )
+            if answer is not None:
+                self.round.messages(None, self.messages, answer.content)
+        self.round.end()
+
+
+def _token(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class MessagesLoop:
     def __init__(
         self,
@@ -514,7 +559,7 @@ class MessagesLoop:
         public: list[dict[str, Any]] = []
         message: dict[str, Any] = {}
         while True:
-            with self.round_call() as call:
+            with self.round_call() as call, RoundSpan(call, self.messages) as span:
                 response = await self.send_round()
                 call.status = response.status
                 try:
@@ -525,7 +570,7 @@ class MessagesLoop:
                     return response, None, raw
                 first = first or response
                 try:
-                    round_ = parse_json_round(raw)
+                    round_ = span.answer = parse_json_round(raw)
                     gateway_calls, client_calls = self.calls_of(round_.content)
                 except RoundError as exc:
                     raise errors.UpstreamError(f"{_ROUND_ERROR}: {exc}.") from None
@@ -561,7 +606,7 @@ class MessagesLoop:
         reason: Any = None
         last: Round | None = None
         while True:
-            with self.round_call() as call:
+            with self.round_call() as call, RoundSpan(call, self.messages) as span:
                 response = await self.send_round()
                 call.status = response.status
                 try:
@@ -602,7 +647,7 @@ class MessagesLoop:
                             if shown.get("type") == "message_start" and self.round_no > 1:
                                 continue
                             await write(sse_event(name or shown.get("type", ""), shown))
-                        last = round_state.result()
+                        last = span.answer = round_state.result()
                         gateway_calls, client_calls = self.calls_of(last.content)
                     except RoundError as exc:
                         call.status = 502

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.registry import Collector
 
 from gateway.core.config import environ_get
 
@@ -43,6 +44,34 @@ WS_OPEN = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+RESPONSES_IN_FLIGHT = Gauge(
+    "gateway_responses_in_flight",
+    "Responses being generated now (any transport, background included).",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+TOOL_DURATION = Histogram(
+    "gateway_tool_call_duration_seconds",
+    "Gateway tool calls (run between model rounds), by tool type and outcome (ok, error).",
+    ["tool", "outcome"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+# The gateway's tool types (inference_app.tools.base.GatewayKind); anything else is counted as "other".
+TOOL_TYPES = frozenset({"web_search", "web_fetch", "code_interpreter", "mcp", "file_search", "tool_search"})
+
+# Collectors that read their values when scraped (the inference queues in Redis): registered here
+# and, with several processes, on each scrape's own registry (:func:`exposition`).
+_scrape_collectors: list[Collector] = []
+
+
+def register_scrape_collector(collector: Collector) -> None:
+    """Add ``collector`` to ``/metrics``, in place of one of its class registered before."""
+    for old in [c for c in _scrape_collectors if type(c) is type(collector)]:
+        _scrape_collectors.remove(old)
+        REGISTRY.unregister(old)
+    _scrape_collectors.append(collector)
+    REGISTRY.register(collector)
 
 
 # prometheus_client's own setting: where each process of a multi-process server writes its values.
@@ -64,6 +93,8 @@ def exposition() -> bytes:
     if environ_get(MULTIPROC_ENV):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+        for collector in _scrape_collectors:
+            registry.register(collector)
         return bytes(generate_latest(registry))
     return bytes(generate_latest(REGISTRY))
 
@@ -71,6 +102,7 @@ def exposition() -> bytes:
 # Cached children per (route, method, status): labels() locks and checks on every call. Routes are
 # bounded, and a child made before a fork stays right in the child.
 _children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+_tool_children: dict[tuple[str, bool], Histogram] = {}
 
 
 def in_flight(change: int) -> None:
@@ -90,3 +122,17 @@ def observe_request(route: str, method: str, status: int, seconds: float) -> Non
     count, latency = children
     count.inc()
     latency.observe(seconds)
+
+
+def responses_in_flight(change: int) -> None:
+    """A response's run begins (1) or ends (-1)."""
+    RESPONSES_IN_FLIGHT.inc(change)
+
+
+def observe_tool_call(tool: str, ok: bool, seconds: float) -> None:
+    """One gateway tool call's duration, by its type (bounded: unknown types are "other")."""
+    key = (tool if tool in TOOL_TYPES else "other", ok)
+    child = _tool_children.get(key)
+    if child is None:
+        child = _tool_children[key] = TOOL_DURATION.labels(key[0], "ok" if ok else "error")
+    child.observe(seconds)

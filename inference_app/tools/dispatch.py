@@ -19,6 +19,7 @@ from typing import Any
 from gateway.core.aio import keep_cancellation
 from gateway.core.config import Config, get_config
 from inference_app.tools.base import ToolCall, ToolResult
+from inference_app.tools.telemetry import traced
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ async def run_gateway_calls(
             return await run_in_process(call, config)
 
     try:
-        return list(await asyncio.gather(*(one(c) for c in calls)))
+        return list(await asyncio.gather(*(traced(c, one) for c in calls)))
     finally:
         if dispatcher is not None:
             await dispatcher.close()

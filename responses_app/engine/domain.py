@@ -156,6 +156,10 @@ class RoundState:
     # The last upstream event completed an item lifecycle and left no item open: a safe boundary.
     settled: bool = False
     steered: bool = False  # the round stopped at a safe boundary for steering
+    # What the upstream said of itself, for the round's span: its response id, model, finish reason.
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reason: str | None = None  # chat completions only (Responses: from the status)
 
 
 class Emitting(Protocol):

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from gateway.core import errors
+from gateway.core import errors, spans
 from gateway.core.config import Config
 from gateway.core.sse import Event, StreamFailure
 from inference_app.upstream.http import get_upstream
@@ -26,6 +27,7 @@ from responses_app.engine.tool_loop import ROUND_CAP_REASON, ToolLoop, web_searc
 from responses_app.features import async_tools, compaction, steering
 from responses_app.protocol.multi_agent_config import single_agent_view
 from responses_app.storage import writes
+from usage_app import metrics as usage_metrics
 
 
 class Executor(Lifecycle):
@@ -146,7 +148,11 @@ class Executor(Lifecycle):
         """Store ``outcome`` with the ledger rows of this response's calls, in one transaction."""
         outcome = dataclasses.replace(outcome, usage_entries=self.meter.take())
         try:
-            self.stored = await writes.store_final(self.p, outcome)
+            with spans.internal(
+                "store response",
+                **{"gateway.response.id": self.p.response_id, "gateway.response.status": outcome.status},
+            ):
+                self.stored = await writes.store_final(self.p, outcome)
         except asyncio.CancelledError:
             raise  # the write goes on without its caller: it stores the rows or queues them
         except BaseException:
@@ -177,16 +183,24 @@ class Executor(Lifecycle):
 
     async def run_round(self, state: RoundState) -> AsyncGenerator[Event, None]:
         """One inference round over :meth:`model_items`: the upstream's stream (or, with
-        :attr:`stream_rounds` off, its one answer) read into our events."""
+        :attr:`stream_rounds` off, its one answer) read into our events. Its span (``chat {model}``)
+        is the current one only while the request is sent: the aiohttp or Celery span is its child."""
         chat = self.config.upstream_api == "chat_completions"
+        model_items = self.model_items()
         path, body = wire.round_request(
-            chat, self.p, self.client_tools, self.tools, self.model_items(), self.stream_rounds
+            chat, self.p, self.client_tools, self.tools, model_items, self.stream_rounds
         )
+        span = spans.ModelRound(self.p.request.model or "")
+        output_from = len(self.output)
         call = self.meter.start()
         before = metering.Reading.of(self.usage)
         status = 200
+        first_token: float | None = None
+        read_at: float | None = None
+        tokens = metering.NO_TOKENS
         try:
-            response = await wire.send(self.upstream, path, body, self.p.headers)
+            with spans.current(span.span):
+                response = await wire.send(self.upstream, path, body, self.p.headers)
             call.received = status = response.status
             try:
                 if response.status != 200:
@@ -201,14 +215,59 @@ class Executor(Lifecycle):
                             yield event
                     return
                 async for event in parsers.read(parser, response, limit, self.steer.waiting):
+                    if first_token is None and event.type.endswith(".delta"):
+                        first_token = time.perf_counter()
                     yield event
+                read_at = time.perf_counter()
             finally:
                 if state.incomplete_details is not None:
                     self.incomplete_details = state.incomplete_details
                 await response.aclose()
         except BaseException as exc:
             status = metering.failed_status(exc, call.received)
+            spans.ended_by(span.span, exc)
+            if call.received not in (None, 200) and span.recording:
+                span.span.set_attribute("http.response.status_code", status)
             raise
         finally:
             # One ledger row per upstream call, with the tokens this round reported.
-            self.meter.end(call, status, metering.Reading.of(self.usage).since(before))
+            tokens = metering.Reading.of(self.usage).since(before)
+            self.meter.end(call, status, tokens)
+            if span.recording:
+                self._round_span_ends(span, state, tokens, model_items, output_from)
+            span.end()
+        if first_token is not None and read_at is not None:
+            usage_metrics.observe_stream(
+                self.meter.model, first_token - call.started, read_at - first_token, tokens[1]
+            )
+
+    def _round_span_ends(
+        self,
+        span: spans.ModelRound,
+        state: RoundState,
+        tokens: metering.Tokens,
+        model_items: list[dict[str, Any]],
+        output_from: int,
+    ) -> None:
+        if state.finish_reason is not None:
+            reasons = [state.finish_reason]
+        elif state.status == "incomplete":
+            reasons = [str((state.incomplete_details or {}).get("reason") or "incomplete")]
+        elif self.emitter.client_calls or self.emitter.gateway_calls:
+            reasons = ["tool_calls"]
+        else:
+            reasons = ["stop"]
+        span.span.set_attribute("gateway.round", state.number)
+        span.answered(
+            response_id=state.response_id if isinstance(state.response_id, str) else None,
+            response_model=state.response_model if isinstance(state.response_model, str) else None,
+            finish_reasons=reasons,
+            input_tokens=tokens[0],
+            output_tokens=tokens[1],
+        )
+        if spans.capture_content():
+            produced = self.output[output_from:]
+            held = self.emitter.open  # a chat round's last item closes after the round
+            if held is not None:
+                produced = [*produced, {"type": held.kind, **held.item, "content": "".join(held.parts)}]
+            span.messages(self.p.request.instructions, model_items, produced)

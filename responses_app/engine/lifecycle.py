@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from gateway.core import errors
+from gateway.core import errors, metrics
 from gateway.core.config import Config
 from gateway.core.logging import request_id_var
 from gateway.core.sse import Event, EventSink, EventTooLarge, StreamFailure, error_frame
@@ -102,6 +102,7 @@ class Lifecycle:
         The outermost guard of every streaming path: an unexpected exception is logged once and still ends
         the response ``failed`` (``response.failed``, or ``error`` before it started), stored as failed.
         """
+        metrics.responses_in_flight(1)
         try:
             try:
                 await self.prepare_tools()
@@ -161,6 +162,7 @@ class Lifecycle:
             async for event in self.interrupt("The gateway failed while generating this response."):
                 yield event
         finally:
+            metrics.responses_in_flight(-1)
             self.run_ended()
 
     @property

@@ -72,6 +72,7 @@ class ResponsesParser:
             usage = response.get("usage")
             if isinstance(usage, dict):
                 self.usage.add_reported(usage)
+            state.response_id, state.response_model = response.get("id"), response.get("model")
             tier = response.get("service_tier")
             state.tier = tier if isinstance(tier, str) else None
             # vLLM ends a length-capped response with ``response.completed`` whose status says
@@ -115,6 +116,8 @@ class ChatParser:
             message = error.get("message") if isinstance(error, dict) else None
             raise StreamFailure(as_str(message) or "The upstream stream reported an error.")
         out: list[Event] = []
+        if state.response_id is None:
+            state.response_id, state.response_model = chunk.get("id"), chunk.get("model")
         if isinstance(chunk.get("service_tier"), str):
             state.tier = chunk["service_tier"]
         usage = chunk.get("usage")
@@ -146,6 +149,8 @@ class ChatParser:
                 if function.get("arguments"):
                     out += em.call_delta(key, as_str(function["arguments"]))
             finish = choice.get("finish_reason")
+            if finish is not None:
+                state.finish_reason = finish
             if finish == "length":
                 state.status = "incomplete"
                 state.incomplete_details = {"reason": "max_output_tokens"}

@@ -71,6 +71,9 @@ class UpstreamError(TypedDict, total=False):
 
 @with_config(_STRICT_ONLY)
 class ResponseBody(TypedDict, total=False):
+    # For the round's span only, never checked: an odd value is left out there, not a failure.
+    id: Any
+    model: Any
     status: str | None
     usage: ResponsesUsage | None
     service_tier: str | None
@@ -196,6 +199,8 @@ class ChatUsage(TypedDict, total=False):
 
 @with_config(_STRICT)
 class ChatChunk(TypedDict, total=False):
+    id: Any  # for the round's span only, as ResponseBody's
+    model: Any
     choices: list[ChatChoice] | None
     usage: ChatUsage | None
     service_tier: str | None

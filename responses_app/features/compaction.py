@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gateway.core import errors
+from gateway.core import errors, spans
 from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.sse import StreamFailure
@@ -267,6 +267,8 @@ class Summary:
     text: str
     usage: dict[str, Any] | None  # in the Responses usage shape, as the upstream reported it
     service_tier: str | None
+    response_id: str | None = None  # the upstream's, for the summary round's span
+    model: str | None = None
 
 
 def forwarded_fields(raw: dict[str, Any], prompt_cache_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -329,11 +331,30 @@ async def summarize(
     sent = dict(headers)
     sent["content-type"] = "application/json"
     sent["accept"] = "application/json"
+    with spans.internal("compaction", **{"gateway.compaction.input_items": len(model_items)}):
+        summary = await _summary_round(upstream, config, path, body, sent, model, meter)
+    if not summary.text.strip():
+        raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
+    return summary
+
+
+async def _summary_round(
+    upstream: Any,
+    config: Config,
+    path: str,
+    body: dict[str, Any],
+    sent: dict[str, str],
+    model: str,
+    meter: Meter,
+) -> Summary:
+    """The summary's upstream call, in its ``chat {model}`` span (a child of ``compaction``)."""
+    span = spans.ModelRound(model, **{"gateway.round.kind": "compaction"})
     call = meter.start()
     status = 200
     summary: Summary | None = None
     try:
-        response = await upstream.send("POST", path, body=orjson.dumps(body), headers=sent)
+        with spans.current(span.span):
+            response = await upstream.send("POST", path, body=orjson.dumps(body), headers=sent)
         call.received = status = response.status
         try:
             # The executor's one-answer rounds read and check an answer the same way (parsers.read_whole).
@@ -352,11 +373,22 @@ async def summarize(
             await response.aclose()
     except BaseException as exc:
         status = failed_status(exc, call.received)
+        spans.ended_by(span.span, exc)
         raise
     finally:
-        meter.end(call, status, tokens(summary.usage if summary is not None else None))
-    if not summary.text.strip():
-        raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
+        used = tokens(summary.usage if summary is not None else None)
+        meter.end(call, status, used)
+        if span.recording:
+            span.answered(
+                response_id=summary.response_id if summary is not None else None,
+                response_model=summary.model if summary is not None else None,
+                finish_reasons=["stop"] if summary is not None else None,
+                input_tokens=used[0],
+                output_tokens=used[1],
+            )
+            if summary is not None:
+                span.messages(None, body.get("input") or body.get("messages"), summary.text)
+        span.end()
     return summary
 
 
@@ -374,7 +406,10 @@ def _responses_summary(answer: dict[str, Any]) -> Summary:
                     texts.append(str(part.get("text") or ""))
     usage = answer.get("usage")
     return Summary(
-        "".join(texts).strip(), usage_dict(usage) if isinstance(usage, dict) else None, _tier(answer)
+        "".join(texts).strip(),
+        usage_dict(usage) if isinstance(usage, dict) else None,
+        _tier(answer),
+        *_identity(answer),
     )
 
 
@@ -395,7 +430,15 @@ def _chat_summary(answer: dict[str, Any]) -> Summary:
                 "total_tokens": usage.get("total_tokens"),
             }
         )
-    return Summary(content.strip() if isinstance(content, str) else "", converted, _tier(answer))
+    return Summary(
+        content.strip() if isinstance(content, str) else "", converted, _tier(answer), *_identity(answer)
+    )
+
+
+def _identity(answer: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The answer's id and model, when they are strings."""
+    ident, model = answer.get("id"), answer.get("model")
+    return (ident if isinstance(ident, str) else None, model if isinstance(model, str) else None)
 
 
 def usage_dict(usage: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
+from gateway.core import spans
 from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.sse import Event, EventTooLarge, StreamFailure
@@ -215,6 +219,7 @@ class AgentExecutor(Executor):
         self.emitter.tools = self.collab
         self.rounds_run = 0
         self.turn_rounds = 0
+        self.span: Span | None = None  # invoke_agent, from its first segment to the response's end
         # Each agent compacts itself: at the request's context_management threshold, else at
         # COMPACT_AT_TOKENS estimated tokens (a compaction_trigger is refused in multi-agent mode).
         threshold = self.compactor.threshold
@@ -272,6 +277,9 @@ class SegmentEnd:
 async def _segment(agent: AgentExecutor, queue: asyncio.Queue[Any]) -> None:
     """Run ``agent``'s rounds until its turn ends or it has collaboration calls; report every event
     and the end to ``queue``. Touches only ``agent``."""
+    if agent.span is not None and agent.span.get_span_context().is_valid:
+        # This task's own context: the agent's rounds, compactions and tool calls nest in its span.
+        otel_context.attach(trace.set_span_in_context(agent.span))
     end = SegmentEnd("rounds")
     try:
         while agent.turn_rounds < agent.config.responses.max_rounds:
@@ -413,6 +421,17 @@ class Coordinator(Executor):
             agent.ex.receive(item)
         agent.mailbox.clear()
         agent.status = "running"
+        if agent.ex.span is None:
+            agent.ex.span = spans.tracer().start_span(f"invoke_agent {agent.name}", kind=SpanKind.INTERNAL)
+            if agent.ex.span.is_recording():
+                agent.ex.span.set_attributes(
+                    {
+                        spans.OPERATION: "invoke_agent",
+                        spans.AGENT_NAME: agent.name,
+                        spans.PROVIDER: spans.PROVIDER_NAME,
+                        spans.REQUEST_MODEL: self.p.request.model or "",
+                    }
+                )
         agent.segment = asyncio.get_running_loop().create_task(_segment(agent.ex, self.queue))
 
     def _busy(self) -> bool:
@@ -456,6 +475,18 @@ class Coordinator(Executor):
                 yield event
         finally:
             await self._stop_all("interrupted")
+            self._end_spans()
+
+    def _end_spans(self) -> None:
+        for agent in self.agents.values():
+            span, agent.ex.span = agent.ex.span, None
+            if span is None:
+                continue
+            if span.is_recording():
+                span.set_attribute("gateway.agent.status", agent.status)
+                if agent.status == "failed":
+                    spans.fail(span, "agent_failed")
+            span.end()
 
     def settle(self) -> None:
         self.service_tier = self.root_tier
