@@ -144,7 +144,6 @@ def check(config: Config, otel: Mapping[str, str] | None = None) -> TracingSetti
 
 class _State:
     provider: TracerProvider | None = None
-    capture_content = False
     excluded_urls: str | None = None  # OTEL_PYTHON_ASGI_EXCLUDED_URLS: no server span for these
     instrumentors: list[Any] = []
 
@@ -155,11 +154,6 @@ _state = _State()
 def enabled() -> bool:
     """Whether this process traces (a provider was installed by :func:`setup`)."""
     return _state.provider is not None
-
-
-def capture_content() -> bool:
-    """Whether spans may carry prompts and completions (``[observability] capture_content``)."""
-    return _state.capture_content
 
 
 def setup(
@@ -190,7 +184,6 @@ def setup(
         provider.add_span_processor(processor_)
     trace.set_tracer_provider(provider)
     _state.provider = provider
-    _state.capture_content = config.observability.capture_content
     _state.excluded_urls = otel.get("OTEL_PYTHON_ASGI_EXCLUDED_URLS") or otel.get("OTEL_PYTHON_EXCLUDED_URLS")
     _instrument(provider)
     return True
@@ -279,7 +272,6 @@ def shutdown() -> None:
     for instrumentor in _state.instrumentors:
         instrumentor.uninstrument()
     _state.instrumentors = []
-    _state.capture_content = False
     _state.excluded_urls = None
     if provider is not None:
         provider.shutdown()
