@@ -33,7 +33,9 @@ from tests.upstream import Gate, chat_chunks, sse
 from usage_app import ledger, quotas
 from usage_app.models import QuotaState
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# One xdist worker runs them all (`make test-quick` distributes by group): they share the default
+# principal's counters in one Redis db, which two tests side by side would both move.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("quotas")]
 
 # A Redis database no other test module uses (flushed by the tests that use it).
 QUOTA_REDIS_URL = "redis://127.0.0.1:6379/6"
