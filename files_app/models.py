@@ -26,7 +26,13 @@ class File(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["owner", "-created_at"], name="file_owner_created_idx")]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="file_owner_created_idx"),
+            # The sweep's expired files (only files with an expiry are in it).
+            models.Index(
+                fields=["expires_at"], name="file_expires_idx", condition=models.Q(expires_at__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.id} {self.filename}"

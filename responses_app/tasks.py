@@ -41,15 +41,21 @@ _FLUSH_SECONDS = 0.05
 
 def sweep_once() -> int:
     """One pass of the lease sweep: background responses (their number failed is returned), then file
-    ingestions (files_app.ingest.sweep, which logs its own)."""
+    ingestions (files_app.ingest.sweep, which logs its own), then files past their ``expires_after``
+    (their attachments, chunks and bytes)."""
     from files_app import ingest
+    from files_app import services as files
     from responses_app.storage import services
 
     failed = services.response_sweep_leases(lease_owner_alive=lease_owner_alive, host_prefix=f"{HOST}/")
     try:
         ingest.sweep()
-    except Exception:  # one sweep's failure does not stop the other's
+    except Exception:  # one sweep's failure does not stop the others
         log.exception("ingestion lease sweep failed")
+    try:
+        files.files_expired_delete()
+    except Exception:
+        log.exception("expired files sweep failed")
     return failed
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from files_app import services
 from files_app.models import Chunk, File, VectorStore, VectorStoreFile
+from responses_app.tasks import sweep_once
 from tests.files.conftest import stored_names
 from tests.servers import LiveServer, raw_http
 
@@ -88,11 +89,11 @@ def test_expires_after_sets_expires_at_and_an_expired_file_is_gone(
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
     assert client.files.list().data == []
-    # The sweep deletes it for good: row, attachments and bytes.
+    # The periodic sweep (every gateway process runs it) deletes it for good: row, attachments, bytes.
     keeps = client.files.create(file=("k.txt", b"keeps"), purpose="batch")
     client.vector_stores.create(file_ids=[keeps.id])
     VectorStoreFile.objects.create(vector_store_id=VectorStore.objects.get().id, file_id=uploaded.id)
-    assert services.files_expired_delete() == 1
+    sweep_once()
     assert list(File.objects.values_list("id", flat=True)) == [keeps.id]
     assert list(VectorStoreFile.objects.values_list("file_id", flat=True)) == [keeps.id]
     assert stored_names(file_storage) == [File.objects.get().storage_name]
