@@ -141,3 +141,29 @@ def test_upload_ingest_search_tool_cite_and_delete(gw: Gateway, storage_dir: Pat
     assert {f.id for f in client.files.list()} >= {budget.id, menu.id}
     assert client.files.content(menu.id).read() == make_pdf(MENU)
     assert not Chunk.objects.exists()
+
+
+def test_the_sdk_s_polling_helpers(gw: Gateway, storage_dir: Path) -> None:
+    """``upload_and_poll`` and ``create_and_poll``, as SDK users ingest files: they return once the
+    attachment or the batch is no longer ``in_progress``."""
+    client = gw.client
+    store = client.vector_stores.create(name="helpers")
+    one = client.vector_stores.files.upload_and_poll(
+        vector_store_id=store.id, file=("launch.txt", LAUNCH.encode()), poll_interval_ms=50
+    )
+    assert one.status == "completed" and one.usage_bytes > 0
+    batch = client.vector_stores.file_batches.upload_and_poll(
+        store.id,
+        files=[("budget.md", BUDGET.encode()), ("menu.pdf", make_pdf(MENU))],
+        poll_interval_ms=50,
+    )
+    assert batch.status == "completed" and batch.file_counts.completed == 2
+    broken = client.files.create(file=("broken.pdf", b"%PDF-1.4 not really"), purpose="assistants")
+    failed = client.vector_stores.files.create_and_poll(
+        broken.id, vector_store_id=store.id, poll_interval_ms=50
+    )
+    assert failed.status == "failed" and failed.last_error is not None
+    assert failed.last_error.code in ("invalid_file", "unsupported_file")
+    done = client.vector_stores.retrieve(store.id)
+    assert (done.file_counts.completed, done.file_counts.failed, done.status) == (3, 1, "completed")
+    assert client.vector_stores.search(store.id, query="lentil soup").data[0].filename == "menu.pdf"
