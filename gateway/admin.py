@@ -120,4 +120,4 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for key in queryset:
             done = principal.delete(key.owner)
             summary = ", ".join(f"{count} {kind}" for kind, count in done.as_dict().items())
-            self.message_user(request, f"{key.owner} ({key.name}): deleted {summary}.")
+            self.message_user(request, f"Deleted the data of {key.owner} ({key.name}): {summary}.")
