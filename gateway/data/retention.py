@@ -108,7 +108,8 @@ def purge(
         if (cutoff := limits["responses"]) is not None:
             _drain(lambda: _responses_batch(cutoff, size, report), report, pause)
         if (cutoff := limits["conversations"]) is not None:
-            _drain(lambda: _conversations_batch(cutoff, size, report), report, pause)
+            kept_since = limits["responses"]
+            _drain(lambda: _conversations_batch(cutoff, size, report, kept_since), report, pause)
         if (cutoff := limits["usage"]) is not None:
             _drain(lambda: _usage_batch(cutoff, size, report), report, pause)
     return report
@@ -122,8 +123,9 @@ def _drain(batch: Any, report: PurgeReport, pause: float) -> None:
         if not taken:
             return
         report.batches += 1
-        if pause:
-            time.sleep(pause)
+        # At least a moment: a writer waiting for SQLite's write lock gets it between two batches
+        # (the lock is not fair; without a pause this loop would take it again at once).
+        time.sleep(pause or 0.001)
 
 
 @contextmanager
@@ -164,13 +166,15 @@ def _responses_batch(cutoff: dt.datetime, size: int, report: PurgeReport) -> int
     Response.objects.filter(previous_response_id__in=ids).update(previous_response=None)
     report.responses += delete_pks(Response, ids)
     report.items = (report.items or 0) + _delete_unreferenced_items(
-        (item_id, owner) for _, owner, history in rows for item_id in rawsql.loads(history) or ()
+        ((item_id, owner) for _, owner, history in rows for item_id in rawsql.loads(history) or ()), cutoff
     )
     transaction.on_commit(lambda: forget_checkpoints(ids))
     return len(rows)
 
 
-def _conversations_batch(cutoff: dt.datetime, size: int, report: PurgeReport) -> int:
+def _conversations_batch(
+    cutoff: dt.datetime, size: int, report: PurgeReport, responses_cutoff: dt.datetime | None
+) -> int:
     """Up to ``size`` conversations, or fewer whose items add up to about ``size`` (at least one)."""
     candidates = (
         Conversation.objects.select_for_update(skip_locked=True)
@@ -194,7 +198,7 @@ def _conversations_batch(cutoff: dt.datetime, size: int, report: PurgeReport) ->
     ConversationItem.objects.filter(conversation_id__in=owners).delete()
     report.conversations += delete_pks(Conversation, list(owners))
     report.items = (report.items or 0) + _delete_unreferenced_items(
-        (item_id, owners[conversation_id]) for conversation_id, item_id in listed
+        ((item_id, owners[conversation_id]) for conversation_id, item_id in listed), responses_cutoff
     )
     return len(taken)
 
@@ -226,9 +230,12 @@ def delete_pks(model: type[models.Model], pks: list[Any]) -> int:
         return int(cursor.rowcount)
 
 
-def _delete_unreferenced_items(listed: Iterable[tuple[str, str]]) -> int:
+def _delete_unreferenced_items(
+    listed: Iterable[tuple[str, str]], responses_cutoff: dt.datetime | None
+) -> int:
     """Delete those of ``listed`` (item id, the owner of what listed it) that no conversation lists
-    and no remaining response's checkpoint names; call after deleting what listed them."""
+    and no kept response's checkpoint names (kept: created since ``responses_cutoff``, or unfinished;
+    ``None``: every response); call after deleting what listed them."""
     owners: dict[str, str] = {}
     for item_id, owner in listed:
         owners.setdefault(item_id, owner)
@@ -237,7 +244,7 @@ def _delete_unreferenced_items(listed: Iterable[tuple[str, str]]) -> int:
     for start in range(0, len(ids), _CHECK_CHUNK):
         chunk = ids[start : start + _CHECK_CHUNK]
         kept = set(ConversationItem.objects.filter(item_id__in=chunk).values_list("item_id", flat=True))
-        kept |= _named_by_responses([i for i in chunk if i not in kept])
+        kept |= _named_by_responses([i for i in chunk if i not in kept], responses_cutoff)
         # Items are owned per principal: only the owner's own items ever go with its rows.
         doomed = [
             item_id
@@ -250,26 +257,38 @@ def _delete_unreferenced_items(listed: Iterable[tuple[str, str]]) -> int:
     return deleted
 
 
-def _named_by_responses(item_ids: list[str]) -> set[str]:
-    """Those of ``item_ids`` that some stored response's ``history_item_ids`` names."""
+def _named_by_responses(item_ids: list[str], since: dt.datetime | None) -> set[str]:
+    """Those of ``item_ids`` that a response kept by retention names in its ``history_item_ids``:
+    one created since ``since`` (``None``: every response is kept) or still running.
+
+    Expired responses not deleted yet are not asked: they go in a later batch of the same run, and an
+    item only they list may go a moment before them."""
     if not item_ids:
         return set()
-    table = connection.ops.quote_name(Response._meta.db_table)
+    q = connection.ops.quote_name
+    table = q(Response._meta.db_table)
+    unfinished = ", ".join(f"'{status}'" for status in _UNFINISHED)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # One GIN probe per id (response_history_items_gin): jsonb containment, never the table.
+            kept = "" if since is None else f"AND (r.created_at >= %s OR r.status IN ({unfinished}))"
             cursor.execute(
                 f"SELECT c.id FROM unnest(%s::text[]) AS c(id) WHERE EXISTS (SELECT 1 FROM {table} r "
-                "WHERE r.history_item_ids @> jsonb_build_array(c.id))",
-                [item_ids],
+                f"WHERE r.history_item_ids @> jsonb_build_array(c.id) {kept})",
+                [item_ids] if since is None else [item_ids, since],
             )
         else:
+            # No index over JSON array elements: read the kept responses' ids (created_at's index,
+            # and the partial index of unfinished ones), or every response if all are kept.
             placeholders = ", ".join(["%s"] * len(item_ids))
-            cursor.execute(
-                f"SELECT DISTINCT j.value FROM {table} r, json_each(r.history_item_ids) j "
-                f"WHERE j.value IN ({placeholders})",
-                item_ids,
-            )
+            select = f"SELECT j.value FROM {table} r, json_each(r.history_item_ids) j WHERE j.value IN ({placeholders})"
+            if since is None:
+                cursor.execute(select, item_ids)
+            else:
+                cursor.execute(
+                    f"{select} AND r.created_at >= %s UNION {select} AND r.status IN ({unfinished})",
+                    [*item_ids, connection.ops.adapt_datetimefield_value(since), *item_ids],
+                )
         return {row[0] for row in cursor.fetchall()}
 
 

@@ -141,13 +141,13 @@ def test_a_conversation_ages_by_its_last_change(keep: Callable[..., Any]) -> Non
     stale = conversation([mine, shared], OLD)
     touched = conversation([named], OLD)
     services.conversation_update(id=touched.id, owner="key:1", metadata={"k": "v"})  # changed today
-    kept_response = response([shared], RECENT)
+    kept_response = response([shared], OLD)  # responses_days unset: every response is kept
 
     report = retention.purge()
 
     assert report.conversations == 1
     assert exists(stale, touched) == [False, True]
-    assert exists(mine, shared, named) == [False, True, True]  # shared: a kept response lists it
+    assert exists(mine, shared, named) == [False, True, True]  # shared: a (kept) response lists it
     assert not ConversationItem.objects.filter(conversation_id=stale.id).exists()
     assert exists(kept_response) == [True]
 
@@ -227,24 +227,38 @@ def test_batches_are_bounded(keep: Callable[..., Any]) -> None:
     sql = [q["sql"] for q in queries.captured_queries]
     usage_deletes = [s for s in sql if s.startswith("DELETE") and "usage_app_usagerecord" in s]
     assert len(usage_deletes) == 4 and all(re.search(r"LIMIT 2\b", s) for s in usage_deletes)
-    picks = [s for s in sql if s.startswith("SELECT") and "responses_app_response" in s and "created_at" in s]
+    picks = [s for s in sql if s.startswith("SELECT") and "responses_app_response" in s and "ORDER BY" in s]
     assert picks and all(re.search(r"LIMIT 2\b", s) for s in picks)
     assert not UsageRecord.objects.exists() and not Response.objects.exists()
 
 
 @pytest.mark.django_db
-def test_reference_check_probes_the_index_on_postgresql() -> None:
+def test_reference_check_probes_indexes_on_postgresql() -> None:
+    """Every response kept: one GIN probe per id. Responses kept since a cutoff: the planner picks
+    the GIN index or the kept rows by created_at (few kept), never the table."""
     if connection.vendor != "postgresql":
         pytest.skip("SQLite has no index over JSON array elements")
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(
-            "EXPLAIN SELECT c.id FROM unnest(%s::text[]) AS c(id) WHERE EXISTS (SELECT 1 FROM "
-            "responses_app_response r WHERE r.history_item_ids @> jsonb_build_array(c.id))",
-            [["msg_a", "msg_b"]],
-        )
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "response_history_items_gin" in plan
+
+    def plan(since: dt.datetime | None) -> str:
+        with CaptureQueriesContext(connection) as queries:
+            retention._named_by_responses(["msg_a", "msg_b"], since)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")  # an empty table would be read whole
+            cursor.execute("EXPLAIN " + queries.captured_queries[-1]["sql"])
+            return "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "Bitmap Index Scan on response_history_items_gin" in plan(None)
+    assert "Seq Scan on responses_app_response" not in plan(OLD)
+
+
+@pytest.mark.django_db
+def test_an_item_a_running_response_lists_survives(keep: Callable[..., Any]) -> None:
+    keep(responses_days=30)
+    listed = item()
+    response([listed], OLD)
+    running = response([listed], OLD, status="queued")
+    assert retention.purge().responses == 1
+    assert exists(listed, running) == [True, True]
 
 
 @pytest.mark.django_db(transaction=True)
