@@ -5,14 +5,17 @@ Per store (a fresh database each) and kind:
 
 * ``usage``: ``--rows`` expired ledger rows, and ``--kept`` recent ones;
 * ``responses``: ``--rows`` expired stored responses with two items each, and ``--kept`` recent
-  continuations of expired ones (their history lists the old items, which must survive).
+  continuations of expired ones (their history lists the old items, which must survive);
+* ``write_cost`` (PostgreSQL): what the GIN index the purge reads costs each stored response.
 
 Rows go in by ``COPY`` (PostgreSQL) or ``executemany`` (SQLite). Then ``gateway.data.retention.purge``
-runs with only that kind's age set, while a thread plays requests in a loop: insert a ledger row (as
-a model call does, through the response writers' queue on SQLite) and read a kept response by id.
-Reported: rows deleted a second, batches, and each request's time before and during the purge (the
-longest is the longest any request waited on the purge's locks, plus its own work). It checks that
-everything expired went and everything kept stayed, and prints the plan of each batch's pick.
+runs with only that kind's age set, while a thread plays requests in a loop on the same tables:
+insert a ledger row, store a response (an item and its row, through the response writers' queue on
+SQLite) and read a kept response by id. Reported: rows deleted a second, batches, each request's
+time before and during the purge (on SQLite the longest is the longest wait for the write lock,
+plus the request's own work) and, on PostgreSQL, the longest lock wait seen in
+``pg_stat_activity`` (sampled every 10 ms). It checks that everything expired went and everything
+kept stayed, and prints the plan of each batch's pick.
 
     .venv/bin/python bench/purge.py [--stores sqlite,postgres] [--kinds usage,responses]
         [--rows 1000000] [--kept 10000] [--batch-size 1000]
@@ -145,27 +148,94 @@ def fill_responses(rows: int, kept: int) -> None:
             cursor.execute("VACUUM ANALYZE conversations_app_item")
 
 
+def write_cost(responses: int, history: int) -> dict[str, Any]:
+    """PostgreSQL: what the GIN index over ``history_item_ids`` costs a stored response, µs each, with
+    ``history`` item ids a checkpoint, one INSERT each, with and without the index (alternated, best
+    of 3 each). In one transaction a mode, so the commit (an fsync, the same either way) is left out."""
+    from django.db import connection, transaction
+
+    index = "response_history_items_gin"
+    sql = (
+        "INSERT INTO responses_app_response (id, owner, status, model, background, conversation_id, request, "
+        "history_item_ids, input_item_count, created_at, lease_owner) "
+        "VALUES (%s, 'key:3', 'completed', 'm', false, '', '{}', %s, 1, now(), '')"
+    )
+    best: dict[str, float] = {"with": float("inf"), "without": float("inf")}
+    with connection.cursor() as cursor:
+        for round_ in range(3):
+            for mode in ("with", "without"):
+                if mode == "without":
+                    cursor.execute(f"DROP INDEX {index}")
+                started = time.perf_counter()
+                with transaction.atomic():
+                    for i in range(responses):
+                        ids = json.dumps([f"msg_w{round_}{mode}{i}_{j}" for j in range(history)])
+                        cursor.execute(sql, [f"resp_w{round_}{mode}{i}", ids])
+                best[mode] = min(best[mode], (time.perf_counter() - started) / responses * 1e6)
+                if mode == "without":
+                    cursor.execute(
+                        f"CREATE INDEX {index} ON responses_app_response USING gin (history_item_ids jsonb_path_ops)"
+                    )
+        cursor.execute("DELETE FROM responses_app_response WHERE owner = 'key:3'")
+    return {
+        "responses": responses,
+        "history_ids": history,
+        "us_with_index": round(best["with"], 1),
+        "us_without_index": round(best["without"], 1),
+        "checked": True,
+    }
+
+
+class LockWaits(threading.Thread):
+    """PostgreSQL: samples ``pg_stat_activity`` every 10 ms; the longest wait for a lock it saw."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.longest_ms = 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from django.db import connection
+
+        try:
+            with connection.cursor() as cursor:
+                while not self.stop.is_set():
+                    cursor.execute(
+                        "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - state_change)), 0) "
+                        "FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                    self.longest_ms = max(self.longest_ms, float(cursor.fetchone()[0]) * 1000)
+                    time.sleep(0.01)
+        finally:
+            connection.close()
+
+
 class Requests(threading.Thread):
     """The concurrent requests: a ledger insert and a kept response read, timed, in a loop."""
 
-    def __init__(self, kept_id: str) -> None:
+    def __init__(self, kept_id: str, prefix: str) -> None:
         super().__init__(daemon=True)
         self.kept_id = kept_id
+        self.prefix = prefix
         self.times: list[tuple[float, float]] = []  # (start, seconds)
+        self.error = ""
         self.stop = threading.Event()
 
     def run(self) -> None:
         from django.db import connection
         from django.utils import timezone
 
+        from conversations_app.models import Item
         from responses_app.models import Response
         from responses_app.storage import rawsql
         from usage_app.models import UsageRecord
 
+        n = 0
         try:
             while not self.stop.is_set():
+                n += 1
                 start = time.perf_counter()
-                with rawsql.writing():
+                with rawsql.writing():  # a model call's ledger row
                     UsageRecord.objects.create(
                         created_at=timezone.now(),
                         owner="key:2",
@@ -174,9 +244,23 @@ class Requests(threading.Thread):
                         status=200,
                         latency_ms=1,
                     )
+                with rawsql.writing():  # a stored response: its item and its row
+                    Item.objects.create(
+                        id=f"msg_{self.prefix}{n}", owner="key:2", type="message", data={"n": n}
+                    )
+                    Response.objects.create(
+                        id=f"resp_{self.prefix}{n}",
+                        owner="key:2",
+                        status="completed",
+                        model="m",
+                        history_item_ids=[f"msg_{self.prefix}{n}"],
+                    )
                 assert Response.objects.filter(id=self.kept_id).values_list("id", flat=True).first()
                 self.times.append((start, time.perf_counter() - start))
                 time.sleep(0.002)
+        except Exception as exc:
+            self.error = repr(exc)
+            raise
         finally:
             connection.close()
 
@@ -212,6 +296,10 @@ def one_store(args: argparse.Namespace) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
     results: dict[str, Any] = {"store": connection.vendor}
     for kind in args.kinds.split(","):
+        if kind == "write_cost":
+            if connection.vendor == "postgresql":
+                results[kind] = write_cost(2000, 50)
+            continue
         started = time.perf_counter()
         if kind == "usage":
             fill_usage(args.rows, args.kept)
@@ -241,14 +329,17 @@ def one_store(args: argparse.Namespace) -> dict[str, Any]:
         Response.objects.get_or_create(
             id="resp_none", defaults={"owner": "key:2", "status": "completed", "model": "m"}
         )
-        requests = Requests(kept_id)
+        requests, waits = Requests(kept_id, f"live{kind}"), LockWaits()
         requests.start()
+        if connection.vendor == "postgresql":
+            waits.start()
         time.sleep(1.0)
         begin = time.perf_counter()
         report = retention.purge(config=config)
         end = time.perf_counter()
         time.sleep(0.5)
         requests.stop.set()
+        waits.stop.set()
         requests.join()
         deleted = report.usage if kind == "usage" else report.responses
         results[kind] = {
@@ -262,9 +353,11 @@ def one_store(args: argparse.Namespace) -> dict[str, Any]:
             "batches": report.batches,
             "requests_before": summary(requests.between(0, begin)),
             "requests_during": summary(requests.between(begin, end)),
+            "longest_lock_wait_ms": round(waits.longest_ms, 1) if connection.vendor == "postgresql" else None,
             "pick_plan": "; ".join(plan),
         }
-        ok = deleted == args.rows
+        ok = deleted == args.rows and not requests.error
+        results[kind]["request_error"] = requests.error
         if kind == "usage":
             ok = ok and UsageRecord.objects.filter(owner="key:1").count() == args.kept
         else:
@@ -272,7 +365,7 @@ def one_store(args: argparse.Namespace) -> dict[str, Any]:
             step = max(1, args.rows // max(args.kept, 1))
             parents = {k * step % max(args.rows, 1) for k in range(args.kept)}
             ok = ok and Response.objects.filter(id__startswith="resp_k").count() == args.kept
-            ok = ok and Item.objects.count() == args.kept + 2 * len(parents)
+            ok = ok and Item.objects.filter(owner="key:1").count() == args.kept + 2 * len(parents)
         results[kind]["checked"] = ok
     return results
 
@@ -282,7 +375,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--stores", default="sqlite,postgres")
-    parser.add_argument("--kinds", default="usage,responses")
+    parser.add_argument("--kinds", default="usage,responses,write_cost")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--kept", type=int, default=10_000)
     parser.add_argument("--batch-size", type=int, default=1000)
