@@ -17,7 +17,7 @@ INFERENCE_REQUIREMENTS ?= requirements-inference-cpu.txt
 INFERENCE_PIP_ARGS ?=
 INFERENCE_TEST_REDIS_URL ?= redis://127.0.0.1:6379/10
 
-.PHONY: run install install-dev install-inference migrate test test-quick test-sqlite test-postgres test-inference lint format superuser clean worker ensure-tools
+.PHONY: run install install-dev install-inference migrate test test-quick test-sqlite test-postgres test-inference lint format superuser clean worker beat ensure-tools
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,11 @@ endif
 ## An inference worker (Celery, threads pool, one vLLM engine): needs REDIS_URL.
 worker: install-inference
 	$(INFERENCE_VENV)/bin/celery -A gateway worker -Q inference -P threads -c $${INFERENCE_CONCURRENCY:-32} -l INFO
+
+## Celery beat: sends the periodic jobs (the retention purge, docs/operations.md) to the workers; needs
+## REDIS_URL and a worker on the tools queue. One beat per deployment.
+beat: migrate
+	$(VENV)/bin/celery -A gateway beat -l INFO
 
 superuser: migrate
 	$(PY) manage.py createsuperuser

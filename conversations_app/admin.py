@@ -78,11 +78,11 @@ def transcript_entry(item: Item) -> dict[str, str]:
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("id", "owner", "created_at", "item_count", "metadata_summary")
+    list_display = ("id", "owner", "created_at", "updated_at", "item_count", "metadata_summary")
     list_filter = ("owner", "created_at")
     date_hierarchy = "created_at"
     search_fields = ("id", "owner", "metadata")
-    readonly_fields = ("id", "owner", "created_at", "item_count", "revision", "metadata_json")
+    readonly_fields = ("id", "owner", "created_at", "updated_at", "item_count", "revision", "metadata_json")
     fields = readonly_fields
     actions = ("delete_conversations",)
     list_per_page = 50

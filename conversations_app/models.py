@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 
 class Item(models.Model):
@@ -27,13 +28,15 @@ class Conversation(models.Model):
 
     ``revision`` counts every change of the list, for optimistic locking
     (``services.conversation_append_items``); ``item_count`` and ``next_position`` are kept by the
-    same writes, so nothing ever counts or scans the items.
+    same writes, so nothing ever counts or scans the items. ``updated_at`` moves with every change
+    (metadata or items): retention ages a conversation by it (docs/operations.md, "Retention").
     """
 
     id = models.CharField(primary_key=True, max_length=128)
     owner = models.CharField(max_length=512)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(default=timezone.now)
     revision = models.BigIntegerField(default=0)
     item_count = models.IntegerField(default=0)
     next_position = models.BigIntegerField(default=0)
@@ -44,6 +47,7 @@ class Conversation(models.Model):
             # Every API read filters by (id, owner); the admin lists by owner and date.
             models.Index(fields=["owner", "-created_at"], name="conv_owner_created_idx"),
             models.Index(fields=["-created_at"], name="conv_created_idx"),
+            models.Index(fields=["updated_at"], name="conv_updated_idx"),  # the retention purge
         ]
 
     def __str__(self) -> str:

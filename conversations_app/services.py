@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from conversations_app.models import Conversation, ConversationItem, Item
 from conversations_app.schemas import NewItem
@@ -113,7 +114,8 @@ def conversation_update(*, id: str, owner: str, metadata: dict[str, str]) -> Con
     """Replace the metadata (OpenAI's update semantics: the object sent is the new metadata)."""
     conversation = _locked_conversation(id=id, owner=owner)
     conversation.metadata = metadata
-    conversation.save(update_fields=["metadata"])
+    conversation.updated_at = timezone.now()
+    conversation.save(update_fields=["metadata", "updated_at"])
     return conversation
 
 
@@ -136,6 +138,7 @@ def conversation_items_create(*, id: str, owner: str, items: list[NewItem]) -> l
         revision=F("revision") + 1,
         item_count=F("item_count") + len(stored),
         next_position=F("next_position") + len(stored),
+        updated_at=timezone.now(),
     )
     return stored
 
@@ -149,7 +152,7 @@ def conversation_item_delete(*, id: str, owner: str, item_id: str) -> Conversati
     if not deleted:
         raise item_not_found(item_id)
     Conversation.objects.filter(pk=conversation.pk).update(
-        revision=F("revision") + 1, item_count=F("item_count") - deleted
+        revision=F("revision") + 1, item_count=F("item_count") - deleted, updated_at=timezone.now()
     )
     conversation.refresh_from_db()
     return conversation
@@ -180,6 +183,7 @@ def conversation_append_items(
         revision=F("revision") + 1,
         item_count=F("item_count") + count,
         next_position=F("next_position") + count,
+        updated_at=timezone.now(),
     )
     if not updated:
         if Conversation.objects.filter(id=conversation_id, owner=owner).exists():

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from gateway.core.auth import apikeys
 from gateway.core.models import LIMIT_FIELDS, LIMIT_RULE, ApiKey
+from gateway.data import principal
 from usage_app import schemas
 
 # The login page keeps username/password and adds "Log in with SSO" when it is configured.
@@ -52,7 +53,7 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["is_active", "is_admin"]
     search_fields = ["name", "prefix"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "owner", "usage_id"]
-    actions = ["revoke"]
+    actions = ["revoke", "delete_principal_data"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         kwargs["form"] = ApiKeyAddForm if obj is None else ApiKeyChangeForm
@@ -109,3 +110,14 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         count = queryset.filter(is_active=True).update(is_active=False, revoked_at=timezone.now())
         apikeys.reset()
         self.message_user(request, f"{count} API key(s) revoked.")
+
+    @admin.action(
+        description="Delete all data stored for the selected keys' principals (the keys stay)",
+        permissions=["delete"],
+    )
+    def delete_principal_data(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        """What ``manage.py delete_principal key:<id>`` does, for each selected key."""
+        for key in queryset:
+            done = principal.delete(key.owner)
+            summary = ", ".join(f"{count} {kind}" for kind, count in done.as_dict().items())
+            self.message_user(request, f"Deleted the data of {key.owner} ({key.name}): {summary}.")

@@ -7,3 +7,9 @@ class ProjectConfig(AppConfig):
     name = "gateway"
     label = "gateway_project"
     verbose_name = "Gateway project"
+
+    def ready(self) -> None:
+        from gateway.core import lifecycle
+        from gateway.data.retention import purge_forever
+
+        lifecycle.on_startup(purge_forever)  # the retention timer of a gateway without a broker

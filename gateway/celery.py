@@ -28,7 +28,13 @@ def _loaded_config() -> Config:
         return Config.model_construct()  # the defaults
 
 
-app = configure(Celery("gateway"), _loaded_config())
+_config = _loaded_config()
+app = configure(Celery("gateway"), _config)
+# The retention purge (docs/operations.md, "Retention"), run by `celery -A gateway beat` (or a worker
+# started with -B); without a broker each server process runs it on a timer instead.
+app.conf.beat_schedule = {
+    "retention-purge": {"task": "gateway.purge", "schedule": _config.retention.interval_s},
+}
 app.autodiscover_tasks(
     ["inference_app.engine", "inference_app.tools", "files_app", "responses_app", "conversations_app"]
 )
@@ -64,6 +70,14 @@ def _recover_orphans(**kwargs: object) -> None:
         sweep_once()
     except Exception:  # the database may not be up yet; the gateways' sweep will do it
         logging.getLogger("responses.background").exception("start-up lease sweep failed")
+
+
+@app.task(name="gateway.purge", ignore_result=True)
+def purge() -> dict[str, object]:
+    """Delete the stored data past ``[retention]``'s ages (beat sends it every ``interval_s``)."""
+    from gateway.data.retention import purge_logged
+
+    return purge_logged().as_dict()
 
 
 @app.task(name="gateway.ping")

@@ -358,6 +358,19 @@ class ObservabilityConfig(_Section):
     capture_content: bool = False
 
 
+class RetentionConfig(_Section):
+    """How long stored data is kept (docs/operations.md, "Retention"); ``None``: forever. The purge
+    deletes in batches of ``batch_size`` rows, every ``interval_s`` (Celery beat with a broker, an
+    in-process timer without one) and on demand (``manage.py purge``)."""
+
+    responses_days: PositiveFloat | None = None
+    conversations_days: PositiveFloat | None = None
+    usage_days: PositiveFloat | None = None
+    batch_size: PositiveInt = 1000
+    interval_s: PositiveFloat = 3600.0
+    batch_pause_s: NonNegativeFloat = 0.0
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -418,6 +431,7 @@ class Config(BaseSettings):
     files: FilesConfig = FilesConfig()
     file_search: FileSearchConfig = FileSearchConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    retention: RetentionConfig = RetentionConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
