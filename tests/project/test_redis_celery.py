@@ -34,7 +34,9 @@ def test_celery_over_real_redis_broker() -> None:
     def pong() -> str:
         return "pong"
 
-    ping = app.task(name="gateway.ping")(pong)  # routed to "tools" by configure()
+    # Not shared: a shared task would join every Celery app made later in this process (a second
+    # "gateway.ping" beside gateway.celery's own).
+    ping = app.task(name="gateway.ping", shared=False)(pong)  # routed to "tools" by configure()
     with start_worker(app, queues=["tools"], perform_ping_check=False, pool="solo", loglevel="WARNING"):
         result = ping.apply_async()
         assert result.get(timeout=20) == "pong"
