@@ -89,7 +89,7 @@ format: install-dev
 ## on 127.0.0.1:6379 (tests/ensure_services.sh); bubblewrap runs the sandbox tests.
 test-quick: install-dev ensure-tools
 	tests/ensure_services.sh $(TEST_DATABASE_URL)
-	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(TEST_ENV) $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" -n 4 --dist loadgroup $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(TEST_ENV) $(PY) -m pytest --ignore=tests/inference -m "not slow and not process" -n 4 $(PYTEST_ARGS)
 
 test-sqlite: install-dev ensure-tools
 	env -u DATABASE_URL -u REDIS_URL -u LLM_API_BASE $(TEST_ENV) $(PY) -m pytest --ignore=tests/inference $(PYTEST_ARGS)

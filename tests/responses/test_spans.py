@@ -270,7 +270,9 @@ def test_each_agent_of_a_multi_agent_response_is_an_invoke_agent_span_over_its_r
 def test_no_span_is_recorded_without_a_tracer_provider(gw: Gateway, recorded: None) -> None:
     gw.script(text("one"))
     assert gw.post({"model": "m", "input": "hi"}).status_code == 200
-    assert span_capture.named(wait_spans("chat "), "chat ")  # recorded while a provider is installed
+    # Recorded while a provider is installed; the stored write may end after the answer: wait for it
+    # too, so that no span of this first request lands after the clear.
+    assert span_capture.named(wait_spans("chat ", "store response"), "chat ")
     span_capture.EXPORTER.clear()
     with span_capture.no_provider():
         gw.script(text("two"))

@@ -5,6 +5,7 @@ stores (the database, Redis) and exactness across two server processes."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import tempfile
 import threading
@@ -33,14 +34,16 @@ from tests.upstream import Gate, chat_chunks, sse
 from usage_app import ledger, quotas
 from usage_app.models import QuotaState
 
-# One xdist worker runs them all (`make test-quick` distributes by group): they share the default
-# principal's counters in one Redis db, which two tests side by side would both move.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("quotas")]
+pytestmark = pytest.mark.django_db(transaction=True)
 
-# A Redis database no other test module uses (flushed by the tests that use it).
-QUOTA_REDIS_URL = "redis://127.0.0.1:6379/6"
-# The broker (and so the quota store) of the background-response test's Celery worker: a db of its own.
-BROKER_REDIS_URL = "redis://127.0.0.1:6379/14"
+# Redis databases no other test module uses (flushed by the tests that use them): they hold the
+# default principal's counters, so each xdist worker of `make test-quick` has its own, or two tests
+# side by side would move each other's counts (and one's FLUSHDB would empty the other's broker).
+_WORKER_DB = {"gw0": 1, "gw1": 2, "gw2": 3, "gw3": 8}
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+QUOTA_REDIS_URL = f"redis://127.0.0.1:6379/{_WORKER_DB.get(_worker, 6)}"
+# The broker (and so the quota store) of the background-response test's Celery worker.
+BROKER_REDIS_URL = QUOTA_REDIS_URL if _worker in _WORKER_DB else "redis://127.0.0.1:6379/14"
 
 OPENAI_HEADERS = (
     "x-ratelimit-limit-requests",
