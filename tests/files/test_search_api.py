@@ -142,7 +142,6 @@ def test_hybrid_search_embeds_the_query_upstream(
 ) -> None:
     """With an embedding model configured, a store built with it is searched hybrid by default (the
     query embedded by the upstream's /v1/embeddings), or semantic alone when the weights say so."""
-    pytest.importorskip("files_app.embeddings")  # helper H2's module; merged separately
     gateway_config(llm_api_base=upstream.url, file_search__embedding_model=EMBEDDING_MODEL)
     upstream.word_vectors = 64
     store = make_store(model=EMBEDDING_MODEL, dimensions=64)

@@ -1,15 +1,13 @@
 """Vector stores, their files and file batches through the official SDK on a live gateway.
 
-Ingestion is another module's (``files_app.ingest``); here attachments are moved through their states
+Where a test holds ingestion back (``held_ingestion``), attachments are moved through their states
 directly in the database, as ingestion would, to check that ``file_counts``, ``usage_bytes`` and
-``status`` are read true at every moment. The tests marked ``needs_ingest`` run the real ingestion
-and are skipped until ``files_app.ingest`` exists.
+``status`` are read true at every moment; the last test runs the real in-process ingestion.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import time
 from typing import Any
 
@@ -21,9 +19,6 @@ from django.utils import timezone
 from files_app.models import Chunk, File, VectorStore, VectorStoreFile, VectorStoreFileBatch
 from tests.servers import LiveServer
 
-needs_ingest = pytest.mark.skipif(
-    importlib.util.find_spec("files_app.ingest") is None, reason="files_app.ingest is not merged yet"
-)
 AUTO = {"type": "static", "static": {"max_chunk_size_tokens": 800, "chunk_overlap_tokens": 400}}
 
 
@@ -494,7 +489,6 @@ def test_json_routes_answer_json_errors(live_gateway: LiveServer) -> None:
     assert answer.status_code == 405
 
 
-@needs_ingest
 def test_attached_files_reach_completed_with_chunks(client: openai.OpenAI) -> None:
     """Needs ``files_app.ingest`` (in process without a broker): files attached at a store's creation,
     one by one and in a batch are all ingested, and their chunks are the content the API shows."""
