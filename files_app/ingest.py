@@ -19,8 +19,6 @@ import asyncio
 import datetime
 import logging
 import os
-import secrets
-import socket
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from files_app.models import Chunk, VectorStore, VectorStoreFile
 from gateway.core import errors
 from gateway.core.config import Config, get_config
 from gateway.core.db import run_orm
+from gateway.core.runner import HOST, owner_alive, runner_id
 
 log = logging.getLogger("files.ingest")
 
@@ -50,38 +49,6 @@ RENEWALS_PER_LEASE = 4
 
 IN_PROGRESS = VectorStoreFile.Status.IN_PROGRESS
 WORKER_LOST = "Ingestion worker lost: it stopped before finishing this file. Attach the file again to retry."
-
-HOST = socket.gethostname()
-_identity: tuple[int, str] | None = None
-
-
-def runner_id() -> str:
-    """This process's lease owner name, ``host/pid/token`` (a forked child gets its own)."""
-    global _identity
-    pid = os.getpid()
-    if _identity is None or _identity[0] != pid:
-        _identity = (pid, f"{HOST}/{pid}/{secrets.token_hex(4)}")
-    return _identity[1]
-
-
-def owner_alive(owner: str) -> bool:
-    """Whether the process a lease owner names still runs (True where that cannot be told here)."""
-    try:
-        host, pid_text, _token = owner.split("/", 2)
-        pid = int(pid_text)
-    except ValueError:
-        return True
-    if host != HOST:
-        return True
-    if pid == os.getpid():
-        return owner == runner_id()  # this pid's earlier life: a restarted process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _error(code: str, message: str) -> dict[str, str]:

@@ -23,10 +23,11 @@ from gateway.core.config import Config, get_config
 from gateway.core.db import run_orm
 from gateway.core.lifecycle import drain
 from gateway.core.principal import Limits, Principal
+from gateway.core.runner import HOST
 from responses_app.engine.domain import Prepared
 from responses_app.engine.executor import Executor
 from responses_app.engine.metering import current_request_id
-from responses_app.storage.leases import HOST, lease_owner_alive, runner_id, start_heartbeat
+from responses_app.storage.leases import lease_owner_alive, runner_id, start_heartbeat
 
 log = logging.getLogger("responses.background")
 

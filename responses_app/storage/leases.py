@@ -5,49 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import weakref
 from collections.abc import Callable
 
 from gateway.core.config import Config
 from gateway.core.db import run_orm
 from gateway.core.lifecycle import keep_running
+from gateway.core.runner import owner_alive, runner_id
 
 log = logging.getLogger(__name__)
 
-HOST = socket.gethostname()
-_identity: tuple[int, str] | None = None
-
-
-def runner_id() -> str:
-    """This process's lease owner name, ``host/pid/token`` (a forked child gets its own)."""
-    global _identity
-    pid = os.getpid()
-    if _identity is None or _identity[0] != pid:
-        _identity = (pid, f"{HOST}/{pid}/{secrets.token_hex(4)}")
-    return _identity[1]
-
-
-def lease_owner_alive(owner: str) -> bool:
-    """Whether the process named by lease owner ``owner`` (of this host) still runs."""
-    try:
-        host, pid_text, _token = owner.split("/", 2)
-        pid = int(pid_text)
-    except ValueError:
-        return True  # not ours to judge
-    if host != HOST:
-        return True
-    if pid == os.getpid():
-        return owner == runner_id()  # this pid's earlier life: a restarted process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+# The lease owner names and liveness check live in the kernel (file ingestion holds leases too).
+lease_owner_alive = owner_alive
 
 
 class Heartbeat:

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from files_app import chunking, embeddings, ingest
 from files_app.models import Chunk, VectorStore, VectorStoreFile
+from gateway.core import runner
 from gateway.core.config import Config
 from tests.files.ingest_helpers import make_attachment, make_store, static, wait_status
 from tests.upstream import MAX_MODEL_LEN, Gate, Recorded, hang, json_answer, vllm_error
@@ -417,7 +418,7 @@ def test_the_sweep_fails_lost_workers_and_sends_unclaimed_files_again(config: Ca
         return row
 
     expired = attached("elsewhere/12/ab", expires_in=-1, age_s=60)
-    dead = attached(f"{ingest.HOST}/{_dead_pid()}/cd", expires_in=20, age_s=60)
+    dead = attached(f"{runner.HOST}/{_dead_pid()}/cd", expires_in=20, age_s=60)
     live = attached("elsewhere/13/ab", expires_in=20, age_s=60)
     fresh = attached(age_s=1)  # just attached: its task is on its way
     stale = attached(age_s=45)  # nobody claimed it for a lease period: sent again

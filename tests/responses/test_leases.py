@@ -17,7 +17,7 @@ import orjson
 import pytest
 from django.utils import timezone
 
-from gateway.core import errors
+from gateway.core import errors, runner
 from gateway.core.config import get_config, replace
 from inference_app.tools.base import ToolCall
 from inference_app.tools.dispatch import run_gateway_calls
@@ -61,7 +61,7 @@ def _dead_pid() -> int:
 def test_the_sweep_fails_expired_leases_and_dead_local_runners_only() -> None:
     expired = _row("in_progress", lease_owner="elsewhere/12/ab", expires_in=-1)
     live = _row("in_progress", lease_owner="elsewhere/13/ab", expires_in=60)
-    orphan = _row("queued", lease_owner=f"{leases.HOST}/{_dead_pid()}/cd", expires_in=60)
+    orphan = _row("queued", lease_owner=f"{runner.HOST}/{_dead_pid()}/cd", expires_in=60)
     mine = _row("in_progress", lease_owner=leases.runner_id(), expires_in=60)
     finished = _row("completed", lease_owner="elsewhere/14/ab", expires_in=-1)
 
