@@ -3,6 +3,7 @@ uvloop/httptools and its own worker processes, or daphne)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         try:
             run_checks(config)
         except ConfigError as exc:
+            logging.shutdown()  # the queued log lines first: the error stays the last line an operator sees
             sys.exit(f"configuration error: {exc}")
         host = options["host"] or config.server.host
         port = options["port"] or config.server.port
