@@ -371,6 +371,48 @@ class RetentionConfig(_Section):
     batch_pause_s: NonNegativeFloat = 0.0
 
 
+class UpstreamEntry(_Section):
+    """One OpenAI-compatible server, ``[[upstreams]]`` (or one URL of a comma-separated ``LLM_API_BASE``)."""
+
+    base_url: str
+    api_key_env: str = ""  # the variable holding this server's key; empty: OPENAI_API_KEY
+    models: StrList = ()  # the served model names; empty: discovered from its /v1/models
+    weight: PositiveFloat = 1.0
+    api_key: SecretStr = SecretStr("")  # read from api_key_env at load, never from the file
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not _is_http_url(url):
+            raise PydanticCustomError("config", "must be an http(s) URL, got '{url}'", {"url": url})
+        return url
+
+    @property
+    def base(self) -> str:
+        """``base_url`` without a trailing ``/`` or ``/v1``, so ``/v1`` is never doubled."""
+        return _strip_v1(self.base_url)
+
+
+class RoutingConfig(_Section):
+    """Where model rounds go: KV-cache-affine placement of lineages, and the upstream table's health."""
+
+    # Place every round of one lineage on the inference worker (or HTTP upstream) that served it last.
+    affinity: bool = True
+    # A header carrying the lineage's tenant-scoped session id to HTTP upstreams (for a KV-aware
+    # router such as llm-d); empty: not sent.
+    session_header: str = ""
+    # A lineage's placement record lives this long after its last round.
+    placement_ttl_s: PositiveFloat = 3600.0
+    # In-flight plus queued requests on one worker past which its lineages move; 0: the worker's own
+    # bound (its engine's max_num_seqs).
+    max_worker_load: NonNegativeInt = 0
+    # A failing HTTP upstream is out for backoff_s, doubling on each further failure up to backoff_max_s.
+    backoff_s: PositiveFloat = 5.0
+    backoff_max_s: PositiveFloat = 60.0
+    # How long an upstream's discovered /v1/models list is trusted.
+    models_ttl_s: PositiveFloat = 30.0
+
+
 class InferenceConfig(_Section):
     """The vLLM engine of inference workers (and of the gateway itself in embedded mode)."""
 
@@ -433,6 +475,8 @@ class Config(BaseSettings):
     observability: ObservabilityConfig = ObservabilityConfig()
     retention: RetentionConfig = RetentionConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
+    upstreams: tuple[UpstreamEntry, ...] = ()  # the [[upstreams]] tables
+    routing: RoutingConfig = RoutingConfig()
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
     secret_key: SecretStr = SecretStr("")
@@ -461,9 +505,25 @@ class Config(BaseSettings):
 
     @property
     def upstream_base(self) -> str:
-        """``llm_api_base`` without a trailing ``/`` or ``/v1``, so ``/v1`` is never doubled."""
-        base = self.llm_api_base.rstrip("/")
-        return base[: -len("/v1")] if base.endswith("/v1") else base
+        """The first HTTP upstream's base (``llm_api_base`` without a trailing ``/`` or ``/v1``)."""
+        entries = self.upstream_entries
+        return entries[0].base if entries else ""
+
+    @property
+    def http_upstreams(self) -> bool:
+        """Inference goes to OpenAI-compatible HTTP servers (``LLM_API_BASE`` or ``[[upstreams]]``)."""
+        return bool(self.llm_api_base or self.upstreams)
+
+    @property
+    def upstream_entries(self) -> tuple[UpstreamEntry, ...]:
+        """The upstream table: ``[[upstreams]]``, or one entry per URL of ``LLM_API_BASE`` (each serving
+        what its /v1/models lists, keyed by ``OPENAI_API_KEY``)."""
+        if self.upstreams:
+            return self.upstreams
+        return tuple(
+            UpstreamEntry(base_url=url, api_key=self.openai_api_key)
+            for url in _split_bases(self.llm_api_base)
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -531,6 +591,13 @@ def _toml_source(settings_cls: type[BaseSettings], path: str) -> PydanticBaseSet
         raise ConfigError(
             f"{key}: secrets are never read from the config file; set {SECRET_ENV[key]} instead"
         )
+    tables = source.toml_data.get("upstreams")
+    for index, table in enumerate(tables if isinstance(tables, list) else ()):
+        if isinstance(table, dict) and "api_key" in table:
+            raise ConfigError(
+                f"upstreams[{index}].api_key: secrets are never read from the config file; "
+                f"name an environment variable in upstreams[{index}].api_key_env instead"
+            )
     servers = source.toml_data.get("mcp_servers")
     for label, table in servers.items() if isinstance(servers, dict) else ():
         prefix = f"mcp_servers.{label}"
@@ -636,6 +703,17 @@ def load_config(env: typing.Mapping[str, str] | None = None) -> Config:
             secret[header] = SecretStr(environ[var])
         servers[label] = server.model_copy(update={"secret_headers": secret})
     update: dict[str, Any] = {"mcp_servers": servers}
+    upstreams = []
+    for index, entry in enumerate(config.upstreams):
+        key = config.openai_api_key
+        if entry.api_key_env:
+            if entry.api_key_env not in environ:
+                raise ConfigError(
+                    f"upstreams[{index}].api_key_env: environment variable {entry.api_key_env} is not set"
+                )
+            key = SecretStr(environ[entry.api_key_env])
+        upstreams.append(entry.model_copy(update={"api_key": key}))
+    update["upstreams"] = tuple(upstreams)
     key_env = config.web_search.key_env
     if "WEB_SEARCH_API_KEY" not in environ and key_env and key_env in environ:
         update["web_search_api_key"] = SecretStr(environ[key_env])
@@ -658,6 +736,15 @@ def is_loopback_host(host: str) -> bool:
 def _is_http_url(url: str) -> bool:
     parts = urlsplit(url)
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _strip_v1(url: str) -> str:
+    base = url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _split_bases(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def _validate(c: Config) -> None:
@@ -696,9 +783,22 @@ def _validate(c: Config) -> None:
                 "auth.admin_staff_value: admin single sign-on needs admin_staff_value or "
                 "admin_superuser_value (the claim value that grants admin access)"
             )
-    for name, url in (("LLM_API_BASE", c.llm_api_base), ("WEB_SEARCH_BASE_URL", c.web_search.base_url)):
+    for name, url in (
+        *(("LLM_API_BASE", base) for base in _split_bases(c.llm_api_base)),
+        ("WEB_SEARCH_BASE_URL", c.web_search.base_url),
+    ):
         if url and not _is_http_url(url):
             raise ConfigError(f"{name}: must be an http(s) URL, got {url!r}")
+    if c.llm_api_base and c.upstreams:
+        raise ConfigError("LLM_API_BASE: set it or [[upstreams]] in the config file, not both")
+    bases = [entry.base for entry in c.upstream_entries]
+    for base in {b for b in bases if bases.count(b) > 1}:
+        raise ConfigError(f"upstreams: {base} is listed twice")
+    if c.routing.backoff_max_s < c.routing.backoff_s:
+        raise ConfigError("routing.backoff_max_s: must not be shorter than routing.backoff_s")
+    header = c.routing.session_header
+    if header and (not set(header) <= _LABEL_CHARS or is_credential_header(header)):
+        raise ConfigError(f"routing.session_header: not a plain header name: {header!r}")
     scheme = urlsplit(c.database_url).scheme
     if c.database_url and scheme not in ("postgres", "postgresql", "sqlite"):
         raise ConfigError(f"DATABASE_URL: unsupported scheme {scheme!r} (use postgres://… or sqlite:///…)")

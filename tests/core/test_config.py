@@ -197,7 +197,7 @@ def test_example_config_documents_every_key_and_loads() -> None:
     """config.example.toml loads cleanly and mentions every non-secret key."""
     from pydantic import BaseModel
 
-    from gateway.core.config import SECRET_ENV, Config
+    from gateway.core.config import SECRET_ENV, Config, UpstreamEntry
 
     root = Path(__file__).resolve().parents[2]
     example = root / "config.example.toml"
@@ -212,6 +212,10 @@ def test_example_config_documents_every_key_and_loads() -> None:
                 assert f"{sub} =" in text, f"{name}.{sub} undocumented"
         elif name == "mcp_servers":
             assert "[mcp_servers.docs]" in text  # the dynamic table, documented by example
+        elif name == "upstreams":
+            assert "[[upstreams]]" in text  # the array of tables, documented by example
+            for sub in UpstreamEntry.model_fields.keys() - {"api_key"}:
+                assert f"# {sub} =" in text, f"upstreams.{sub} undocumented"
         else:
             assert f"{name} =" in text, f"{name} undocumented"
 
