@@ -221,6 +221,27 @@ def build_model(work: Path) -> Path:
     return model
 
 
+def shared_prefix(system: str, tokenizer: Any) -> int:
+    """Tokens of the prompt every turn of every chain starts with: the rendered system prompt and tools
+    (the common prefix of two chat-template renders that differ only in the user message)."""
+    tools = [{"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}]
+    a, b = (
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": text}],
+                tools=tools,
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )
+        for text in ("one", "two")
+    )
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def kv_bytes_per_token(model: Path) -> int:
     """K and V of every layer for one token, bf16."""
     c = json.loads((model / "config.json").read_text())
@@ -263,6 +284,7 @@ class Turn:
     first_kind: str = ""  # "text" or the event type of the first delta
     input_tokens: int = 0
     cached_tokens: int = 0
+    reusable: int = 0  # prompt tokens any cache could hold: the chain's previous prompt (turn 1: none)
     error: str = ""
 
 
@@ -326,6 +348,7 @@ async def chain(
 ) -> None:
     await asyncio.sleep(index * args.stagger_ms / 1000)
     previous: str | None = None
+    reusable = 0
     rng = random.Random(index)
     for turn_no in range(args.turns):
         body: dict[str, Any] = {
@@ -362,6 +385,8 @@ async def chain(
                 {"role": "user", "content": f"Step {turn_no}: look at that output and go on."},
             ]
         turn, response_id = await one_turn(client, url, body)
+        turn.reusable = reusable
+        reusable = turn.input_tokens
         tally.turns.append(turn)
         if turn.error:
             return  # the chain cannot continue without its previous response
@@ -375,6 +400,10 @@ class ModeResult:
     tally: Tally
     wall: float
     served: dict[str, int]
+    placements: dict[str, int]  # the gateway's gateway_inference_placements_total by outcome
+    lineages: dict[str, int]  # placement records in Redis at the end, by worker
+    load: tuple[float, float]  # the machine's 1-minute load average before and after
+    shared: int  # tokens of the prompt prefix every request of the mode shares (system prompt, tools)
 
     def cached_fraction(self) -> float:
         total = sum(t.input_tokens for t in self.tally.turns)
@@ -382,6 +411,24 @@ class ModeResult:
 
     def ttfts(self) -> list[float]:
         return sorted(t.ttft for t in self.tally.turns if t.ttft is not None)
+
+
+def socket_host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def placement_counts(url: str) -> dict[str, int]:
+    """The gateway's placement counter by outcome (hit, moved, new, fallback), from ``/metrics``."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for m in re.finditer(r'^gateway_inference_placements_total\{outcome="(\w+)"\} ([\d.e+]+)$', text, re.M):
+        out[m.group(1)] = int(float(m.group(2)))
+    return out
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -431,18 +478,37 @@ def run_mode(
                 )
                 return tally, time.perf_counter() - started
 
+        load_before = os.getloadavg()[0]
         asyncio.run(warm_up())
         time.sleep(1.0)  # the warm-up is in the workers' next heartbeat
         before = {pid: dict(info.get("outcomes", {})) for pid, info in heartbeats(client).items()}
         tally, wall = asyncio.run(load())
         time.sleep(1.0)
+        placements = placement_counts(gateway.url)
+        lineages: dict[str, int] = {}
+        names = {f"{socket_host()}:{w.proc.pid}": w.name for w in workers}
+        for key in client.scan_iter("inference:placement:*"):
+            raw = client.get(key)
+            worker = raw.decode() if isinstance(raw, bytes) else str(raw)
+            lineages[names.get(worker, worker)] = lineages.get(names.get(worker, worker), 0) + 1
+        for key in client.scan_iter("inference:placement:*"):
+            client.delete(key)  # the next mode starts with no record
         after = heartbeats(client)
         served = {}
         for w in workers:
             info = after.get(w.proc.pid, {})
             ok = int(info.get("outcomes", {}).get("ok", 0)) - int(before.get(w.proc.pid, {}).get("ok", 0))
             served[w.name] = ok
-        return ModeResult(mode, tally, wall, served)
+        return ModeResult(
+            mode,
+            tally,
+            wall,
+            served,
+            placements,
+            lineages,
+            (load_before, os.getloadavg()[0]),
+            shared_prefix(system, tokenizer),
+        )
     finally:
         gateway.stop()
 
@@ -480,12 +546,13 @@ def main() -> None:
 
     # Sizes: a chain's prompt at its last turn, measured on a sample of the workload.
     system_len = len(tokenizer.encode(system_prompt("default", args.system_tokens, tokenizer)))
-    tool_len = len(tokenizer.encode(json.dumps(TOOL)))
+    prefix_len = shared_prefix(system_prompt("default", args.system_tokens, tokenizer), tokenizer)
+    tool_len = prefix_len - system_len
     per_turn = (
         len(tokenizer.encode(tool_output(0, 1, args.tool_tokens, tokenizer))) + 60 + args.max_output_tokens
     )
-    final_len = system_len + tool_len + 200 + per_turn * args.turns
-    shared = system_len + tool_len + 150
+    final_len = prefix_len + 50 + per_turn * args.turns
+    shared = prefix_len
     if final_len > args.max_model_len:
         raise SystemExit(
             f"a chain's last prompt (~{final_len} tokens) exceeds --max-model-len {args.max_model_len}"
@@ -576,7 +643,20 @@ def report(r: ModeResult) -> None:
         f"p99 {quantile(t, 0.99) * 1000:.0f} ms (first delta not text: {not_text}), total {r.wall:.1f}s",
         flush=True,
     )
+    reusable = sum(x.reusable for x in r.tally.turns)
+    # Every request but each worker's first can find the shared prefix cached.
+    shared = r.shared * max(0, len(r.tally.turns) - len(r.served))
+    print(
+        f"    bounds: ceiling {reusable / inp if inp else 0:.3f} (each chain's previous prompt cached, the new "
+        f"part computed), floor ~{shared / inp if inp else 0:.3f} (only the shared system prompt and tools cached)",
+        flush=True,
+    )
     print(f"    requests per worker (their heartbeats' outcome counts): {r.served}", flush=True)
+    print(
+        f"    placements (gateway /metrics): {r.placements or 'none'}; lineage records per worker at the end: "
+        f"{r.lineages or 'none'}; load average {r.load[0]:.1f} -> {r.load[1]:.1f}",
+        flush=True,
+    )
     for e in r.tally.errors()[:3]:
         print(f"    error: {e}", flush=True)
 
