@@ -284,7 +284,9 @@ class Turn:
     first_kind: str = ""  # "text" or the event type of the first delta
     input_tokens: int = 0
     cached_tokens: int = 0
-    reusable: int = 0  # prompt tokens any cache could hold: the chain's previous prompt (turn 1: none)
+    output_tokens: int = 0
+    # Prompt tokens a cache could hold at best: the chain's previous prompt and answer (turn 1: the shared prefix).
+    reusable: int = 0
     error: str = ""
 
 
@@ -324,6 +326,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
                     completed = True
                     usage = event["response"].get("usage") or {}
                     turn.input_tokens = int(usage.get("input_tokens") or 0)
+                    turn.output_tokens = int(usage.get("output_tokens") or 0)
                     details = usage.get("input_tokens_details") or {}
                     turn.cached_tokens = int(details.get("cached_tokens") or 0)
                 elif kind in ("error", "response.failed"):
@@ -386,7 +389,7 @@ async def chain(
             ]
         turn, response_id = await one_turn(client, url, body)
         turn.reusable = reusable
-        reusable = turn.input_tokens
+        reusable = turn.input_tokens + turn.output_tokens  # vLLM caches the answer's blocks too
         tally.turns.append(turn)
         if turn.error:
             return  # the chain cannot continue without its previous response
@@ -404,6 +407,7 @@ class ModeResult:
     lineages: dict[str, int]  # placement records in Redis at the end, by worker
     load: tuple[float, float]  # the machine's 1-minute load average before and after
     shared: int  # tokens of the prompt prefix every request of the mode shares (system prompt, tools)
+    engine_times: list[float]  # each request's time in its worker (task start to end), from the logs
 
     def cached_fraction(self) -> float:
         total = sum(t.input_tokens for t in self.tally.turns)
@@ -411,6 +415,10 @@ class ModeResult:
 
     def ttfts(self) -> list[float]:
         return sorted(t.ttft for t in self.tally.turns if t.ttft is not None)
+
+
+# The worker's log line per request: the time from the task's start to its last chunk.
+ENGINE_TIME = re.compile(r"inference request \w+ POST /v1/responses: ok in ([\d.]+)s")
 
 
 def socket_host() -> str:
@@ -482,6 +490,7 @@ def run_mode(
         asyncio.run(warm_up())
         time.sleep(1.0)  # the warm-up is in the workers' next heartbeat
         before = {pid: dict(info.get("outcomes", {})) for pid, info in heartbeats(client).items()}
+        offsets = [w.offset() for w in workers]
         tally, wall = asyncio.run(load())
         time.sleep(1.0)
         placements = placement_counts(gateway.url)
@@ -494,6 +503,11 @@ def run_mode(
         for key in client.scan_iter("inference:placement:*"):
             client.delete(key)  # the next mode starts with no record
         after = heartbeats(client)
+        engine_times = sorted(
+            float(t)
+            for w, off in zip(workers, offsets, strict=True)
+            for t in ENGINE_TIME.findall(w.text(off))
+        )
         served = {}
         for w in workers:
             info = after.get(w.proc.pid, {})
@@ -508,6 +522,7 @@ def run_mode(
             lineages,
             (load_before, os.getloadavg()[0]),
             shared_prefix(system, tokenizer),
+            engine_times,
         )
     finally:
         gateway.stop()
@@ -643,22 +658,28 @@ def report(r: ModeResult) -> None:
         f"p99 {quantile(t, 0.99) * 1000:.0f} ms (first delta not text: {not_text}), total {r.wall:.1f}s",
         flush=True,
     )
-    reusable = sum(x.reusable for x in r.tally.turns)
+    firsts = sum(1 for x in r.tally.turns if not x.reusable)
+    reusable = sum(x.reusable for x in r.tally.turns) + r.shared * max(0, firsts - len(r.served))
     # Every request but each worker's first can find the shared prefix cached.
     shared = r.shared * max(0, len(r.tally.turns) - len(r.served))
     print(
-        f"    bounds: ceiling {reusable / inp if inp else 0:.3f} (each chain's previous prompt cached, the new "
-        f"part computed), floor ~{shared / inp if inp else 0:.3f} (only the shared system prompt and tools cached)",
+        f"    bounds: ceiling {reusable / inp if inp else 0:.3f} (each chain's previous prompt and answer cached, "
+        f"the new part computed), floor ~{shared / inp if inp else 0:.3f} (only the shared system prompt and tools cached)",
         flush=True,
     )
-    print(f"    requests per worker (their heartbeats' outcome counts): {r.served}", flush=True)
+    e = r.engine_times
+    print(
+        f"    requests per worker (their heartbeats' outcome counts): {r.served}; time in the worker (task "
+        f"start to end, {len(e)} requests) p50 {quantile(e, 0.5) * 1000:.0f} ms p99 {quantile(e, 0.99) * 1000:.0f} ms",
+        flush=True,
+    )
     print(
         f"    placements (gateway /metrics): {r.placements or 'none'}; lineage records per worker at the end: "
         f"{r.lineages or 'none'}; load average {r.load[0]:.1f} -> {r.load[1]:.1f}",
         flush=True,
     )
-    for e in r.tally.errors()[:3]:
-        print(f"    error: {e}", flush=True)
+    for error in r.tally.errors()[:3]:
+        print(f"    error: {error}", flush=True)
 
 
 if __name__ == "__main__":
