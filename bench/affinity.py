@@ -285,6 +285,7 @@ class Turn:
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    number: int = 0  # the turn's place in its chain, from 1
     # Prompt tokens a cache could hold at best: the chain's previous prompt and answer (turn 1: the shared prefix).
     reusable: int = 0
     error: str = ""
@@ -388,6 +389,7 @@ async def chain(
                 {"role": "user", "content": f"Step {turn_no}: look at that output and go on."},
             ]
         turn, response_id = await one_turn(client, url, body)
+        turn.number = turn_no + 1
         turn.reusable = reusable
         reusable = turn.input_tokens + turn.output_tokens  # vLLM caches the answer's blocks too
         tally.turns.append(turn)
@@ -667,6 +669,12 @@ def report(r: ModeResult) -> None:
         f"the new part computed), floor ~{shared / inp if inp else 0:.3f} (only the shared system prompt and tools cached)",
         flush=True,
     )
+    by_turn = []
+    for n in range(1, max((x.number for x in r.tally.turns), default=0) + 1):
+        of_n = [x for x in r.tally.turns if x.number == n]
+        total = sum(x.input_tokens for x in of_n)
+        by_turn.append(f"{sum(x.cached_tokens for x in of_n) / total:.2f}" if total else "-")
+    print(f"    cached fraction by turn: {' '.join(by_turn)}", flush=True)
     e = r.engine_times
     print(
         f"    requests per worker (their heartbeats' outcome counts): {r.served}; time in the worker (task "
