@@ -1,9 +1,9 @@
-"""Placement bench: KV-cache-affine placement of agent lineages on two Celery inference workers against
+"""Placement bench: KV-cache-affine placement of agent lineages on Celery inference workers against
 Celery's default placement (the shared ``inference`` queue), in one run (issue 61).
 
-Two Celery inference workers (``-P threads``), each hosting real vLLM on CPU with the tiny demo model
-(prefix caching on, one core each: ``VLLM_CPU_OMP_THREADS_BIND``), Redis, and the gateway as ``make
-run`` starts it (``manage.py serve``, ``REDIS_URL`` set, SQLite). Workload: ``--chains`` concurrent
+Two (``--workers``) Celery inference workers (``-P threads``), each hosting real vLLM on CPU with the
+tiny demo model (prefix caching on, one core each: ``VLLM_CPU_OMP_THREADS_BIND``), Redis, and the
+gateway as ``make run`` starts it (``manage.py serve``, ``REDIS_URL`` set, SQLite). Workload: ``--chains`` concurrent
 agent chains of ``--turns`` streamed turns each through ``POST /v1/responses``. Every turn sends the
 long shared system prompt (``instructions``) and a function tool; turns after the first continue the
 previous response with ``previous_response_id`` and add a ``function_call`` item (the call the agent
@@ -16,18 +16,29 @@ cache hashes blocks as a chain from the first token. The engines' KV cache is si
 worker holds the working set of the chains affine placement gives it (``--kv-chains``, default half
 the chains plus a margin), not of all of them: cache capacity is the scarce resource.
 
+``--workers N`` runs N workers (engines bound to the cores in turn; the KV cache then holds
+chains/N + 25 %).
+
 Per mode: requests, errors, the fraction of prompt tokens served from the prefix cache (sum of
 ``cached_tokens`` / sum of ``input_tokens``, vLLM's own usage as the gateway passes it through), time
 to first token p50/p99 (request sent to the first ``response.output_text.delta``; a turn that streams
 no text counts its first delta event of any output item, and the count is shown), total time; the
-requests each worker served (the ``outcomes`` of its Redis heartbeat) and vLLM's own last logged
-prefix-cache hit rate per worker; then the ratios affine / default. Target: cached fraction at least
-2x, TTFT p50 lower. Any error fails the run (exit 1).
+requests each worker served (the ``outcomes`` of its Redis heartbeat), each request's time in its
+worker (the worker's log line), the gateway's placement outcomes (``/metrics``) and the lineages'
+placement records per worker (Redis); then the ratios affine / default. Target: cached fraction at least
+2x, TTFT p50 lower. Any error fails the run (exit 1). Two bounds frame the cached fraction: the
+ceiling (every chain's previous prompt and answer cached, only the new items computed) and the floor
+(only the shared system prompt and tools cached); and the cached fraction by turn shows where a mode
+loses. With N workers, default placement sends a turn to the worker that served the chain's previous
+turn 1/N of the time, and the other worker may still hold an older prefix, so it sits at least 1/N
+of the way from the floor to the ceiling: with two workers the 2x target needs it at the floor.
 
 Run it in the inference venv, Redis on 127.0.0.1 (db 7 by default, flushed at start):
 
     .venv-inference/bin/python bench/affinity.py [--chains 32] [--turns 10] [--modes default,affine]
-        [--kv-chains N] [--redis-url redis://127.0.0.1:6379/7] [--keep]
+        [--workers 2] [--kv-chains N] [--redis-url redis://127.0.0.1:6379/7] [--keep]
+
+About 6 to 7 minutes on 2 cores: 1.5 to 2.5 to start the engines, 1.5 to 2 per mode.
 """
 
 from __future__ import annotations
@@ -538,6 +549,9 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=32)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--modes", default="default,affine")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="inference workers (engines bound to cores in turn)"
+    )
     parser.add_argument("--system-tokens", type=int, default=1000)
     parser.add_argument("--tool-tokens", type=int, default=250)
     parser.add_argument("--max-output-tokens", type=int, default=16)
@@ -546,7 +560,7 @@ def main() -> None:
         "--kv-chains",
         type=float,
         default=0,
-        help="chains whose final working set one worker's KV cache holds (default: chains/2 + 25%%)",
+        help="chains whose final working set one worker's KV cache holds (default: chains/workers + 25%%)",
     )
     parser.add_argument(
         "--stagger-ms", type=float, default=50, help="chain i starts i * this after the first"
@@ -574,7 +588,7 @@ def main() -> None:
         raise SystemExit(
             f"a chain's last prompt (~{final_len} tokens) exceeds --max-model-len {args.max_model_len}"
         )
-    kv_chains = args.kv_chains or args.chains / 2 * 1.25
+    kv_chains = args.kv_chains or args.chains / args.workers * 1.25
     per_token = kv_bytes_per_token(model)
     working_set = shared + kv_chains * (final_len - shared)
     # vLLM needs room for one request of max_model_len at least.
@@ -604,8 +618,10 @@ def main() -> None:
     workers: list[Worker] = []
     results: list[ModeResult] = []
     try:
-        for name, core in (("inf-a", "0"), ("inf-b", "1")):
-            workers.append(Worker(name, core, model, args, work / f"{name}.log"))
+        cores = sorted(os.sched_getaffinity(0))
+        for i in range(args.workers):
+            name = f"inf-{chr(ord('a') + i)}"
+            workers.append(Worker(name, str(cores[i % len(cores)]), model, args, work / f"{name}.log"))
         t0 = time.monotonic()
         wait_workers(workers, client)
         print(f"workers up in {time.monotonic() - t0:.0f}s", flush=True)
