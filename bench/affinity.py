@@ -292,6 +292,7 @@ def tool_output(chain: int, turn: int, tokens: int, tokenizer: Any) -> str:
 @dataclass
 class Turn:
     ttft: float | None = None
+    created: float | None = None  # request sent to response.created (the gateway's own part, mostly)
     first_kind: str = ""  # "text" or the event type of the first delta
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -330,6 +331,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
                     turn.first_kind = "text" if kind == "response.output_text.delta" else kind
                 elif kind == "response.created":
                     response_id = event["response"]["id"]
+                    turn.created = time.perf_counter() - started
                 elif kind in ("response.completed", "response.incomplete"):
                     # The random-weight model rarely ends an answer itself: max_output_tokens does.
                     reason = (event["response"].get("incomplete_details") or {}).get("reason")
@@ -691,6 +693,11 @@ def report(r: ModeResult) -> None:
         total = sum(x.input_tokens for x in of_n)
         by_turn.append(f"{sum(x.cached_tokens for x in of_n) / total:.2f}" if total else "-")
     print(f"    cached fraction by turn: {' '.join(by_turn)}", flush=True)
+    c = sorted(x.created for x in r.tally.turns if x.created is not None)
+    print(
+        f"    request to response.created p50 {quantile(c, 0.5) * 1000:.0f} ms p99 {quantile(c, 0.99) * 1000:.0f} ms",
+        flush=True,
+    )
     e = r.engine_times
     print(
         f"    requests per worker (their heartbeats' outcome counts): {r.served}; time in the worker (task "
