@@ -497,7 +497,7 @@ class Config(BaseSettings):
         the embedded engine (neither ``LLM_API_BASE`` nor ``REDIS_URL``), where each would load its own."""
         if self.server.workers:
             return self.server.workers
-        if not self.llm_api_base and not self.redis_url:
+        if not self.http_upstreams and not self.redis_url:
             return 1
         return max(
             1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
