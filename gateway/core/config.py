@@ -475,7 +475,9 @@ class Config(BaseSettings):
     observability: ObservabilityConfig = ObservabilityConfig()
     retention: RetentionConfig = RetentionConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
-    upstreams: tuple[UpstreamEntry, ...] = ()  # the [[upstreams]] tables
+    upstreams: Annotated[
+        tuple[UpstreamEntry, ...], Strict(False)
+    ] = ()  # the [[upstreams]] tables (a list in the file)
     routing: RoutingConfig = RoutingConfig()
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
