@@ -23,7 +23,7 @@ from inference_app.upstream import lineage
 from inference_app.upstream.http import HttpUpstream, forward_headers, get_upstream
 from inference_app.upstream.table import Member, UpstreamTable, rendezvous_score
 from tests.servers import LiveServer, free_port
-from tests.upstream import Recorded, ScriptedUpstream, chat_chunks, hang, json_answer, models_body
+from tests.upstream import Meeting, Recorded, ScriptedUpstream, chat_chunks, hang, json_answer, models_body
 
 CHAT = "/v1/chat/completions"
 
@@ -374,6 +374,23 @@ async def test_back_off_doubles_and_one_success_brings_it_back(servers: list[Scr
         assert t.states()[a.url] == {"state": "up", "models": ["test-model"]}
         await post(t)
     assert (hits(a), hits(b)) == (5, 4)
+
+
+async def test_requests_failing_together_count_as_one_failure(servers: list[ScriptedUpstream]) -> None:
+    """The rounds in flight when an upstream breaks fail at once: one back-off, not ten doublings."""
+    a, b, _ = servers
+    t = table(a.url, b.url, routing__backoff_s=0.2, routing__backoff_max_s=30.0)
+    await t.candidates("test-model")
+    key = key_ordered(t.members, [0])
+    meeting = Meeting(a, 10)
+    for _ in range(10):
+        a.script(CHAT, meeting.handler(fails(500)))
+    with lineage.bind(key):
+        results = await asyncio.gather(*(post(t) for _ in range(10)))
+    assert [status for status, _ in results] == [200] * 10
+    assert (hits(a), hits(b)) == (10, 10)
+    state = t.states()[a.url]
+    assert state["failures"] == 1 and state["retry_in_s"] <= 0.2
 
 
 async def test_with_every_upstream_out_the_first_to_come_back_is_tried(
