@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -20,12 +20,19 @@ from gateway.core import errors
 from gateway.core.config import UpstreamEntry
 from gateway.core.metrics import REGISTRY
 from inference_app.upstream import lineage
-from inference_app.upstream.http import HttpUpstream, forward_headers, get_upstream
+from inference_app.upstream.http import HttpUpstream, close_upstreams, forward_headers, get_upstream
 from inference_app.upstream.table import Member, UpstreamTable, rendezvous_score
 from tests.servers import LiveServer, free_port
 from tests.upstream import Meeting, Recorded, ScriptedUpstream, chat_chunks, hang, json_answer, models_body
 
 CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(autouse=True)
+async def _sessions_closed() -> AsyncIterator[None]:
+    """The tables' keep-alive sessions on this test's loop close with it."""
+    yield
+    await close_upstreams()
 
 
 @pytest.fixture
