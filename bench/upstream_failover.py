@@ -125,14 +125,17 @@ def main() -> None:
     args = parser.parse_args()
 
     ports = [free_port(), free_port()]
-    upstreams = [start_upstream(port, args.tokens, args.token_delay_ms) for port in ports]
+    upstreams: list[subprocess.Popen[bytes]] = []
     data_dir = tempfile.mkdtemp(prefix="bench-failover-")
     env = {
         "LLM_API_BASE": ",".join(f"http://127.0.0.1:{port}" for port in ports),
         "GATEWAY_SERVER_DATA_DIR": data_dir,
     }
-    gateway = GatewayProcess(env, log=os.path.join(data_dir, "gateway.log")).wait()
+    gateway: GatewayProcess | None = None
     try:
+        upstreams = [start_upstream(port, args.tokens, args.token_delay_ms) for port in ports]
+        gateway = GatewayProcess(env, log=os.path.join(data_dir, "gateway.log"))
+        gateway.wait(timeout=120)  # a busy shared machine starts it slowly
         print(
             f"gateway {gateway.url} in front of {env['LLM_API_BASE']}; {args.clients} clients for "
             f"{args.seconds:g}s, {args.tokens} tokens {args.token_delay_ms:g} ms apart per stream"
@@ -143,7 +146,8 @@ def main() -> None:
         metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
         ready = httpx.get(f"{gateway.url}/ready", timeout=10).json()
     finally:
-        gateway.stop()
+        if gateway is not None:
+            gateway.stop()
         for proc in upstreams:
             if proc.poll() is None:
                 proc.kill()
