@@ -80,6 +80,8 @@ class HttpUpstream:
         self.config = config
         self.base = entry.base if entry is not None else config.upstream_base
         self.api_key = (entry.api_key if entry is not None else config.openai_api_key).get_secret_value()
+        self._default_key = config.openai_api_key.get_secret_value()
+        self._session_header = config.routing.session_header.lower()
         self._outbound = outbound
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Session]
         self._sessions = weakref.WeakKeyDictionary()
@@ -107,8 +109,7 @@ class HttpUpstream:
     def outgoing_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """``headers`` with this server's own key in place of the gateway's ``OPENAI_API_KEY`` (which
         :func:`forward_headers` injects), and the lineage's session header when configured."""
-        default = self.config.openai_api_key.get_secret_value()
-        session_header = self.config.routing.session_header.lower()
+        default, session_header = self._default_key, self._session_header
         key = lineage.current() if session_header else None
         if self.api_key == default and key is None:
             return headers  # one LLM_API_BASE: the headers go out exactly as given
