@@ -25,11 +25,14 @@ from pydantic import (
 
 from gateway.core import errors
 from gateway.core.ids import new_id
+from gateway.core.params import (
+    METADATA_MAX_KEY_LENGTH,
+    METADATA_MAX_PAIRS,
+    METADATA_MAX_VALUE_LENGTH,
+    validate_metadata,
+)
 
 MAX_ITEMS_PER_REQUEST = 20
-METADATA_MAX_PAIRS = 16
-METADATA_MAX_KEY_LENGTH = 64
-METADATA_MAX_VALUE_LENGTH = 512
 
 ROLES = ("user", "assistant", "system", "developer")
 INCLUDABLE = (
@@ -695,47 +698,6 @@ def validate_items(raw: Any, *, param: str = "items", required: bool) -> list[Ne
             code="empty_array",
         )
     return [validate_item(item, f"{param}[{i}]") for i, item in enumerate(raw)]
-
-
-def _short_name(name: str) -> str:
-    """OpenAI prints a long property name as its first and last three characters."""
-    return name if len(name) <= 12 else f"{name[:3]}...{name[-3:]}"
-
-
-def validate_metadata(raw: Any, *, param: str = "metadata") -> dict[str, str]:
-    """Up to 16 string pairs, keys ≤ 64 and values ≤ 512 characters; ``null`` clears."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise invalid_type(param, "an object", raw)
-    if len(raw) > METADATA_MAX_PAIRS:
-        raise errors.BadRequest(
-            f"Invalid '{param}': too many properties. Expected an object with at most "
-            f"{METADATA_MAX_PAIRS} properties, but got an object with {len(raw)} properties instead.",
-            param=param,
-            code="object_above_max_properties",
-        )
-    for key, value in raw.items():
-        field = f"{param}.{key}"
-        if len(key) > METADATA_MAX_KEY_LENGTH:
-            raise errors.BadRequest(
-                f"Invalid property name in '{param}': '{_short_name(key)}' is too long. Expected a "
-                f"string with maximum length {METADATA_MAX_KEY_LENGTH}, but got a string with length "
-                f"{len(key)} instead.",
-                param=field,
-                code="property_name_above_max_length",
-            )
-        if not isinstance(value, str):
-            raise invalid_type(field, "a string", value)
-        if len(value) > METADATA_MAX_VALUE_LENGTH:
-            raise errors.BadRequest(
-                f"Invalid '{field}': string too long. Expected a string with maximum length "
-                f"{METADATA_MAX_VALUE_LENGTH}, but got a string with length {len(value)} instead.",
-                param=field,
-                code="string_above_max_length",
-            )
-        errors.refuse_nul({key: value}, param)
-    return dict(raw)
 
 
 # ---------------------------------------------------------------------------------- list options

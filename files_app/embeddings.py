@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.core import errors
-from gateway.core.config import Config, replace
+from gateway.core.config import Config, UpstreamEntry
 from inference_app.upstream.types import Upstream
 
 # Inputs per /v1/embeddings request, and requests in flight at once for one call.
@@ -63,9 +63,7 @@ def _target(config: Config) -> tuple[Upstream, dict[str, str]]:
         if upstream is None:
             _own_upstreams.clear()
             # Its own keep-alive pool with the upstream's timeouts; no key of the main upstream.
-            upstream = _own_upstreams[key] = HttpUpstream(
-                replace(config, llm_api_base=base, openai_api_key="")
-            )
+            upstream = _own_upstreams[key] = HttpUpstream(config, UpstreamEntry(base_url=base))
         return upstream, headers
     if api_key := config.openai_api_key.get_secret_value():
         headers["authorization"] = f"Bearer {api_key}"

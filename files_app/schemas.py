@@ -13,6 +13,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.core import errors
+from gateway.core.params import (
+    METADATA_MAX_KEY_LENGTH,
+    METADATA_MAX_PAIRS,
+    METADATA_MAX_VALUE_LENGTH,
+    refuse_long_key,
+    refuse_too_many_properties,
+    validate_metadata,
+)
 
 # OpenAI's limits.
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
@@ -20,9 +28,6 @@ FILE_EXPIRES_MIN_S = 3600
 FILE_EXPIRES_MAX_S = 30 * 24 * 3600
 FILE_LIST_LIMIT_DEFAULT = 10_000
 FILE_LIST_LIMIT_MAX = 10_000
-METADATA_MAX_PAIRS = 16
-METADATA_MAX_KEY_LENGTH = 64
-METADATA_MAX_VALUE_LENGTH = 512
 ATTRIBUTES_MAX_PAIRS = 16
 ATTRIBUTES_MAX_KEY_LENGTH = 64
 ATTRIBUTES_MAX_VALUE_LENGTH = 512
@@ -383,34 +388,16 @@ def validate_name(raw: Any, *, param: str = "name") -> str:
     return raw
 
 
-def validate_metadata(raw: Any, *, param: str = "metadata") -> dict[str, str]:
-    """Up to 16 string pairs, keys ≤ 64 and values ≤ 512 characters; ``null`` clears.
-
-    The rule of ``conversations_app.schemas.validate_metadata`` (that app sits above this one)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise invalid_type(param, "an object", raw)
-    _refuse_too_many_properties(param, raw, METADATA_MAX_PAIRS)
-    for key, value in raw.items():
-        field = f"{param}.{key}"
-        _refuse_long_key(param, key, METADATA_MAX_KEY_LENGTH)
-        if not isinstance(value, str):
-            raise invalid_type(field, "a string", value)
-        errors.refuse_too_long(value, field, METADATA_MAX_VALUE_LENGTH)
-    return dict(raw)
-
-
 def validate_attributes(raw: Any, *, param: str = "attributes") -> dict[str, Any]:
     """Up to 16 pairs; keys ≤ 64 characters; values strings (≤ 512), booleans or numbers."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
-    _refuse_too_many_properties(param, raw, ATTRIBUTES_MAX_PAIRS)
+    refuse_too_many_properties(param, raw, ATTRIBUTES_MAX_PAIRS)
     for key, value in raw.items():
         field = f"{param}.{key}"
-        _refuse_long_key(param, key, ATTRIBUTES_MAX_KEY_LENGTH)
+        refuse_long_key(param, key, ATTRIBUTES_MAX_KEY_LENGTH)
         if isinstance(value, str):
             errors.refuse_too_long(value, field, ATTRIBUTES_MAX_VALUE_LENGTH)
         elif not isinstance(value, bool | int | float):
@@ -564,27 +551,6 @@ def _refuse_out_of_range(param: str, value: int, low: int, high: int) -> None:
             "instead.",
             param=param,
             code="integer_above_max_value",
-        )
-
-
-def _refuse_too_many_properties(param: str, raw: dict[str, Any], limit: int) -> None:
-    if len(raw) > limit:
-        raise errors.BadRequest(
-            f"Invalid '{param}': too many properties. Expected an object with at most {limit} properties, "
-            f"but got an object with {len(raw)} properties instead.",
-            param=param,
-            code="object_above_max_properties",
-        )
-
-
-def _refuse_long_key(param: str, key: str, limit: int) -> None:
-    if len(key) > limit:
-        shown = key if len(key) <= 20 else key[:20] + "..."
-        raise errors.BadRequest(
-            f"Invalid property name in '{param}': '{shown}' is too long. Expected a string with maximum "
-            f"length {limit}, but got a string with length {len(key)} instead.",
-            param=f"{param}.{key}",
-            code="property_name_above_max_length",
         )
 
 

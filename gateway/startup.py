@@ -11,8 +11,16 @@ log = logging.getLogger("gateway.startup")
 
 def run_checks(config: Config) -> None:
     """Raise ``ConfigError`` when the gateway must not serve (``manage.py serve`` prints it)."""
-    if config.llm_api_base:
+    entries = config.upstream_entries
+    if len(entries) == 1:
         log.info("inference: HTTP upstream at %s (%s wire API)", config.upstream_base, config.upstream_api)
+    elif entries:
+        log.info(
+            "inference: %d HTTP upstreams with failover (%s; %s wire API)",
+            len(entries),
+            ", ".join(entry.base for entry in entries),
+            config.upstream_api,
+        )
     elif config.broker_enabled:
         log.info("inference: Celery workers via the broker at REDIS_URL")
     else:

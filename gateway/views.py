@@ -49,14 +49,16 @@ async def _broker_ping(url: str) -> None:
 
 async def ready(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 only when the database answers, the inference backend is reachable and, with
-    ``REDIS_URL``, the task broker answers (background responses and tool calls are sent there)."""
+    ``REDIS_URL``, the task broker answers (background responses and tool calls are sent there).
+    With several HTTP upstreams, ``upstreams`` names each by base URL with its state."""
     from inference_app.upstream.http import get_upstream
 
     config = get_config()
     timeout = config.upstream.ready_timeout_s
+    upstream = get_upstream()
     probes = [
         _probe("database", run_orm(_database_ping), timeout),
-        _probe("upstream", get_upstream().ready(timeout), timeout + 0.1),
+        _probe("upstream", upstream.ready(timeout), timeout + 0.1),
     ]
     if config.broker_enabled:
         probes.append(_probe("broker", _broker_ping(config.redis_url), timeout))
@@ -65,7 +67,11 @@ async def ready(request: HttpRequest) -> HttpResponse:
         name: ({"status": "ok"} if err is None else {"status": "fail", "error": err}) for name, err in results
     }
     ok = all(err is None for _, err in results)
-    return JsonResponse({"status": "ok" if ok else "fail", "checks": checks}, status=200 if ok else 503)
+    body: dict[str, Any] = {"status": "ok" if ok else "fail", "checks": checks}
+    states = getattr(upstream, "states", None)
+    if states is not None:  # the upstream table (inference_app.upstream.table)
+        body["upstreams"] = states()
+    return JsonResponse(body, status=200 if ok else 503)
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:

@@ -17,7 +17,7 @@ class InferenceAppConfig(AppConfig):
         # Without LLM_API_BASE or a broker, the gateway hosts the engine itself (when vLLM is here).
         use_embedded_engine(EmbeddedUpstream)
         config = get_config()
-        if not config.llm_api_base:
+        if not config.http_upstreams:
             # The engine (in process or on the GPU workers) serves one known name: the metrics label
             # it before any model list is read.
             usage_metrics.models_listed([served_name(config)])

@@ -475,7 +475,9 @@ class Config(BaseSettings):
     observability: ObservabilityConfig = ObservabilityConfig()
     retention: RetentionConfig = RetentionConfig()
     mcp_servers: dict[str, McpServerConfig] = {}  # the [mcp_servers.<label>] tables
-    upstreams: tuple[UpstreamEntry, ...] = ()  # the [[upstreams]] tables
+    upstreams: Annotated[
+        tuple[UpstreamEntry, ...], Strict(False)
+    ] = ()  # the [[upstreams]] tables (a list in the file)
     routing: RoutingConfig = RoutingConfig()
     inference: InferenceConfig = InferenceConfig()
     openai_api_key: SecretStr = SecretStr("")
@@ -497,7 +499,7 @@ class Config(BaseSettings):
         the embedded engine (neither ``LLM_API_BASE`` nor ``REDIS_URL``), where each would load its own."""
         if self.server.workers:
             return self.server.workers
-        if not self.llm_api_base and not self.redis_url:
+        if not self.http_upstreams and not self.redis_url:
             return 1
         return max(
             1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

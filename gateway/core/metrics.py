@@ -57,6 +57,20 @@ TOOL_DURATION = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+UPSTREAM_UP = Gauge(
+    "gateway_upstream_up",
+    "Each HTTP upstream of the table (by base URL): 1 up, 0 out for a back-off after failing.",
+    ["upstream"],
+    registry=REGISTRY,
+    multiprocess_mode="livemin",  # down when any server process has it out
+)
+UPSTREAM_FAILOVERS = Counter(
+    "gateway_upstream_failovers_total",
+    "Requests sent again to another upstream after this one failed before answering (connect "
+    "error, 5xx or no head in time).",
+    ["upstream"],
+    registry=REGISTRY,
+)
 # The gateway's tool types (inference_app.tools.base.GatewayKind); anything else is counted as "other".
 TOOL_TYPES = frozenset({"web_search", "web_fetch", "code_interpreter", "mcp", "file_search", "tool_search"})
 
@@ -136,3 +150,13 @@ def observe_tool_call(tool: str, ok: bool, seconds: float) -> None:
     if child is None:
         child = _tool_children[key] = TOOL_DURATION.labels(key[0], "ok" if ok else "error")
     child.observe(seconds)
+
+
+def upstream_up(base: str, up: bool) -> None:
+    """An upstream of the table is up (1) or out for a back-off (0)."""
+    UPSTREAM_UP.labels(base).set(1 if up else 0)
+
+
+def upstream_failover(base: str) -> None:
+    """A request that ``base`` failed before answering goes to another upstream."""
+    UPSTREAM_FAILOVERS.labels(base).inc()

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.core import errors
-from gateway.core.config import Config, get_config
+from gateway.core.config import Config, UpstreamEntry, get_config
+from inference_app.upstream import lineage
 from inference_app.upstream.types import Body, Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -67,14 +68,20 @@ def forward_headers(
 
 
 class HttpUpstream:
-    """An OpenAI-compatible server at ``LLM_API_BASE`` through :func:`gateway.core.outbound.pass_through`:
-    one keep-alive session per event loop, closed by :func:`close_upstreams`."""
+    """One OpenAI-compatible server (``entry``; default the first of the upstream table) through
+    :func:`gateway.core.outbound.pass_through`: one keep-alive session per event loop, closed by
+    :func:`close_upstreams`."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, entry: UpstreamEntry | None = None) -> None:
         from gateway.core import outbound  # aiohttp is loaded only where an HTTP upstream is used
 
+        if entry is None and config.upstream_entries:
+            entry = config.upstream_entries[0]
         self.config = config
-        self.base = config.upstream_base
+        self.base = entry.base if entry is not None else config.upstream_base
+        self.api_key = (entry.api_key if entry is not None else config.openai_api_key).get_secret_value()
+        self._default_key = config.openai_api_key.get_secret_value()
+        self._session_header = config.routing.session_header.lower()
         self._outbound = outbound
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Session]
         self._sessions = weakref.WeakKeyDictionary()
@@ -99,6 +106,24 @@ class HttpUpstream:
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base}{path}" + (f"?{query}" if query else "")
 
+    def outgoing_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """``headers`` with this server's own key in place of the gateway's ``OPENAI_API_KEY`` (which
+        :func:`forward_headers` injects), and the lineage's session header when configured."""
+        default, session_header = self._default_key, self._session_header
+        key = lineage.current() if session_header else None
+        if self.api_key == default and key is None:
+            return headers  # one LLM_API_BASE: the headers go out exactly as given
+        out = {name.lower(): value for name, value in headers.items()}
+        if self.api_key != default:
+            injected = bool(default) and out.get("authorization") == f"Bearer {default}"
+            if injected or ("authorization" not in out and "x-api-key" not in out):
+                out.pop("authorization", None)
+                if self.api_key:
+                    out["authorization"] = f"Bearer {self.api_key}"
+        if key is not None:
+            out[session_header] = key
+        return out
+
     async def send(
         self,
         method: str,
@@ -113,7 +138,7 @@ class HttpUpstream:
             self.session(),
             method,
             self.url(path, query),
-            headers=headers or {},
+            headers=self.outgoing_headers(headers or {}),
             body=body,
             drop_headers=_RESPONSE_SKIP,
             read_timeout_s=upstream.read_timeout_s,
@@ -123,8 +148,8 @@ class HttpUpstream:
 
     async def ready(self, timeout: float) -> None:
         headers = {}
-        if upstream_key := self.config.openai_api_key.get_secret_value():
-            headers["authorization"] = f"Bearer {upstream_key}"
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
         async with asyncio.timeout(timeout):
             # Not every OpenAI-compatible server has /health; its model list proves it serves.
             for path in ("/health", "/v1/models"):
@@ -185,8 +210,13 @@ def get_upstream() -> Upstream:
     upstream = _upstreams.get(key)
     if upstream is None:
         _upstreams.clear()
-        if config.llm_api_base:
-            upstream = HttpUpstream(config)
+        if config.http_upstreams:
+            if len(config.upstream_entries) == 1:
+                upstream = HttpUpstream(config)
+            else:
+                from inference_app.upstream.table import UpstreamTable
+
+                upstream = UpstreamTable(config)
         elif config.broker_enabled:
             from inference_app.upstream.worker import WorkerUpstream
 

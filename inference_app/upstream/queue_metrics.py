@@ -113,7 +113,7 @@ class InferenceQueueCollector(Collector):
 def register(config: Config) -> bool:
     """Put the collector on ``/metrics`` when inference runs on Celery workers (a broker and no
     ``LLM_API_BASE``); whether it did."""
-    if not config.broker_enabled or config.llm_api_base:
+    if not config.broker_enabled or config.http_upstreams:
         return False
     register_scrape_collector(InferenceQueueCollector(config.redis_url))
     return True

@@ -302,3 +302,85 @@ def test_replace_checks_the_whole_config_again() -> None:
         replace(c, responses__heartbeat_s=120.0)
     with pytest.raises(ConfigError, match=r"^server.port: must be an integer, got 'x'$"):
         replace(c, server__port="x")
+
+
+UPSTREAMS = """
+[[upstreams]]
+base_url = "http://vllm-a:8000/v1"
+api_key_env = "VLLM_A_KEY"
+models = ["big"]
+weight = 3.0
+
+[[upstreams]]
+base_url = "http://vllm-b:8000"
+"""
+
+
+def test_the_upstream_table_from_the_file_and_the_short_form(tmp_path: Path) -> None:
+    c = load_config(write(tmp_path, UPSTREAMS) | {"VLLM_A_KEY": "key-a", "OPENAI_API_KEY": "key-default"})
+    a, b = c.upstream_entries
+    assert (a.base, a.models, a.weight, a.api_key.get_secret_value()) == (
+        "http://vllm-a:8000",
+        ("big",),
+        3.0,
+        "key-a",
+    )
+    assert (b.base, b.models, b.weight, b.api_key.get_secret_value()) == (
+        "http://vllm-b:8000",
+        (),
+        1.0,
+        "key-default",
+    )
+    assert c.http_upstreams and c.upstream_base == "http://vllm-a:8000" and c.llm_api_base == ""
+    assert "key-a" not in repr(c)
+    c = load_config({"LLM_API_BASE": "http://a:8000/v1, http://b:8000", "OPENAI_API_KEY": "k"})
+    assert [(e.base, e.models, e.weight, e.api_key.get_secret_value()) for e in c.upstream_entries] == [
+        ("http://a:8000", (), 1.0, "k"),
+        ("http://b:8000", (), 1.0, "k"),
+    ]
+    assert c.upstream_base == "http://a:8000"
+    assert load_config({"LLM_API_BASE": "http://a:8000"}).upstream_entries[0].base == "http://a:8000"
+    assert not load_config({}).http_upstreams and load_config({}).upstream_entries == ()
+
+
+@pytest.mark.parametrize(
+    "text, env, named",
+    [
+        (UPSTREAMS, {"VLLM_A_KEY": "k", "LLM_API_BASE": "http://c:8000"}, "set it or [[upstreams]]"),
+        (
+            '[[upstreams]]\nbase_url = "http://a:8000"\napi_key = "sk-x"\n',
+            {},
+            "upstreams[0].api_key: secrets are never read from the config file",
+        ),
+        (UPSTREAMS, {}, "upstreams[0].api_key_env: environment variable VLLM_A_KEY is not set"),
+        (
+            '[[upstreams]]\nbase_url = "http://a:8000/v1"\n[[upstreams]]\nbase_url = "http://a:8000/"\n',
+            {},
+            "upstreams: http://a:8000 is listed twice",
+        ),
+        ("", {"LLM_API_BASE": "http://a:8000,http://a:8000/v1"}, "upstreams: http://a:8000 is listed twice"),
+        (
+            "",
+            {"LLM_API_BASE": "http://a:8000,ftp://b"},
+            "LLM_API_BASE: must be an http(s) URL, got 'ftp://b'",
+        ),
+        ('[[upstreams]]\nbase_url = "a:8000"\n', {}, "must be an http(s) URL"),
+        ('[[upstreams]]\nbase_url = "http://a:8000"\nweight = 0\n', {}, "weight"),
+        (
+            "[routing]\nbackoff_s = 10.0\nbackoff_max_s = 5.0\n",
+            {},
+            "routing.backoff_max_s: must not be shorter",
+        ),
+        (
+            '[routing]\nsession_header = "authorization"\n',
+            {},
+            "routing.session_header: not a plain header name",
+        ),
+    ],
+)
+def test_upstream_table_refusals_name_the_setting(
+    tmp_path: Path, text: str, env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text) | env)
+    assert named in str(info.value)
