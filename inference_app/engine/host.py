@@ -103,6 +103,8 @@ class EngineHost:
         self.engine: Any = None
         self.app: Any = None
         self.max_model_len = 0
+        # How many sequences the engine batches at once: the worker's own load bound for placement.
+        self.max_num_seqs = 0
         self.models_body = b""
 
     def _run_loop(self) -> None:
@@ -140,6 +142,7 @@ class EngineHost:
         self.engine = await vllm_compat.start_engine(args)
         self.app = await vllm_compat.build_openai_app(self.engine, args)
         self.max_model_len = vllm_compat.engine_max_model_len(self.engine)
+        self.max_num_seqs = vllm_compat.engine_max_num_seqs(self.engine)
         served = await self.serve("GET", "/v1/models", "", {}, b"")
         self.models_body = b"".join([chunk async for chunk in served.chunks])
         log.info("vLLM engine ready: serving %s", self.served_name)
