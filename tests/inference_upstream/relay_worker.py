@@ -19,8 +19,7 @@ import aiohttp
 
 from gateway.celery import app
 from gateway.core.config import Config, get_config
-from inference_app.engine import host as engine_host
-from inference_app.engine.host import EngineHost, Served
+from inference_app.engine.host import EngineHost, Served, install_engine_host
 from inference_app.engine.tasks import worker_id
 
 __all__ = ["RelayHost", "app"]
@@ -35,11 +34,11 @@ class RelayHost(EngineHost):
         super().__init__(config)
         self.upstream = os.environ["RELAY_UPSTREAM"].rstrip("/")
         self.relaying = 0
-        self._session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None
 
-    async def _start(self) -> None:
-        self._session = aiohttp.ClientSession()
-        async with self._session.get(self.upstream + "/v1/models") as response:
+    async def load(self) -> None:
+        self.session = aiohttp.ClientSession()
+        async with self.session.get(self.upstream + "/v1/models") as response:
             self.models_body = await response.read()
         self.max_model_len = 4096
         self.max_num_seqs = int(os.environ.get("RELAY_MAX_NUM_SEQS", "8"))
@@ -58,14 +57,14 @@ class RelayHost(EngineHost):
         *,
         disconnect: asyncio.Event | None = None,
     ) -> Served:
-        assert self._session is not None
+        assert self.session is not None
         disconnect = disconnect or asyncio.Event()
         items = headers.items() if isinstance(headers, Mapping) else headers
         sent = {k: v for k, v in items if k.lower() not in _DROPPED and k.lower() != "host"}
         url = self.upstream + path + (f"?{query}" if query else "")
         self.relaying += 1
         try:
-            response = await self._session.request(method, url, data=body, headers=sent)
+            response = await self.session.request(method, url, data=body, headers=sent)
         except BaseException:
             self.relaying -= 1
             raise
@@ -85,8 +84,8 @@ class RelayHost(EngineHost):
         return Served(response.status, out, chunks(), disconnect)
 
     def shutdown(self) -> None:
-        if self._session is not None and self.loop.is_running():
-            self.run(self._session.close()).result(5)
+        if self.session is not None and self.loop.is_running():
+            self.run(self.session.close()).result(5)
         super().shutdown()
 
 
@@ -95,7 +94,7 @@ def _install() -> None:
     if prefix:
         app.conf.broker_transport_options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
     # The process's engine host, before the worker starts it (tasks.get_engine_host hands it out).
-    engine_host._host = RelayHost(get_config())
+    install_engine_host(RelayHost(get_config()))
 
 
 _install()
