@@ -30,8 +30,8 @@ from tests.inference.conftest import (
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
-# vLLM's default --max-num-seqs for this engine (the worker's load bound for placement).
-MAX_NUM_SEQS = 256
+# vLLM's default --max-num-seqs on a CPU (the worker's own load bound for placement).
+MAX_NUM_SEQS = 128
 # 128 sequences of 490 tokens: many seconds of work, so the worker is killed mid-generation.
 LONG: dict[str, object] = {
     "model": SERVED,
