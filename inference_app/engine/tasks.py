@@ -6,7 +6,7 @@ loads once at ``worker_init``; the stream writer, heartbeat and cancel watcher r
 ``acks_late`` plus a ``claim`` key: a redelivered request is never run twice. Besides the shared
 queue (and its model's queue) each worker consumes a queue of its own, ``inference.w.<host:pid>``,
 where the gateway places the rounds of lineages whose prefix its engine caches; the heartbeat
-advertises that queue, its depth, the requests running and the worker's load bound.
+advertises that queue, its depth, the requests it holds and the worker's load bound.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from celery import shared_task
 from celery.signals import worker_init, worker_shutdown
+from celery.worker import state as worker_state
 
 from gateway.core import tracing
 from gateway.core.aio import keep_cancellation
@@ -116,6 +117,9 @@ class WorkerRuntime:
             "queues": self.queues,
             "queue": self.own_queue if own else None,
             "running": self.host.unfinished_requests,
+            # Tasks taken from the queues and not finished: running, or prefetched and waiting for a
+            # thread (with acks_late and a prefetch multiplier these can be many, and no queue shows them).
+            "in_flight": len(worker_state.reserved_requests),
             "queued": queued,
             "max_load": self.max_load,
             "at": time.time(),

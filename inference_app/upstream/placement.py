@@ -5,7 +5,7 @@ The record ``inference:placement:<lineage>`` (Redis, so every gateway replica an
 share it) names that worker; each use refreshes its TTL (``routing.placement_ttl_s``). A round goes
 to the recorded worker's own queue while the worker is live, serves the model and is under its load
 bound; otherwise to the least-loaded live worker serving the model (the lineage moves and the record
-with it). A worker's load is what its heartbeat advertises (running + queued) plus the rounds this
+with it). A worker's load is what its heartbeat advertises (in flight + queued) plus the rounds this
 process sent it since that heartbeat and has not seen finish, so a burst of new lineages spreads
 instead of herding on one stale heartbeat. Placement is an optimisation only: any failure here
 answers None and the round takes the shared queue as without affinity.
@@ -47,9 +47,11 @@ class Placement:
 
     # -- load ------------------------------------------------------------------------------------
     def load(self, info: dict[str, Any]) -> int:
-        """Requests on ``info``'s worker: its heartbeat's running + queued, plus this process's own
-        rounds sent after that heartbeat and not yet finished (earlier ones the heartbeat counts)."""
-        advertised = _int(info.get("running")) + _int(info.get("queued"))
+        """Requests on ``info``'s worker: its heartbeat's in-flight (taken, running or prefetched) +
+        queued, plus this process's own rounds sent after that heartbeat and not yet finished
+        (earlier ones the heartbeat counts)."""
+        held = max(_int(info.get("running")), _int(info.get("in_flight")))
+        advertised = held + _int(info.get("queued"))
         sent = self._sent.get(str(info.get("worker")))
         if not sent:
             return advertised

@@ -9,8 +9,9 @@ consumes a queue of its own, ``inference.w.<id>``, where the gateway places the 
 lineages it holds (``inference:placement:<lineage>`` → worker id; see ``placement``).
 
 The heartbeat's JSON: ``worker``, ``models``, ``queues``, ``queue`` (its own), ``running`` (requests
-in its engine), ``queued`` (its own queue's depth), ``max_load`` (its load bound), ``at`` (wall-clock
-time of the beat), ``max_model_len``, ``prefetch_count``, ``outcomes``, ``models_body``.
+in its engine), ``in_flight`` (tasks taken and not finished), ``queued`` (its own queue's depth),
+``max_load`` (its load bound), ``at`` (wall-clock time of the beat), ``max_model_len``,
+``prefetch_count``, ``outcomes``, ``models_body``.
 """
 
 from __future__ import annotations

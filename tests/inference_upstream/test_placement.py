@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 import redis
+from aiohttp import web
 
 from gateway.core.config import Config, load_config
 from gateway.core.metrics import REGISTRY
@@ -30,11 +31,12 @@ from inference_app.upstream import lineage, streams
 from inference_app.upstream.worker import WorkerUpstream
 from tests.faults import CeleryWorker
 from tests.servers import ROOT, child_env
-from tests.upstream import MODEL, Gate, ScriptedUpstream, chat_chunks, sse
+from tests.upstream import MODEL, Gate, Recorded, ScriptedUpstream
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 REDIS_URL = "redis://127.0.0.1:6379/5"
+CHAT = "/v1/chat/completions"
 # Celery's keys carry the xdist worker's id in this process (tests/conftest.py); the workers match it.
 KEYPREFIX = f"{os.environ['PYTEST_XDIST_WORKER']}:" if os.environ.get("PYTEST_XDIST_WORKER") else ""
 TIMING = {
@@ -72,7 +74,9 @@ class Pool:
             queues="inference",
             app="tests.inference_upstream.relay_worker",
             pool="threads",
-            concurrency=8,
+            # Two threads (and the inference worker's prefetch of 4 per thread): a few held rounds
+            # show every kind of load, running, prefetched and queued.
+            concurrency=2,
         )
         self.workers.append(worker)
         worker.wait_ready()
@@ -153,7 +157,7 @@ def cluster(pool: Pool) -> Pool:
 
     def idle() -> bool:
         infos = [live_info(worker) for worker in pool.ids]
-        return all(i and i["at"] > since and i["running"] == i["queued"] == 0 for i in infos)
+        return all(i and i["at"] > since and i["in_flight"] == i["queued"] == 0 for i in infos)
 
     wait_until(idle, 10, "idle workers")  # no load left over from an earlier test
     return pool
@@ -163,9 +167,7 @@ async def round_(upstream: WorkerUpstream, key: str | None, text: str = "hi") ->
     """One model round of lineage ``key``: the id of the worker that served it."""
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}]})
     with lineage.bind(key):
-        response = await upstream.send(
-            "POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"}
-        )
+        response = await upstream.send("POST", CHAT, body=body, headers={"content-type": "application/json"})
     payload = await response.read()
     assert response.status == 200, payload
     served = response.header("x-served-by")
@@ -193,9 +195,17 @@ def record(key: str, value: str | bytes) -> None:
     client.close()
 
 
-def held(gate: Gate) -> Any:
-    """A streamed answer that waits for ``gate`` after its first chunk."""
-    return sse(chat_chunks(["held", " answer"]), gate=gate)
+def hold_marked(scripted: ScriptedUpstream, gate: Gate, count: int = 64) -> None:
+    """The next ``count`` chat rounds: one whose prompt says "hold" waits for ``gate`` before it is
+    answered; the others are answered at once (whatever order the workers send them in)."""
+
+    async def handler(request: web.Request, rec: Recorded) -> web.StreamResponse:
+        if b"hold" in rec.body:
+            await gate.wait()
+        return await scripted.default(request, rec)
+
+    for _ in range(count):
+        scripted.script(CHAT, handler)
 
 
 async def test_the_heartbeat_advertises_the_own_queue_and_the_load(cluster: Pool) -> None:
@@ -204,8 +214,35 @@ async def test_the_heartbeat_advertises_the_own_queue_and_the_load(cluster: Pool
     assert info is not None
     assert info["queue"] == streams.worker_queue(worker)
     assert info["queue"] in info["queues"] and streams.DEFAULT_QUEUE in info["queues"]
-    assert (info["running"], info["queued"], info["max_load"]) == (0, 0, 8)
+    assert (info["running"], info["in_flight"], info["queued"], info["max_load"]) == (0, 0, 0, 8)
     assert abs(info["at"] - time.time()) < 5
+
+
+async def test_the_heartbeat_counts_running_prefetched_and_queued_rounds(cluster: Pool) -> None:
+    """Twelve held rounds on a worker of two threads: two run, six more are prefetched (taken, in
+    flight), four wait in its own queue; its load is all twelve."""
+    upstream = gateway_upstream(GATEWAY_ROUTING_MAX_WORKER_LOAD="100")
+    worker = cluster.ids[0]
+    gate = Gate()
+    hold_marked(cluster.scripted, gate)
+    keys = [lineage.key("owner", f"queued-{n}") for n in range(12)]
+    for key in keys:
+        record(key, worker)
+    rounds = [asyncio.create_task(round_(upstream, key, "hold")) for key in keys]
+    try:
+
+        def loaded() -> dict[str, Any] | None:
+            info = live_info(worker)
+            return (
+                info if info and info["running"] == 2 and info["in_flight"] + info["queued"] == 12 else None
+            )
+
+        info = await asyncio.to_thread(wait_until, loaded, 10, "twelve rounds in the heartbeat")
+        assert (info["in_flight"], info["queued"]) == (8, 4)
+        assert upstream.placement.load(info) == 12
+    finally:
+        gate.open()
+        assert set(await asyncio.gather(*rounds)) == {worker}
 
 
 async def test_a_lineage_stays_on_its_worker_across_rounds(cluster: Pool) -> None:
@@ -236,21 +273,24 @@ async def test_a_burst_of_new_lineages_spreads_by_load(cluster: Pool) -> None:
     upstream = gateway_upstream()
     first, second = cluster.ids
     gate = Gate()
-    for _ in range(4):
-        cluster.scripted.script("/v1/chat/completions", held(gate))
+    hold_marked(cluster.scripted, gate)
     loaders = [lineage.key("owner", f"loader-{n}") for n in range(4)]
     for key in loaders:
         record(key, first)
-    background = [asyncio.create_task(round_(upstream, key)) for key in loaders]
+    background = [asyncio.create_task(round_(upstream, key, "hold")) for key in loaders]
     try:
         await asyncio.to_thread(
-            wait_until, lambda: (live_info(first) or {}).get("running") == 4, 10, "A's heartbeat shows 4"
+            wait_until, lambda: (live_info(first) or {}).get("in_flight") == 4, 10, "A's heartbeat shows 4"
         )
         await upstream.workers(fresh=True)
-        burst = await asyncio.gather(*(round_(upstream, lineage.key("owner", f"new-{n}")) for n in range(8)))
+        new = placements("new")
+        tasks = [asyncio.create_task(round_(upstream, lineage.key("owner", f"new-{n}"))) for n in range(8)]
+        while placements("new") - new < 8:  # every one placed; A's then wait behind its held rounds
+            await asyncio.sleep(0.01)
     finally:
         gate.open()
-        assert set(await asyncio.gather(*background)) == {first}
+    burst = await asyncio.gather(*tasks)
+    assert set(await asyncio.gather(*background)) == {first}
     # B (0 running) takes rounds until it has as many as A (4), then they alternate: 6 and 2.
     assert 5 <= burst.count(second) <= 7, burst
 
@@ -262,12 +302,11 @@ async def test_an_overloaded_workers_lineage_moves(cluster: Pool) -> None:
     record(key, first)
     assert await round_(upstream, key) == first
     gate = Gate()
-    for _ in range(2):
-        cluster.scripted.script("/v1/chat/completions", held(gate))
+    hold_marked(cluster.scripted, gate)
     others = [lineage.key("owner", f"other-{n}") for n in range(2)]
     for other in others:
         record(other, first)
-    background = [asyncio.create_task(round_(upstream, other)) for other in others]
+    background = [asyncio.create_task(round_(upstream, other, "hold")) for other in others]
     moved = placements("moved")
     try:
         await asyncio.to_thread(wait_until, lambda: cluster.scripted.in_flight == 2, 10, "two held rounds")
