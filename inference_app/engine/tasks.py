@@ -102,7 +102,7 @@ class WorkerRuntime:
     # -- the loops -------------------------------------------------------------------------------
     @property
     def max_load(self) -> int:
-        """Running plus queued requests past which the gateway places no more lineages here
+        """In-flight plus queued requests past which the gateway places no more lineages here
         (``routing.max_worker_load``, else the engine's ``max_num_seqs``; 0: no bound known)."""
         return self.config.routing.max_worker_load or self.host.max_num_seqs
 
