@@ -103,9 +103,18 @@ WORKER_FLAGS = ("-l", "INFO", "--without-mingle", "--without-gossip")
 
 class CeleryWorker:
     """``celery -A gateway worker -Q <queues>`` in its own process (solo pool: the task runs in
-    the process that is killed)."""
+    the process that is killed; an inference worker needs ``pool="threads"``). ``app``: another
+    Celery app module (one that wraps the gateway's, as tests/inference_upstream/relay_worker.py)."""
 
-    def __init__(self, env: Mapping[str, str], queues: str = "responses") -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        queues: str = "responses",
+        *,
+        app: str = "gateway",
+        pool: str = "solo",
+        concurrency: int = 0,
+    ) -> None:
         full_env = child_env(env)
         self.log_path = Path(tempfile.mkstemp(prefix="celery-", suffix=".log")[1])
         self.log = open(self.log_path, "w")  # noqa: SIM115 — closed in stop()
@@ -115,12 +124,13 @@ class CeleryWorker:
                 "-m",
                 "celery",
                 "-A",
-                "gateway",
+                app,
                 "worker",
                 "-Q",
                 queues,
                 "-P",
-                "solo",
+                pool,
+                *(("-c", str(concurrency)) if concurrency else ()),
                 *WORKER_FLAGS,
             ],
             cwd=ROOT,

@@ -71,6 +71,14 @@ UPSTREAM_FAILOVERS = Counter(
     ["upstream"],
     registry=REGISTRY,
 )
+INFERENCE_PLACEMENTS = Counter(
+    "gateway_inference_placements_total",
+    "Model rounds of a lineage placed on an inference worker, by outcome: hit (the worker that served "
+    "the lineage last), moved (that worker gone or over its load bound), new (a lineage's first "
+    "round), fallback (no placement: the shared queue).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 # The gateway's tool types (inference_app.tools.base.GatewayKind); anything else is counted as "other".
 TOOL_TYPES = frozenset({"web_search", "web_fetch", "code_interpreter", "mcp", "file_search", "tool_search"})
 

@@ -103,6 +103,8 @@ class EngineHost:
         self.engine: Any = None
         self.app: Any = None
         self.max_model_len = 0
+        # How many sequences the engine batches at once: the worker's own load bound for placement.
+        self.max_num_seqs = 0
         self.models_body = b""
 
     def _run_loop(self) -> None:
@@ -115,7 +117,7 @@ class EngineHost:
         with self._lock:
             if self._started is None:
                 self._thread.start()
-                self._started = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+                self._started = asyncio.run_coroutine_threadsafe(self.load(), self.loop)
             return self._started
 
     def start_blocking(self, timeout: float | None = None) -> None:
@@ -125,7 +127,8 @@ class EngineHost:
     def ready(self) -> bool:
         return self._started is not None and self._started.done() and self._started.exception() is None
 
-    async def _start(self) -> None:
+    async def load(self) -> None:
+        """Load the engine and vLLM's application (on the engine loop; :meth:`start` runs it once)."""
         from inference_app.engine import vllm_compat
 
         model = resolve_model(self.config)
@@ -140,6 +143,7 @@ class EngineHost:
         self.engine = await vllm_compat.start_engine(args)
         self.app = await vllm_compat.build_openai_app(self.engine, args)
         self.max_model_len = vllm_compat.engine_max_model_len(self.engine)
+        self.max_num_seqs = vllm_compat.engine_max_num_seqs(self.engine)
         served = await self.serve("GET", "/v1/models", "", {}, b"")
         self.models_body = b"".join([chunk async for chunk in served.chunks])
         log.info("vLLM engine ready: serving %s", self.served_name)
@@ -289,6 +293,14 @@ def get_engine_host(config: Config) -> EngineHost:
         if _host is None:
             _host = EngineHost(config)
         return _host
+
+
+def install_engine_host(host: EngineHost) -> None:
+    """Make ``host`` the process's engine host, before anything starts one: a host of another kind
+    behind the same seam (the tests' relay to a scripted upstream overrides ``load`` and ``serve``)."""
+    global _host
+    with _host_lock:
+        _host = host
 
 
 def shutdown_engine_host() -> None:

@@ -3,7 +3,10 @@
 Run ``celery -A gateway worker -Q inference -P threads -c 32``: the pool must be ``threads`` (or
 ``solo``) because vLLM spawns its engine core, which a daemonic prefork child may not. The engine
 loads once at ``worker_init``; the stream writer, heartbeat and cancel watcher run on its loop.
-``acks_late`` plus a ``claim`` key: a redelivered request is never run twice.
+``acks_late`` plus a ``claim`` key: a redelivered request is never run twice. Besides the shared
+queue (and its model's queue) each worker consumes a queue of its own, ``inference.w.<host:pid>``,
+where the gateway places the rounds of lineages whose prefix its engine caches; the heartbeat
+advertises that queue, its depth, the requests it holds and the worker's load bound.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import orjson
 from celery import shared_task
 from celery.signals import worker_init, worker_shutdown
+from celery.worker import state as worker_state
 
 from gateway.core import tracing
 from gateway.core.aio import keep_cancellation
@@ -35,13 +39,21 @@ Record = dict[bytes, bytes]
 PREFETCH_MULTIPLIER = 4
 
 
+def worker_id() -> str:
+    """This worker process's id in the registry (and in its own queue's name)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class WorkerRuntime:
     """Per worker process: the engine host plus the Redis side of every request it serves."""
 
-    def __init__(self, config: Config, queues: list[str]) -> None:
+    def __init__(self, config: Config, queues: list[str], *, key_prefix: str = "") -> None:
         self.config = config
         self.queues = queues
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.worker_id = worker_id()
+        self.own_queue = streams.worker_queue(self.worker_id)
+        # The broker's ``global_keyprefix``: kombu's Redis lists carry it, our own keys do not.
+        self.key_prefix = key_prefix
         self.host: EngineHost = get_engine_host(config)
         self.redis: Any = None
         self._writes: asyncio.Queue[tuple[str, Record, bool, asyncio.Future[None] | None]] | None = None
@@ -88,14 +100,30 @@ class WorkerRuntime:
             log.warning("inference worker: could not deregister cleanly", exc_info=True)
 
     # -- the loops -------------------------------------------------------------------------------
+    @property
+    def max_load(self) -> int:
+        """In-flight plus queued requests past which the gateway places no more lineages here
+        (``routing.max_worker_load``, else the engine's ``max_num_seqs``; 0: no bound known)."""
+        return self.config.routing.max_worker_load or self.host.max_num_seqs
+
     def _heartbeat_once(self, client: Any) -> None:
         inf = self.config.inference
+        own = self.own_queue in self.queues
+        # kombu's Redis transport keeps a queue as a list under its name (priority 0, the only one used).
+        queued = int(client.llen(self.key_prefix + self.own_queue)) if own else 0
         info = {
             "worker": self.worker_id,
             "models": [self.host.served_name],
             "queues": self.queues,
-            "max_model_len": self.host.max_model_len,
+            "queue": self.own_queue if own else None,
             "running": self.host.unfinished_requests,
+            # Tasks taken from the queues and not finished: running, or prefetched and waiting for a
+            # thread (with acks_late and a prefetch multiplier these can be many, and no queue shows them).
+            "in_flight": len(worker_state.reserved_requests),
+            "queued": queued,
+            "max_load": self.max_load,
+            "at": time.time(),
+            "max_model_len": self.host.max_model_len,
             "prefetch_count": self.prefetch_count,
             "outcomes": dict(self.outcomes),
             "models_body": orjson.loads(self.host.models_body),
@@ -303,13 +331,18 @@ def _load_engine_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
     # keeps new requests flowing into the engine's batch meanwhile.
     sender.prefetch_multiplier = max(int(sender.prefetch_multiplier or 1), PREFETCH_MULTIPLIER)
     config = get_config()
-    own_queue = streams.model_queue(get_engine_host(config).served_name)
-    if own_queue not in queues:
-        sender.app.amqp.queues.select_add(own_queue)
-        queues.append(own_queue)
+    # The model's queue, and this worker's own (where the gateway places lineages it serves).
+    for own_queue in (
+        streams.model_queue(get_engine_host(config).served_name),
+        streams.worker_queue(worker_id()),
+    ):
+        if own_queue not in queues:
+            sender.app.amqp.queues.select_add(own_queue)
+            queues.append(own_queue)
+    options = sender.app.conf.broker_transport_options or {}
     with _runtime_lock:
         if _runtime is None:
-            _runtime = WorkerRuntime(config, queues)
+            _runtime = WorkerRuntime(config, queues, key_prefix=str(options.get("global_keyprefix") or ""))
             _runtime.prefetch_count = int(sender.concurrency or 0) * sender.prefetch_multiplier
             _runtime.start()
 

@@ -81,6 +81,11 @@ def engine_max_model_len(engine: EngineClient) -> int:
     return int(engine.model_config.max_model_len)
 
 
+def engine_max_num_seqs(engine: EngineClient) -> int:
+    """The scheduler's bound on sequences batched at once (``--max-num-seqs``)."""
+    return int(engine.vllm_config.scheduler_config.max_num_seqs)
+
+
 def engine_unfinished_requests(engine: EngineClient) -> int:
     """Requests the engine is still working on (aborted ones leave at once)."""
     return int(engine.output_processor.get_num_unfinished_requests())

@@ -1,10 +1,13 @@
 """``WorkerUpstream``: the upstream when a broker is configured and ``LLM_API_BASE`` is not.
 
 Each request is one Celery task (``inference.generate``) whose worker streams vLLM's answer back on
-a Redis Stream (``inference_app.upstream.streams``), relayed unchanged. No live worker is a 503; no
-pickup within the read timeout, or a silent stream, 504; a lost worker 502. A client disconnect sets
-the cancel key. ``/v1/models`` and ``/ready`` answer from the workers' registry
-(``docs/inference.md``).
+a Redis Stream (``inference_app.upstream.streams``), relayed unchanged. A round with a lineage
+(``lineage.current()``, with ``routing.affinity`` on) goes to the own queue of the worker that served
+the lineage last (``placement``); a round placed on a worker that dies before starting it is sent
+again, once, to the shared queue. Other rounds take the shared queue (or their model's). No live
+worker is a 503; no pickup within the read timeout, or a silent stream, 504; a lost worker 502. A
+client disconnect sets the cancel key. ``/v1/models`` and ``/ready`` answer from the workers'
+registry (``docs/inference.md``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -23,7 +26,8 @@ import orjson
 from gateway.core import errors
 from gateway.core.aio import keep_cancellation
 from gateway.core.config import Config
-from inference_app.upstream import streams
+from inference_app.upstream import lineage, streams
+from inference_app.upstream.placement import Placed, Placement
 from inference_app.upstream.types import Body, UpstreamResponse, read_body, served_name
 
 log = logging.getLogger("inference.upstream")
@@ -56,6 +60,10 @@ class WorkerUpstream:
             asyncio.AbstractEventLoop, asyncio.Task[list[dict[str, Any]]]
         ]
         self._reading = weakref.WeakKeyDictionary()
+        self.placement = Placement(config)
+        # The broker's key prefix (kombu's queues carry it; our own keys do not).
+        options = self.celery.conf.broker_transport_options or {}
+        self._queue_prefix = str(options.get("global_keyprefix") or "")
 
     def _redis(self) -> Any:
         """One pooled client per event loop (blocking reads each hold a connection)."""
@@ -103,7 +111,13 @@ class WorkerUpstream:
             gone = [i for i, v in zip(ids, values, strict=True) if v is None]
             live = [orjson.loads(v) for v in values if v is not None]
             if gone:
-                await redis.srem(streams.WORKERS_SET, *gone)
+                pipe = redis.pipeline(transaction=False)
+                pipe.srem(streams.WORKERS_SET, *gone)
+                # What is left in a dead worker's own queue has expired by then (its readers sent it
+                # again to the shared queue); the list goes with it.
+                for worker in gone:
+                    pipe.expire(self._queue_prefix + streams.worker_queue(worker), self._dead_queue_ttl)
+                await pipe.execute()
         self._registry = (started, live)
         return live
 
@@ -135,16 +149,13 @@ class WorkerUpstream:
         # Starlette's JSONResponse separators, as vLLM's own answer.
         return orjson.dumps({"object": "list", "data": data})
 
-    def _queue_for(self, live: list[dict[str, Any]], body: bytes) -> str:
+    @property
+    def _dead_queue_ttl(self) -> int:
+        return max(1, int(self.config.upstream.read_timeout_s) + 1)
+
+    def _queue_for(self, live: list[dict[str, Any]], model: str | None) -> str:
         if all(streams.DEFAULT_QUEUE in w.get("queues", []) for w in live):
             return streams.DEFAULT_QUEUE
-        model = None
-        try:
-            parsed = orjson.loads(body) if body else None
-            if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
-                model = parsed["model"]
-        except orjson.JSONDecodeError:
-            pass
         if model is not None and any(model in w.get("models", []) for w in live):
             return streams.model_queue(model)
         if any(streams.DEFAULT_QUEUE in w.get("queues", []) for w in live):
@@ -178,24 +189,46 @@ class WorkerUpstream:
 
         data = await read_body(body)
         request_id = uuid.uuid4().hex
-        queue = self._queue_for(live, data)
+        model = _model_of(data)
+        shared = self._queue_for(live, model)
+        placed: Placed | None = None
+        key = lineage.current()
+        if key is not None and model is not None and self.config.routing.affinity:
+            placed = await self.placement.place(self._redis(), key, live, model, request_id)
         cfg = self.config.upstream
         header_pairs = [[k, v] for k, v in (headers or {}).items()]
-        # Publishing is a quick synchronous write to Redis; a thread hop would cost more than it.
-        self.celery.send_task(
-            streams.TASK_NAME,
-            args=[request_id, method, path, query, header_pairs, base64.b64encode(data).decode()],
-            queue=queue,
-            expires=cfg.read_timeout_s,
-            ignore_result=True,
-        )
-        reader = _StreamReader(self, request_id)
+        args = [request_id, method, path, query, header_pairs, base64.b64encode(data).decode()]
+
+        def publish(queue: str) -> None:
+            # Publishing is a quick synchronous write to Redis; a thread hop would cost more than it.
+            self.celery.send_task(
+                streams.TASK_NAME, args=args, queue=queue, expires=cfg.read_timeout_s, ignore_result=True
+            )
+
+        try:
+            publish(placed.queue if placed is not None else shared)
+        except BaseException:
+            if placed is not None:
+                self.placement.finished(placed.worker, request_id)
+            raise
+        reader = _StreamReader(self, request_id, placed=placed, republish=lambda: publish(shared))
         try:
             status, response_headers = await reader.head()
         except BaseException:
             await reader.cancel()
             raise
         return UpstreamResponse(status, response_headers, reader.chunks(), close=reader.cancel_soon)
+
+
+def _model_of(body: bytes) -> str | None:
+    """The request's ``model`` field, when its body is a JSON object that names one."""
+    try:
+        parsed = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
+        return str(parsed["model"])
+    return None
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
@@ -211,8 +244,20 @@ async def _once(payload: bytes) -> AsyncIterator[bytes]:
 class _StreamReader:
     """Reads one request's stream: head first, then body chunks, then the terminal record."""
 
-    def __init__(self, upstream: WorkerUpstream, request_id: str) -> None:
+    def __init__(
+        self,
+        upstream: WorkerUpstream,
+        request_id: str,
+        *,
+        placed: Placed | None = None,
+        republish: Callable[[], None] | None = None,
+    ) -> None:
         self.upstream = upstream
+        # The worker whose own queue holds the task, until it starts it; if that worker dies first
+        # the task is sent once more to the shared queue (``republish``; the claim key prevents a
+        # second run).
+        self.placed = placed
+        self.republish = republish
         self.redis = upstream._redis()
         self.request_id = request_id
         self.key = streams.stream_key(request_id)
@@ -227,6 +272,7 @@ class _StreamReader:
         """Block until at least one record arrives (checking the worker's heartbeat between reads)."""
         inf = self.upstream.config.inference
         silent_since = time.monotonic()
+        placed_check = silent_since
         while not self.pending:
             answer = await keep_cancellation(self.redis.xread({self.key: self.last_id}, block=_BLOCK_MS))
             if answer:
@@ -236,6 +282,9 @@ class _StreamReader:
                         self.pending.append(fields)
                 return
             now = time.monotonic()
+            if self.placed is not None and self.worker is None and now >= placed_check:
+                placed_check = now + inf.worker_lost_after_s / 2
+                await self._check_placed()
             if (
                 self.worker is not None
                 and now - silent_since >= inf.worker_lost_after_s / 2
@@ -247,6 +296,27 @@ class _StreamReader:
                 )
             if now >= deadline:
                 raise on_timeout
+
+    async def _check_placed(self) -> None:
+        """Send the task again to the shared queue when the worker it was placed on is gone."""
+        assert self.placed is not None
+        worker = self.placed.worker
+        if await keep_cancellation(self.redis.exists(streams.worker_key(worker))):
+            return
+        self._release()
+        if self.republish is not None:
+            log.warning(
+                "inference worker %s is gone before starting %s: sent to the shared queue",
+                worker,
+                self.request_id,
+            )
+            self.republish()
+
+    def _release(self) -> None:
+        """This round no longer counts on its placed worker's load (it finished, or left it)."""
+        if self.placed is not None:
+            self.upstream.placement.finished(self.placed.worker, self.request_id)
+            self.placed = None
 
     def _take(self) -> dict[bytes, bytes]:
         record = self.pending.pop(0)
@@ -272,6 +342,8 @@ class _StreamReader:
             kind = record.get(b"t")
             if kind == streams.START:
                 self.worker = record[b"w"].decode()
+                if self.placed is not None and self.placed.worker != self.worker:
+                    self._release()
             elif kind == streams.HEAD:
                 pairs = [(str(k), str(v)) for k, v in orjson.loads(record[b"h"])]
                 return int(record[b"s"]), pairs
@@ -303,6 +375,7 @@ class _StreamReader:
                 if out:
                     yield b"".join(out)
         finally:
+            self._release()
             if self.finished:
                 await keep_cancellation(self.redis.delete(self.key))
             else:
@@ -310,6 +383,7 @@ class _StreamReader:
 
     async def cancel(self) -> None:
         """Tell the worker to abort (it polls this key), and drop the stream."""
+        self._release()
         if self.cancelled or self.finished:
             return
         self.cancelled = True

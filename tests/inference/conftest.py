@@ -83,7 +83,9 @@ class Gateway:
 class WorkerProcess:
     """``celery -A gateway worker -Q inference -P threads`` as a real process (own process group)."""
 
-    def __init__(self, model_dir: Path, log_path: Path, concurrency: int = 8) -> None:
+    def __init__(
+        self, model_dir: Path, log_path: Path, concurrency: int = 8, name: str = "inference-test@%h"
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OIDC_"))}
         env.pop("LLM_API_BASE", None)
         env.update(ENGINE_ENV)
@@ -105,7 +107,7 @@ class WorkerProcess:
                 "-c",
                 str(concurrency),
                 "-n",
-                "inference-test@%h",
+                name,
                 "--without-gossip",
                 "--without-mingle",
                 "-l",
@@ -118,17 +120,20 @@ class WorkerProcess:
             start_new_session=True,
         )
 
-    def wait_registered(self, timeout: float = 300.0) -> None:
+    def wait_registered(self, timeout: float = 300.0, count: int = 1) -> None:
+        """Until ``count`` workers (this one and others already running) have a live heartbeat."""
         client = redis.Redis.from_url(INFERENCE_REDIS_URL)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.output()[-4000:]}")
-                if any(
-                    client.exists(f"inference:worker:{m.decode()}")
+                live = [
+                    m
                     for m in client.smembers("inference:workers")
-                ):
+                    if client.exists(f"inference:worker:{m.decode()}")
+                ]
+                if len(live) >= count:
                     return
                 time.sleep(0.5)
         finally:

@@ -30,6 +30,8 @@ from tests.inference.conftest import (
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
+# vLLM's default --max-num-seqs on a CPU (the worker's own load bound for placement).
+MAX_NUM_SEQS = 128
 # 128 sequences of 490 tokens: many seconds of work, so the worker is killed mid-generation.
 LONG: dict[str, object] = {
     "model": SERVED,
@@ -45,8 +47,12 @@ def test_worker_registers_what_it_serves(worker_gateway: Gateway) -> None:
     info = worker_info()
     assert info["prefetch_count"] == 8 * 4  # concurrency x the inference worker's multiplier
     assert info["models"] == [SERVED]
-    assert info["queues"] == ["inference", f"inference.{SERVED}"]
+    # The shared queue, the model's, and its own (where the gateway places lineages it served).
+    assert info["queues"] == ["inference", f"inference.{SERVED}", f"inference.w.{info['worker']}"]
+    assert info["queue"] == f"inference.w.{info['worker']}"
     assert info["max_model_len"] == 512
+    assert info["max_load"] == MAX_NUM_SEQS  # the engine's own bound
+    assert (info["running"], info["queued"]) == (0, 0)
 
 
 def test_eight_concurrent_requests_are_batched(
