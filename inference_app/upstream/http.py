@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.core import errors
 from gateway.core.config import Config, get_config
+from inference_app.upstream import lineage
 from inference_app.upstream.types import Body, Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -109,11 +110,15 @@ class HttpUpstream:
         query: str = "",
     ) -> UpstreamResponse:
         upstream = self.config.upstream
+        headers = headers or {}
+        session_header = self.config.routing.session_header
+        if session_header and (key := lineage.current()) is not None:
+            headers = {**headers, session_header: key}  # for a KV-aware router ([routing] session_header)
         status, response_headers, chunks = await self._outbound.pass_through(
             self.session(),
             method,
             self.url(path, query),
-            headers=headers or {},
+            headers=headers,
             body=body,
             drop_headers=_RESPONSE_SKIP,
             read_timeout_s=upstream.read_timeout_s,
