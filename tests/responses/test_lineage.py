@@ -76,21 +76,21 @@ def test_no_header_without_the_setting(gw: Gateway) -> None:
 @pytest.mark.parametrize("wire", ["responses"])
 def test_a_websocket_continuation_of_an_unstored_response_keeps_its_lineage(lgw: Gateway) -> None:
     gw = lgw
-    gw.script(text("one"))
-    gw.script(text("two"))
+    for answer in ("one", "two", "three"):
+        gw.script(text(answer))
 
     async def scenario() -> None:
         async with await connect(gw.url) as ws:
             c = Client(ws)
             await c.send(create(store=False, input="first"))
-            first = await c.until_terminal()
-            rid = first[-1]["response"]["id"]
-            await c.send(create(store=False, previous_response_id=rid, input="second"))
-            await c.until_terminal()
+            rid = (await c.until_terminal())[-1]["response"]["id"]
+            for turn in ("second", "third"):  # a continuation, and a continuation of it
+                await c.send(create(store=False, previous_response_id=rid, input=turn))
+                rid = (await c.until_terminal())[-1]["response"]["id"]
 
     asyncio.run(scenario())
-    first, second = sent(gw)
-    assert first is not None and first == second
+    first, second, third = sent(gw)
+    assert first is not None and first == second == third
 
 
 @pytest.mark.parametrize("wire", ["responses"])
