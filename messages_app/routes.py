@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from gateway.core import errors
 from inference_app.upstream.forward import Route
+from messages_app import lineage as messages_lineage
 from messages_app import server_tools as messages_tools
 
 ROUTES: dict[str, Route] = {
@@ -18,6 +19,7 @@ ROUTES: dict[str, Route] = {
         stream_error=errors.anthropic_sse_error,
         divert=messages_tools.declares_gateway_tools,
         diverted=messages_tools.serve,
+        lineage=messages_lineage.of_body,
     ),
     "/v1/messages/count_tokens": Route(
         "/v1/messages/count_tokens",

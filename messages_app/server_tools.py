@@ -41,8 +41,10 @@ from inference_app.tools import (
     single_query_web_search_function,
     web_fetch_function,
 )
+from inference_app.upstream import lineage
 from inference_app.upstream.forward import Route, forward
 from inference_app.upstream.http import UpstreamResponse, get_upstream
+from messages_app import lineage as messages_lineage
 from messages_app.rounds import Round, RoundError, StreamRound, parse_json_round, sse_event, sse_events
 from usage_app.tap import ModelCall
 
@@ -463,6 +465,8 @@ class MessagesLoop:
         self.tool_choice = plan.body.get("tool_choice")
         self.usage = Usage()
         self.round_no = 0
+        # Every round of the request is sent in its lineage (Claude Code's session).
+        self.lineage = messages_lineage.of_request(plan.body, principal.owner)
 
     def round_body(self) -> bytes:
         body = dict(self.plan.body)
@@ -479,9 +483,10 @@ class MessagesLoop:
 
     async def send_round(self) -> UpstreamResponse:
         self.round_no += 1
-        return await get_upstream().send(
-            "POST", UPSTREAM_PATH, body=self.round_body(), headers=self.headers, query=self.query
-        )
+        with lineage.bind(self.lineage):
+            return await get_upstream().send(
+                "POST", UPSTREAM_PATH, body=self.round_body(), headers=self.headers, query=self.query
+            )
 
     def hidden(self, block: Mapping[str, Any]) -> bool:
         """Whether a block is a gateway tool's call (never shown to the client)."""

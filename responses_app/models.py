@@ -59,6 +59,9 @@ class Response(models.Model):
     # ("host/pid/token") and until when; a runner renews it, the sweep fails a row whose lease expired.
     lease_owner = models.CharField(max_length=256, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The lineage its model rounds belong to (inference_app.upstream.lineage): a continuation's
+    # rounds carry its parent's, so placement finds the worker holding the chain's prefix.
+    lineage = models.CharField(max_length=32, null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -75,7 +75,10 @@ def serve_flags(config: Config) -> list[str]:
         flags += ["--gpu-memory-utilization", str(inf.gpu_memory_utilization)]
     if inf.enforce_eager or demo:
         flags += ["--enforce-eager"]
-    flags += list(inf.engine_args)
+    # Placement follows the prefix cache, so it is on (vLLM's default where the model supports it,
+    # explicit here); usage reports what it saved (``cached_tokens``), which vLLM leaves out unless asked.
+    flags += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    flags += list(inf.engine_args)  # last: an operator's own flag wins
     return flags
 
 

@@ -29,6 +29,7 @@ from gateway.core.asgi import (
 )
 from gateway.core.config import get_config
 from gateway.core.principal import scope_principal
+from inference_app.upstream import lineage
 from inference_app.upstream.http import (
     UpstreamResponse,
     forward_headers,
@@ -59,6 +60,9 @@ class Route:
     # of being relayed (the Messages server-tool loop). ``diverted`` gets the headers to forward.
     divert: Callable[[bytes], bool] | None = None
     diverted: Callable[..., Awaitable[None]] | None = None
+    # The lineage of a request (its body and owner), for routes whose requests belong to one (the
+    # Messages route: Claude Code's session); None: no lineage (the OpenAI pass-through routes).
+    lineage: Callable[[bytes, str], str | None] | None = None
 
 
 async def relay(
@@ -116,7 +120,11 @@ async def forward(
     """Send ``body`` to the route's upstream path and relay the answer (what :func:`relay` does once
     it has the body; a diverted route that rewrote the body relays its answer with it too)."""
     response: UpstreamResponse | None = None
-    call = ModelCall(scope_principal(scope), scope["path"])
+    principal = scope_principal(scope)
+    call = ModelCall(principal, scope["path"])
+    named = None
+    if route.lineage is not None and isinstance(body, bytes):
+        named = route.lineage(body, principal.owner)
     if ledger.enabled():  # off: nothing is read from the request or the answer, nothing recorded
         if isinstance(body, bytes):
             call.model = request_model(body)
@@ -126,9 +134,10 @@ async def forward(
         with DisconnectWatch(lambda: client_left(receive, exchange), lambda: exchange.finished):
             query = scope.get("query_string", b"").decode("latin-1")
             try:
-                response = await get_upstream().send(
-                    scope["method"], route.upstream_path, body=body, headers=headers, query=query
-                )
+                with lineage.bind(named):
+                    response = await get_upstream().send(
+                        scope["method"], route.upstream_path, body=body, headers=headers, query=query
+                    )
             except errors.GatewayError as exc:
                 call.status = exc.status
                 if not exchange.client_gone:

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.core import errors
+from gateway.core import errors, metrics
 from gateway.core.config import Config, UpstreamEntry, get_config
 from inference_app.upstream import lineage
 from inference_app.upstream.types import Body, Upstream, UpstreamResponse
@@ -83,6 +83,7 @@ class HttpUpstream:
         self._default_key = config.openai_api_key.get_secret_value()
         self._session_header = config.routing.session_header.lower()
         self._outbound = outbound
+        self._probed_up = True
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Session]
         self._sessions = weakref.WeakKeyDictionary()
         _http_upstreams.add(self)
@@ -150,14 +151,26 @@ class HttpUpstream:
         headers = {}
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
-        async with asyncio.timeout(timeout):
-            # Not every OpenAI-compatible server has /health; its model list proves it serves.
-            for path in ("/health", "/v1/models"):
-                response = await self.send("GET", path, headers=headers)
-                await response.aclose()
-                if response.status == 200:
-                    return
-            raise RuntimeError(f"upstream answered {response.status}")
+        try:
+            async with asyncio.timeout(timeout):
+                # Not every OpenAI-compatible server has /health; its model list proves it serves.
+                for path in ("/health", "/v1/models"):
+                    response = await self.send("GET", path, headers=headers)
+                    await response.aclose()
+                    if response.status == 200:
+                        self._probed_up = True
+                        return
+                raise RuntimeError(f"upstream answered {response.status}")
+        except BaseException:
+            self._probed_up = False
+            raise
+        finally:
+            metrics.upstream_up(self.base, self._probed_up)
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """For ``/ready``: this upstream by base URL, ``up`` or ``down`` as its last probe found it
+        (one upstream has no back-off: every request still goes to it)."""
+        return {self.base: {"state": "up" if self._probed_up else "down"}}
 
 
 class UnconfiguredUpstream:

@@ -63,6 +63,7 @@ class Checkpoint:
     response_id: str
     items: list[dict[str, Any]]
     size: int
+    lineage: str | None = None  # its model rounds' lineage: a continuation's rounds keep it
 
 
 @dataclass
@@ -306,7 +307,7 @@ class WebSocketSession:
             lane.storing = False
             self.reserved_bytes -= reserved
         if ok and items is not None:
-            self._retain(lane, prepared.response_id, items)
+            self._retain(lane, prepared.response_id, items, prepared.lineage)
         elif not ok and same_lane and not (job.steered is not None and job.steered.batch):
             self._evict(lane)
 
@@ -327,6 +328,7 @@ class WebSocketSession:
                 headers=self._upstream_headers(),
                 config=self.config,
                 cached_history=cached.items if cached is not None else None,
+                cached_lineage=cached.lineage if cached is not None else None,
                 principal=self.principal,
             )
         except errors.GatewayError as exc:
@@ -569,7 +571,9 @@ class WebSocketSession:
 
     # --- connection-local state -------------------------------------------------------------
 
-    def _retain(self, lane: Lane, response_id: str, items: list[dict[str, Any]]) -> None:
+    def _retain(
+        self, lane: Lane, response_id: str, items: list[dict[str, Any]], lineage: str | None = None
+    ) -> None:
         """Make ``response_id`` the lane's latest checkpoint, if it fits; else keep the old one."""
         size = _size(items)
         old = self.checkpoints.get(lane.latest) if lane.latest is not None else None
@@ -584,7 +588,7 @@ class WebSocketSession:
             log.warning("response %s is not retained: its checkpoint is over budget", response_id)
             return
         self._evict(lane)
-        self.checkpoints[response_id] = Checkpoint(response_id, items, size)
+        self.checkpoints[response_id] = Checkpoint(response_id, items, size, lineage)
         self.checkpoint_bytes += size
         lane.latest = response_id
 

@@ -17,6 +17,7 @@ from gateway.core.http import allow_methods, json_response, parse_json_body
 from gateway.core.pipeline import meter_request
 from gateway.core.principal import Principal, credential_consumed, request_principal
 from gateway.core.sse import Event
+from inference_app.upstream import lineage
 from inference_app.upstream.http import HOP_BY_HOP, forward_headers, get_upstream
 from responses_app import tasks
 from responses_app.engine import metering, runs
@@ -93,7 +94,7 @@ async def create(call: Call) -> Outcome:
     parsed, raw = parse_create_request(call.body)
     config = get_config()
     if not prepare.needs_executor(parsed, raw, config):
-        return await _direct(call, parsed.model or "")
+        return await _direct(call, parsed.model or "", parsed.prompt_cache_key)
     arguments: dict[str, Any] = {
         "request": parsed,
         "raw": raw,
@@ -183,15 +184,18 @@ def _sse(frames: AsyncIterator[bytes]) -> HttpResponse:
     return django_response(_stream(frames))
 
 
-async def _direct(call: Call, model: str) -> Outcome:
+async def _direct(call: Call, model: str, prompt_cache_key: str | None) -> Outcome:
     """Stateless pass-through: the body goes to the upstream byte for byte, the answer comes back as it
-    arrives; its usage-ledger row is read from it as it passes (:class:`metering.DirectCall`)."""
+    arrives; its usage-ledger row is read from it as it passes (:class:`metering.DirectCall`). Its one
+    round has the lineage its ``prompt_cache_key`` names (Codex sends one), else none."""
     config = get_config()
     headers = forward_headers(call.headers, config, caller_credential_consumed=call.credential_consumed)
     headers.pop("accept-encoding", None)
     metered = metering.DirectCall(call.principal, model, config.responses.max_upstream_sse_line_bytes)
+    named = prepare.prompt_cache_lineage(call.principal.owner, prompt_cache_key) if prompt_cache_key else None
     try:
-        upstream = await get_upstream().send("POST", "/v1/responses", body=call.body, headers=headers)
+        with lineage.bind(named):
+            upstream = await get_upstream().send("POST", "/v1/responses", body=call.body, headers=headers)
     except BaseException as exc:
         metered.end(metering.failed_status(exc, None))
         raise
@@ -326,6 +330,7 @@ async def response_compact(request: HttpRequest) -> HttpResponse:
             instructions=parsed.instructions,
             forwarded=compaction.forwarded_fields(fields, prepared.prompt_cache_options),
             meter=meter,
+            lineage_key=prepared.lineage,  # the lineage it compacts
         )
     except BaseException:
         meter.settle()

@@ -55,6 +55,8 @@ class Prepared:
     # background response may run in another context: ``responses_app.engine.metering``).
     principal: Principal = DEFAULT_PRINCIPAL
     request_id: str = ""
+    # The lineage of this response's model rounds (``storage.prepare.response_lineage``); None: none.
+    lineage: str | None = None
 
 
 @dataclass

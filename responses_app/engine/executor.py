@@ -19,6 +19,7 @@ from typing import Any
 from gateway.core import errors, spans
 from gateway.core.config import Config
 from gateway.core.sse import Event, StreamFailure
+from inference_app.upstream import lineage
 from inference_app.upstream.http import get_upstream
 from responses_app.engine import metering, parsers, translate, wire
 from responses_app.engine.domain import Prepared, RoundState
@@ -63,6 +64,9 @@ class Executor(Lifecycle):
         # False: nobody reads this response's events as they come (a JSON client), so each round
         # asks the upstream for one answer instead of a stream (``run_round``).
         self.stream_rounds = True
+        # The lineage every model round of this response (and its compaction summaries) is sent in:
+        # the response's, or a multi-agent agent's own (``features.multi_agent.AgentExecutor``).
+        self.lineage = prepared.lineage
 
     async def prepare_tools(self) -> None:
         """Classify tools, validate, discover MCP tools: every refusal is a 400 before any byte."""
@@ -199,7 +203,7 @@ class Executor(Lifecycle):
         read_at: float | None = None
         tokens = metering.NO_TOKENS
         try:
-            with spans.current(span.span):
+            with lineage.bind(self.lineage), spans.current(span.span):
                 response = await wire.send(self.upstream, path, body, self.p.headers)
             call.received = status = response.status
             try:

@@ -20,6 +20,7 @@ from gateway.core import errors, spans
 from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.sse import StreamFailure
+from inference_app.upstream import lineage
 from responses_app.engine import upstream_events
 from responses_app.engine.metering import Meter, failed_status
 from responses_app.features import async_tools
@@ -322,16 +323,21 @@ async def summarize(
     instructions: str | None,
     forwarded: dict[str, Any],
     meter: Meter,
+    lineage_key: str | None,
 ) -> Summary:
-    """Run the summary round (one usage-ledger row on ``meter``); an upstream refusal or an empty
-    summary raises a :class:`errors.GatewayError` (4xx: the upstream's message; else 502)."""
+    """Run the summary round (one usage-ledger row on ``meter``) in ``lineage_key``, the lineage it
+    compacts (the summary re-sends that lineage's prefix); an upstream refusal or an empty summary
+    raises a :class:`errors.GatewayError` (4xx: the upstream's message; else 502)."""
     path, body = summary_body(
         config=config, model=model, model_items=model_items, instructions=instructions, forwarded=forwarded
     )
     sent = dict(headers)
     sent["content-type"] = "application/json"
     sent["accept"] = "application/json"
-    with spans.internal("compaction", **{"gateway.compaction.input_items": len(model_items)}):
+    with (
+        lineage.bind(lineage_key),
+        spans.internal("compaction", **{"gateway.compaction.input_items": len(model_items)}),
+    ):
         summary = await _summary_round(upstream, config, path, body, sent, model, meter)
     if not summary.text.strip():
         raise errors.UpstreamError("The upstream model returned an empty compaction summary.")
@@ -527,6 +533,7 @@ class Compactor:
                 instructions=ex.p.request.instructions,
                 forwarded=forwarded_fields(ex.p.raw, ex.p.prompt_cache_options),
                 meter=ex.meter,
+                lineage_key=ex.lineage,
             )
         except errors.GatewayError as exc:
             if exc.status < 500:

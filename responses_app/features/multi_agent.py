@@ -26,6 +26,7 @@ from gateway.core import spans
 from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.sse import Event, EventTooLarge, StreamFailure
+from inference_app.upstream import lineage
 from responses_app.engine.domain import Prepared, RoundState, Usage
 from responses_app.engine.executor import Executor
 from responses_app.engine.tool_loop import PRIVATE_KEY, ROUND_CAP_REASON, ToolLoop
@@ -211,6 +212,10 @@ class AgentExecutor(Executor):
     def __init__(self, name: str, prepared: Prepared, config: Config, upstream: Any, loop: ToolLoop) -> None:
         super().__init__(prepared, config, upstream=upstream, event_fields=tag(name))
         self.name = name
+        # Each agent is its own conversation with the model: its own lineage, derived from the
+        # response's (a continuation's is its parent's) and its name, so stable across the run's
+        # rounds and continuations.
+        self.lineage = lineage.key(prepared.owner, prepared.lineage or prepared.response_id, "agent", name)
         self.emitter.item_fields = tag(name)
         self.emitter.phases = True  # assistant messages carry phase (final_answer / commentary)
         self.collab = CollabTools(loop, collaborates=name == ROOT)

@@ -16,6 +16,7 @@ from gateway.core.config import Config
 from gateway.core.ids import new_id
 from gateway.core.principal import Principal
 from inference_app.tools.file_search import check_stores
+from inference_app.upstream import lineage
 from responses_app.engine import translate
 from responses_app.engine.domain import Prepared
 from responses_app.engine.tool_loop import PRIVATE_KEY, web_search_available
@@ -96,6 +97,7 @@ def response_prepare(
     model_turn: bool = True,
     principal: Principal | None = None,
     request_id: str = "",
+    cached_lineage: str | None = None,
 ) -> Prepared:
     """Validate against stored state and resolve the history this response continues from.
 
@@ -104,7 +106,8 @@ def response_prepare(
     ``model_turn`` False (``POST /v1/responses/compact``): the history is summarized, not answered,
     so the rules on tool calls and their outputs do not apply (a call may await its output).
     ``principal`` and ``request_id``: who the usage ledger charges (by default the owner alone) and
-    for which request (by default the one the executor is built in).
+    for which request (by default the one the executor is built in). ``cached_lineage``: the lineage
+    of the cached parent (with ``cached_history``).
     """
     if request.previous_response_id is not None and request.conversation is not None:
         raise errors.BadRequest(
@@ -128,11 +131,12 @@ def response_prepare(
     history: list[dict[str, Any]] = []
     agent_tree: dict[str, Any] | None = None
     revision = 0
+    parent_lineage = cached_lineage
     conversation_id = request.conversation_id
     if request.previous_response_id is not None and cached_history is not None:
         history = list(cached_history)
     elif request.previous_response_id is not None:
-        history, agent_tree = _previous_history(request.previous_response_id, owner)
+        history, agent_tree, parent_lineage = _previous_history(request.previous_response_id, owner)
     elif conversation_id is not None:
         conversation_selectors.check_conversation_id(conversation_id, param="conversation")
         try:
@@ -163,11 +167,12 @@ def response_prepare(
     ):
         async_tools.check_multi_agent_outputs(history, new_items)
     tool_map.load([*history, *new_items])  # the tools a client tool search loaded become callable
+    response_id = response_id or new_id("resp")
     return Prepared(
         request=request,
         raw=raw,
         owner=owner,
-        response_id=response_id or new_id("resp"),
+        response_id=response_id,
         created_at=created_at if created_at is not None else int(time.time()),
         history=history,
         new_items=new_items,
@@ -183,12 +188,36 @@ def response_prepare(
         agent_tree=agent_tree,
         principal=principal if principal is not None else Principal(owner=owner),
         request_id=request_id,
+        lineage=response_lineage(request, owner, response_id, parent_lineage),
     )
 
 
-def _previous_history(previous_id: str, owner: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The checkpoint items of the owner's finished response ``previous_id``, and its agent tree
-    (multi-agent responses; else None).
+def response_lineage(
+    request: ResponseCreateRequest, owner: str, response_id: str, parent_lineage: str | None = None
+) -> str:
+    """The lineage of a response's model rounds (``inference_app.upstream.lineage``), in this order:
+    the client's ``prompt_cache_key`` names it; a ``previous_response_id`` continuation keeps its
+    parent's (a parent stored before lineages were starts one of its own); a conversation's responses
+    share the conversation's; any other response starts its own. Scoped by the owner."""
+    if request.prompt_cache_key:
+        return prompt_cache_lineage(owner, request.prompt_cache_key)
+    if request.previous_response_id is not None:
+        return parent_lineage or lineage.key(owner, "response", request.previous_response_id)
+    if request.conversation_id is not None:
+        return lineage.key(owner, "conversation", request.conversation_id)
+    return lineage.key(owner, "response", response_id)
+
+
+def prompt_cache_lineage(owner: str, prompt_cache_key: str) -> str:
+    """The lineage a client's ``prompt_cache_key`` names (the stateless direct path uses it too)."""
+    return lineage.key(owner, "prompt_cache_key", prompt_cache_key)
+
+
+def _previous_history(
+    previous_id: str, owner: str
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str | None]:
+    """The checkpoint items of the owner's finished response ``previous_id``, its agent tree
+    (multi-agent responses; else None) and its lineage (None when stored before lineages were).
 
     The parent's row is always read (existence, owner, status: one indexed query), so deletes on
     any process and other owners' ids are honoured; only the items come from the in-process
@@ -196,8 +225,7 @@ def _previous_history(previous_id: str, owner: str) -> tuple[list[dict[str, Any]
     """
     cached = history_cache.get(previous_id, owner)
     found = rawsql.parent_row(previous_id, owner, with_item_ids=cached is None)
-    status, item_ids, agent_tree = found if found is not None else (None, None, None)
-    if status is None:
+    if found is None:
         # OpenAI answers 400 for an unknown previous response; another owner's id is unknown.
         if cached is not None:
             history_cache.discard(previous_id)  # deleted by another process
@@ -206,6 +234,7 @@ def _previous_history(previous_id: str, owner: str) -> tuple[list[dict[str, Any]
             param="previous_response_id",
             code="previous_response_not_found",
         )
+    status = found.status
     if status in (Response.Status.QUEUED, Response.Status.IN_PROGRESS):
         raise errors.BadRequest(
             f"Previous response with id '{previous_id}' is still {status}; "
@@ -214,10 +243,10 @@ def _previous_history(previous_id: str, owner: str) -> tuple[list[dict[str, Any]
             code="previous_response_in_progress",
         )
     if cached is not None:
-        return cached, agent_tree
-    history = [item.data for item in selectors.items_in_order(ids=item_ids or [], owner=owner)]
+        return cached, found.agent_tree, found.lineage
+    history = [item.data for item in selectors.items_in_order(ids=found.item_ids or [], owner=owner)]
     history_cache.put(previous_id, owner, history)
-    return history, agent_tree
+    return history, found.agent_tree, found.lineage
 
 
 def _resolve_input(

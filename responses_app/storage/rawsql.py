@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
@@ -104,9 +104,10 @@ def _sql(vendor: str) -> dict[str, Any]:
             f"INSERT INTO {usage_table} ({usage_listed}) "
             f"VALUES ({', '.join(f'%(u{i})s' for i in range(len(usage_fields)))})"
         ),
-        "status": f"SELECT {q('status')}, {q('agent_tree')} FROM {responses} {where}",
+        "status": f"SELECT {q('status')}, {q('agent_tree')}, {q('lineage')} FROM {responses} {where}",
         "status_ids": (
-            f"SELECT {q('status')}, {q('agent_tree')}, {q('history_item_ids')} FROM {responses} {where}"
+            f"SELECT {q('status')}, {q('agent_tree')}, {q('lineage')}, {q('history_item_ids')} "
+            f"FROM {responses} {where}"
         ),
         "items": f"INSERT INTO {items} ({', '.join(q(c) for c in item_columns)}) VALUES ",
         "item_columns": item_columns,
@@ -302,15 +303,21 @@ def _item_params(rows: list[list[Any]]) -> dict[str, Any]:
     return dict(zip(_ITEM_NAMES, [value for row in rows for value in row], strict=False))
 
 
-def parent_row(
-    response_id: str, owner: str, *, with_item_ids: bool
-) -> tuple[str, list[str] | None, dict[str, Any] | None] | None:
-    """``(status, history_item_ids or None, agent_tree)`` of the owner's response, or None when
-    there is none."""
+class ParentRow(NamedTuple):
+    """What a continuation reads of the response it continues."""
+
+    status: str
+    item_ids: list[str] | None  # None unless asked for
+    agent_tree: dict[str, Any] | None
+    lineage: str | None  # None: stored before lineages were (responses_app 0008)
+
+
+def parent_row(response_id: str, owner: str, *, with_item_ids: bool) -> ParentRow | None:
+    """The owner's response ``response_id`` as a continuation reads it, or None when there is none."""
     sql = _sql(_vendor())["status_ids" if with_item_ids else "status"]
     with connection.cursor() as cursor:
         cursor.execute(sql, {"id": response_id, "owner": owner})
         row = cursor.fetchone()
     if row is None:
         return None
-    return row[0], (loads(row[2]) if with_item_ids else None), loads(row[1])
+    return ParentRow(row[0], loads(row[3]) if with_item_ids else None, loads(row[1]), row[2])

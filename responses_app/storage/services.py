@@ -35,6 +35,7 @@ def response_create_queued(
         background=True,
         previous_response_id=p.previous_response_id,
         conversation_id=p.conversation_id or "",
+        lineage=p.lineage,
         request=strip_credentials(p.raw),
         snapshot=snapshot,
         lease_owner=lease_owner,

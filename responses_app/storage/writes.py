@@ -258,6 +258,7 @@ def _response_values(p: Prepared, outcome: Outcome) -> dict[str, Any]:
         "background": p.background,
         "previous_response_id": p.previous_response_id,
         "conversation_id": p.conversation_id or "",
+        "lineage": p.lineage,
         "request": strip_credentials(p.raw),
         "status": outcome.status,
         "snapshot": outcome.snapshot,

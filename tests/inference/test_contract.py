@@ -252,6 +252,26 @@ def test_tool_call_parser_is_active(gateway: Gateway) -> None:
     assert r.json()["choices"][0]["message"].get("tool_calls") in (None, [])
 
 
+def test_a_repeated_long_prompt_reports_cached_tokens(gateway: Gateway) -> None:
+    """The hosted engine runs with prefix caching and prompt tokens details (``serve_flags``): a
+    prompt sent again is served from the cache, and vLLM's own usage says how much of it was, on
+    the pass-through route and through the Responses executor (summed into ``cached_tokens``)."""
+    words = " ".join(f"line {i} of the shared system prompt." for i in range(40))
+    chat = {"model": SERVED, "messages": [{"role": "user", "content": words}], "max_tokens": 2}
+    first = post(gateway, CHAT, chat, timeout=300)  # run alone, it waits for the engine's start
+    assert first.status_code == 200, first.text
+    prompt_tokens = first.json()["usage"]["prompt_tokens"]
+    assert 128 < prompt_tokens < 500  # longer than a cache block, within the context
+    again = post(gateway, CHAT, chat).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] > 0
+    body = {"model": SERVED, "input": words, "max_output_tokens": 16, "store": False}
+    for _ in range(2):  # the second is cached whatever the first rendered
+        response = post(gateway, "/v1/responses", body)
+        assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] > 0, usage
+
+
 def test_health(gateway: Gateway) -> None:
     assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
     engine_health = httpx.get(f"{gateway.url}/upstream-health", timeout=30)

@@ -15,17 +15,25 @@ def test_ready_ok_with_database_and_upstream(live_gateway: LiveServer, gateway_c
     assert r.json() == {
         "status": "ok",
         "checks": {"database": {"status": "ok"}, "upstream": {"status": "ok"}},
+        "upstreams": {upstream.url: {"state": "up"}},
     }
+    assert (
+        f'gateway_upstream_up{{upstream="{upstream.url}"}} 1.0'
+        in httpx.get(f"{live_gateway.url}/metrics").text
+    )
 
 
 def test_ready_503_when_upstream_down(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]
-    gateway_config(llm_api_base=f"http://127.0.0.1:{free_port()}")
+    base = f"http://127.0.0.1:{free_port()}"
+    gateway_config(llm_api_base=base)
     r = httpx.get(f"{live_gateway.url}/ready")
     assert r.status_code == 503
     body = r.json()
     assert body["status"] == "fail"
     assert body["checks"]["database"] == {"status": "ok"}
     assert body["checks"]["upstream"]["status"] == "fail"
+    assert body["upstreams"] == {base: {"state": "down"}}
+    assert f'gateway_upstream_up{{upstream="{base}"}} 0.0' in httpx.get(f"{live_gateway.url}/metrics").text
 
 
 def test_ready_503_without_any_inference_backend(live_gateway: LiveServer, gateway_config) -> None:  # type: ignore[no-untyped-def]

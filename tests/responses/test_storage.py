@@ -11,7 +11,8 @@ from aiohttp import web
 
 from responses_app.models import Response
 from tests.responses.conftest import Gateway
-from tests.responses.scripts import text
+from tests.responses.scripts import call, text
+from usage_app.models import UsageRecord
 
 
 @pytest.fixture
@@ -122,6 +123,28 @@ def test_usage_cache_counters(gw: Gateway) -> None:
     body = gw.post({"model": "m", "input": "x"}).json()
     assert "cache_write_tokens" not in body["usage"]["input_tokens_details"]  # unreported stays absent
     assert Response.objects.get(id=body["id"]).usage == body["usage"]
+
+
+@pytest.mark.parametrize("wire", ["responses", "chat_completions"])
+def test_cached_tokens_are_the_engines_summed_over_rounds(gw: Gateway) -> None:
+    """Both wires: the engine's cached_tokens (chat's prompt_tokens_details, Responses'
+    input_tokens_details) are the response's, summed over its rounds like every counter, and each
+    round's ledger row has its own."""
+    lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "async": True}
+    gw.script(
+        call("lookup", "{}"),
+        usage={"input_tokens": 40, "output_tokens": 6, "total_tokens": 46, "cached_tokens": 16},
+    )
+    gw.script(
+        text("Later."),
+        usage={"input_tokens": 55, "output_tokens": 2, "total_tokens": 57, "cached_tokens": 48},
+    )
+    body = gw.post({"model": "m", "input": "go", "tools": [lookup]}).json()
+    assert len(gw.upstream_bodies()) == 2
+    assert body["usage"]["input_tokens"] == 95
+    assert body["usage"]["input_tokens_details"]["cached_tokens"] == 64
+    rows = UsageRecord.objects.filter(response_id=body["id"]).order_by("created_at", "id")
+    assert [row.cached_tokens for row in rows] == [16, 48]
 
 
 def test_usage_chat_wire(gw: Gateway, gateway_config: Any) -> None:
