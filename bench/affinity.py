@@ -377,6 +377,8 @@ async def chain(
             "temperature": 0,
             "max_output_tokens": args.max_output_tokens,
         }
+        if previous is not None and args.tool_ms:
+            await asyncio.sleep(rng.uniform(0, 2 * args.tool_ms) / 1000)  # the agent runs the tool
         if previous is None:
             body["input"] = [
                 {
@@ -573,6 +575,12 @@ def main() -> None:
     parser.add_argument(
         "--stagger-ms", type=float, default=50, help="chain i starts i * this after the first"
     )
+    parser.add_argument(
+        "--tool-ms",
+        type=float,
+        default=0,
+        help="mean pause before each continuation (uniform 0 to 2x): tool time",
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) on success")
     args = parser.parse_args()
@@ -605,7 +613,7 @@ def main() -> None:
     print(
         f"workload: {args.chains} chains x {args.turns} turns; system prompt {system_len} tokens, tools "
         f"{tool_len}, +~{per_turn} tokens per turn (tool output {args.tool_tokens}), last prompt ~{final_len} "
-        f"tokens; max_output_tokens {args.max_output_tokens}; chains start {args.stagger_ms:g} ms apart",
+        f"tokens; max_output_tokens {args.max_output_tokens}; chains start {args.stagger_ms:g} ms apart; tool pause {args.tool_ms:g} ms mean",
         flush=True,
     )
     print(
@@ -683,7 +691,7 @@ def report(r: ModeResult) -> None:
     print(
         f"  {r.mode}: requests {len(r.tally.turns)}, errors {len(r.tally.errors())}, cached fraction "
         f"{r.cached_fraction():.3f} ({cached}/{inp} tokens), TTFT p50 {quantile(t, 0.5) * 1000:.0f} ms "
-        f"p99 {quantile(t, 0.99) * 1000:.0f} ms (first delta not text: {not_text}), total {r.wall:.1f}s",
+        f"p99 {quantile(t, 0.99) * 1000:.0f} ms mean {sum(t) / max(1, len(t)) * 1000:.0f} ms (first delta not text: {not_text}), total {r.wall:.1f}s",
         flush=True,
     )
     firsts = sum(1 for x in r.tally.turns if not x.reusable)
