@@ -60,3 +60,8 @@ def placement_key(lineage: str) -> str:
 def model_queue(served_name: str) -> str:
     """The queue of the workers serving one model (used when several models are served)."""
     return f"{DEFAULT_QUEUE}.{served_name}"
+
+
+def worker_lineages_key(worker_id: str) -> str:
+    """The lineages placed on this worker (a sorted set scored by their last round's time)."""
+    return f"inference:lineages:{worker_id}"

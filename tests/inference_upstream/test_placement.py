@@ -149,8 +149,9 @@ def cluster(pool: Pool) -> Pool:
     """Two live relay workers, no placement records, no leftover scripts."""
     pool.scripted.scripts.clear()
     client = redis.Redis.from_url(REDIS_URL)
-    for key in client.scan_iter("inference:placement:*"):
-        client.delete(key)
+    for pattern in ("inference:placement:*", "inference:lineages:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
     client.close()
     pool.ensure(2)
     since = time.time()
@@ -257,6 +258,35 @@ async def test_a_lineage_stays_on_its_worker_across_rounds(cluster: Pool) -> Non
         assert len(served[key]) == 1, served
         assert placement_of(key) == next(iter(served[key]))
     assert (placements("new") - new, placements("hit") - hits) == (4, 20)
+
+
+async def test_new_lineages_even_out_the_lineages_each_worker_holds(cluster: Pool) -> None:
+    """A new lineage goes to the worker holding the fewest active lineages, whatever the load says:
+    with three on A, the next three new ones go to B, then they alternate."""
+    upstream = gateway_upstream()
+    first, second = cluster.ids
+
+    async def settle() -> None:
+        """Until fresh heartbeats show no load (load alone would then choose at random)."""
+        since = time.time()
+
+        def idle() -> bool:
+            infos = [live_info(worker) for worker in cluster.ids]
+            return all(i and i["at"] > since and i["in_flight"] == i["queued"] == 0 for i in infos)
+
+        await asyncio.to_thread(wait_until, idle, 10, "idle workers")
+        await upstream.workers(fresh=True)
+
+    for n in range(3):
+        key = lineage.key("owner", f"held-{n}")
+        record(key, first)
+        assert await round_(upstream, key) == first  # a hit: now counted on A
+    served = []
+    for n in range(5):
+        await settle()
+        served.append(await round_(upstream, lineage.key("owner", f"fresh-{n}")))
+    assert served[:3] == [second] * 3, served
+    assert set(served[3:]) == {first, second}, served
 
 
 async def test_affinity_off_places_nothing(cluster: Pool) -> None:
@@ -399,3 +429,34 @@ async def test_two_gateway_processes_agree_on_placement(cluster: Pool) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == placed
+
+
+async def test_a_burst_of_new_lineages_at_once_evens_out_the_lineages() -> None:
+    """Eight new lineages placed at once, with A holding four: each counts the ones placed before it
+    that are not yet in Redis, so B takes four and then they alternate, not all eight."""
+    import redis.asyncio as aioredis
+
+    from inference_app.upstream.placement import Placement
+
+    placement = Placement(gateway_config())
+    live = [
+        {"worker": name, "queue": f"q-{name}", "models": [MODEL], "running": 0, "in_flight": 0, "queued": 0}
+        for name in ("burst-a", "burst-b")
+    ]
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await client.delete(*(streams.worker_lineages_key(w["worker"]) for w in live))
+        held = {lineage.key("owner", f"burst-held-{n}"): time.time() for n in range(4)}
+        await client.zadd(streams.worker_lineages_key("burst-a"), held)
+        keys = [lineage.key("owner", f"burst-new-{n}") for n in range(8)]
+        await client.delete(*(streams.placement_key(key) for key in keys))
+        placed = await asyncio.gather(
+            *(placement.place(client, key, live, MODEL, f"request-{n}") for n, key in enumerate(keys))
+        )
+        workers = [p.worker for p in placed if p is not None]
+        assert len(workers) == 8 and 5 <= workers.count("burst-b") <= 7, workers
+        counts = [await client.zcard(streams.worker_lineages_key(w["worker"])) for w in live]
+        assert counts[0] + counts[1] == 12 and abs(counts[0] - counts[1]) <= 2, counts
+    finally:
+        await client.delete(*(streams.worker_lineages_key(w["worker"]) for w in live))
+        await client.aclose()
