@@ -3,7 +3,7 @@
 ``celery -A tests.inference_upstream.relay_worker worker -Q inference -P threads``: the gateway's own
 Celery app and worker machinery (queues, the worker's own queue, heartbeat, claim, Redis Streams) run
 unchanged; only the engine host is this relay, so placement tests can run many workers cheaply. The
-relay adds ``x-served-by: <worker id>`` to each answer. Settings: ``RELAY_UPSTREAM`` (the scripted
+relay adds ``x-served-by: <worker id>`` to each answer (and ``x-relayed-by`` to each request it sends). Settings: ``RELAY_UPSTREAM`` (the scripted
 upstream's URL), ``RELAY_MAX_NUM_SEQS`` (the engine's advertised bound, default 8),
 ``RELAY_KEYPREFIX`` (the broker's ``global_keyprefix``, as the test process's Celery apps use under
 pytest-xdist).
@@ -61,6 +61,7 @@ class RelayHost(EngineHost):
         disconnect = disconnect or asyncio.Event()
         items = headers.items() if isinstance(headers, Mapping) else headers
         sent = {k: v for k, v in items if k.lower() not in _DROPPED and k.lower() != "host"}
+        sent["x-relayed-by"] = worker_id()  # what the scripted upstream records of each round
         url = self.upstream + path + (f"?{query}" if query else "")
         self.relaying += 1
         try:

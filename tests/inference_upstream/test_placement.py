@@ -460,3 +460,36 @@ async def test_a_burst_of_new_lineages_at_once_evens_out_the_lineages() -> None:
     finally:
         await client.delete(*(streams.worker_lineages_key(w["worker"]) for w in live))
         await client.aclose()
+
+
+def test_a_chain_of_responses_stays_on_one_worker_through_the_gateway(
+    cluster: Pool, live_gateway: Any, gateway_config: Any
+) -> None:
+    """End to end through ``POST /v1/responses``: a client-tool round and two ``previous_response_id``
+    continuations of one chain reach one worker; a second chain, new, goes to the other one (the
+    worker holding fewer lineages)."""
+    import httpx
+
+    from tests.responses.scripts import Script, call, handler, text
+
+    gateway_config(llm_api_base="", redis_url=REDIS_URL, upstream_api="chat_completions")
+    scripted = cluster.scripted
+    scripted.requests.clear()
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+
+    def create(body: dict[str, Any], *parts: Any) -> dict[str, Any]:
+        scripted.script(CHAT, handler(Script(list(parts)), "chat_completions"))
+        r = httpx.post(f"{live_gateway.url}/v1/responses", json={"model": MODEL, **body}, timeout=60)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    for n in range(2):
+        first = create({"input": f"chain {n}", "tools": [tool]}, call("lookup", "{}"))
+        call_id = first["output"][-1]["call_id"]
+        output = [{"type": "function_call_output", "call_id": call_id, "output": "42"}]
+        second = create({"previous_response_id": first["id"], "input": output, "tools": [tool]}, text("42"))
+        create({"previous_response_id": second["id"], "input": "and then?"}, text("done"))
+    served = [r.headers.get("x-relayed-by") for r in scripted.requests if r.path == CHAT]
+    assert len(served) == 6 and all(served), served
+    assert len(set(served[:3])) == 1 and len(set(served[3:])) == 1, served
+    assert {served[0], served[3]} == set(cluster.ids), served
