@@ -19,7 +19,6 @@ import hashlib
 import logging
 import math
 import random
-import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -33,13 +32,12 @@ from gateway.core.config import Config, UpstreamEntry
 from inference_app.upstream import lineage
 from inference_app.upstream.http import HttpUpstream
 from inference_app.upstream.types import Body, UpstreamResponse, read_body
+from usage_app.tap import FORM_PREFIX_BYTES, form_model, request_model
 
 log = logging.getLogger("gateway.upstream")
 
 # Bound of one model-list discovery (the read timeout is for generations, far longer).
 DISCOVERY_TIMEOUT_S = 5.0
-# The ``model`` field of a multipart form (audio transcriptions): its part's headers, a blank line, the value.
-_FORM_MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
 
 
 @dataclass(eq=False)
@@ -307,23 +305,15 @@ def rendezvous_score(key: str, base: str, weight: float) -> float:
 
 def _model_of(path: str, data: bytes | None, headers: Mapping[str, str]) -> str | None:
     """The model a request names: a JSON body's ``model``, a multipart form's ``model`` field, or the
-    id in ``/v1/models/{id}``."""
+    id in ``/v1/models/{id}`` (the usage ledger's readers of the same fields)."""
     if path.startswith("/v1/models/"):
         return unquote(path.removeprefix("/v1/models/"))
     if not data:
         return None
     content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "").lower()
     if content_type.startswith("multipart/form-data"):
-        found = _FORM_MODEL.search(data)
-        return found.group(1).decode("utf-8", "replace") if found else None
-    if data.lstrip()[:1] != b"{":
-        return None
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    model = parsed.get("model") if isinstance(parsed, dict) else None
-    return model if isinstance(model, str) else None
+        return form_model(data[:FORM_PREFIX_BYTES])
+    return request_model(data) or None
 
 
 async def _fetch(member: Member, headers: Mapping[str, str]) -> tuple[int, bytes]:

@@ -29,6 +29,7 @@ from gateway.core.config import Config
 from inference_app.upstream import lineage, streams
 from inference_app.upstream.placement import Placed, Placement
 from inference_app.upstream.types import Body, UpstreamResponse, read_body, served_name
+from usage_app.tap import request_model
 
 log = logging.getLogger("inference.upstream")
 
@@ -189,7 +190,7 @@ class WorkerUpstream:
 
         data = await read_body(body)
         request_id = uuid.uuid4().hex
-        model = _model_of(data)
+        model = request_model(data) or None
         shared = self._queue_for(live, model)
         placed: Placed | None = None
         key = lineage.current()
@@ -218,17 +219,6 @@ class WorkerUpstream:
             await reader.cancel()
             raise
         return UpstreamResponse(status, response_headers, reader.chunks(), close=reader.cancel_soon)
-
-
-def _model_of(body: bytes) -> str | None:
-    """The request's ``model`` field, when its body is a JSON object that names one."""
-    try:
-        parsed = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return None
-    if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
-        return str(parsed["model"])
-    return None
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
