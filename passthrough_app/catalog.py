@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from django.http import HttpRequest, HttpResponse
 
 from gateway.core import errors
@@ -18,6 +17,7 @@ from gateway.core.config import get_config
 from gateway.core.http import allow_methods, json_response
 from gateway.core.principal import credential_consumed
 from inference_app.upstream.http import UpstreamResponse, forward_headers, get_upstream
+from inference_app.upstream.types import model_cards
 from usage_app import metrics as usage_metrics
 
 # What Codex shows for each effort (same wording as the reference gateway).
@@ -40,7 +40,7 @@ async def _upstream_models(request: HttpRequest, query: str = "") -> tuple[Upstr
     finally:
         await response.aclose()
     if response.status == 200 and not query:
-        entries = _model_list(body)
+        entries = model_cards(body)
         if entries is not None:  # the models the metrics label by name (usage_app.metrics)
             usage_metrics.models_listed(entry["id"] for entry in entries)
     return response, body
@@ -54,18 +54,6 @@ def _relayed(response: UpstreamResponse, body: bytes) -> HttpResponse:
         if key.lower() != "content-length":
             out[key] = value
     return out
-
-
-def _model_list(body: bytes) -> list[dict[str, Any]] | None:
-    """The ``data`` entries of an OpenAI model list, or ``None`` when the body is not one."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    data = parsed.get("data") if isinstance(parsed, dict) else None
-    if not isinstance(data, list):
-        return None
-    return [entry for entry in data if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
 
 
 def codex_model_info(entry: dict[str, Any], priority: int) -> dict[str, Any]:
@@ -112,7 +100,7 @@ async def models_list(request: HttpRequest) -> HttpResponse:
         response, body = await _upstream_models(request, request.META.get("QUERY_STRING", ""))
         return _relayed(response, body)
     response, body = await _upstream_models(request)
-    entries = _model_list(body) if response.status == 200 else None
+    entries = model_cards(body) if response.status == 200 else None
     if entries is None:
         return _relayed(response, body)
     return json_response({"models": [codex_model_info(e, 1) for e in entries]})
@@ -124,7 +112,7 @@ async def model_retrieve(request: HttpRequest, model: str) -> HttpResponse:
     response, body = await _upstream_models(request)
     if response.status != 200:
         return _relayed(response, body)
-    entries = _model_list(body)
+    entries = model_cards(body)
     if entries is None:
         raise errors.UpstreamError("The upstream model server answered an invalid model list.")
     for entry in entries:

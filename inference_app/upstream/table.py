@@ -31,7 +31,7 @@ from gateway.core import errors, metrics
 from gateway.core.config import Config, UpstreamEntry
 from inference_app.upstream import lineage
 from inference_app.upstream.http import HttpUpstream
-from inference_app.upstream.types import Body, UpstreamResponse, read_body
+from inference_app.upstream.types import Body, UpstreamResponse, model_cards, read_body
 from usage_app.tap import FORM_PREFIX_BYTES, form_model, request_model
 
 log = logging.getLogger("gateway.upstream")
@@ -177,7 +177,7 @@ class UpstreamTable:
         if status >= 500:
             self.failed(member, f"model list: status {status}")
             return
-        cards = _cards(body) if status == 200 else None
+        cards = model_cards(body) if status == 200 else None
         if cards is None:
             log.warning("upstream %s: no model list (status %d)", member.base, status)
             cards = []
@@ -274,7 +274,7 @@ class UpstreamTable:
                 refusal = refusal or (status, body)
                 continue
             self.succeeded(member)
-            cards = _cards(body) if status == 200 else None
+            cards = model_cards(body) if status == 200 else None
             if cards is None:
                 refusal = refusal or (status, body)  # e.g. the caller's key refused: said as it was
                 continue
@@ -322,17 +322,6 @@ async def _fetch(member: Member, headers: Mapping[str, str]) -> tuple[int, bytes
         return response.status, await response.read()
     finally:
         await response.aclose()
-
-
-def _cards(body: bytes) -> list[dict[str, Any]] | None:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    data = parsed.get("data") if isinstance(parsed, dict) else None
-    if not isinstance(data, list):
-        return None
-    return [card for card in data if isinstance(card, dict)]
 
 
 def _result(outcome: UpstreamResponse | errors.GatewayError) -> UpstreamResponse:

@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Protocol
 
+import orjson
+
 from gateway.core.config import Config
 
-__all__ = ["Body", "Upstream", "UpstreamResponse", "read_body"]
+__all__ = ["Body", "Upstream", "UpstreamResponse", "model_cards", "read_body"]
 
 Body = bytes | AsyncIterable[bytes] | None
 
@@ -21,6 +23,19 @@ async def read_body(body: Body) -> bytes:
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body)
     return b"".join([chunk async for chunk in body])
+
+
+def model_cards(body: bytes) -> list[dict[str, Any]] | None:
+    """The cards (``data`` entries with a string ``id``) of an OpenAI ``/v1/models`` answer, or
+    ``None`` when the body is not a model list."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    data = parsed.get("data") if isinstance(parsed, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str)]
 
 
 class UpstreamResponse:
