@@ -92,6 +92,9 @@ class Placement:
         """The worker for a round of a lineage last served by ``previous`` (None: a new lineage, placed
         on the worker holding the fewest active lineages (``lineages``), then the least loaded, among
         those under their bound)."""
+        alive = {str(w.get("worker")) for w in live}
+        for gone in [w for w in self._sent if w not in alive]:
+            del self._sent[gone]  # a dead worker's rounds are not waited for (nor kept) here
         candidates = _candidates(live, model)
         if not candidates:
             return None

@@ -493,3 +493,15 @@ def test_a_chain_of_responses_stays_on_one_worker_through_the_gateway(
     assert len(served) == 6 and all(served), served
     assert len(set(served[:3])) == 1 and len(set(served[3:])) == 1, served
     assert {served[0], served[3]} == set(cluster.ids), served
+
+
+def test_a_dead_workers_unfinished_rounds_are_not_kept() -> None:
+    """Rounds sent to a worker that died are forgotten once it leaves the registry (no growth)."""
+    from inference_app.upstream.placement import Placement
+
+    placement = Placement(gateway_config())
+    live = [{"worker": "alive", "queue": "q-alive", "models": [MODEL]}]
+    placement.sent("dead", "request-1")
+    placement.sent("alive", "request-2")
+    assert placement.choose(None, live, MODEL) is not None
+    assert set(placement._sent) == {"alive"}
